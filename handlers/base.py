@@ -94,13 +94,15 @@ class ServingHandler:
         self.threads = runtime.set_threads(self.config["threads"], int(yaml_config.get("maxWorkers") or 1))
 
         fp32_model = self.load_model(self.model_dir).eval().to(self.device)
+        # Inputs are made outside inference mode, as served requests' are: a compiled graph guards on that too.
+        warmup_batches = list(self.warmup_batches()) if self.config["warmup"] else []
+        reference_batch = self.reference_batch()
         with torch.inference_mode():
-            self.model, self.precision, self.min_cosine = self.select_precision(fp32_model)
+            self.model, self.precision, self.min_cosine = self.select_precision(fp32_model, reference_batch)
             self.compute_dtype = runtime.FLOAT_DTYPES.get(self.precision, torch.float32)
             self.model = self.prepare_compiled(self.model)
-            if self.config["warmup"]:
-                for batch in self.warmup_batches():
-                    self.forward(self.model, batch)
+            for batch in warmup_batches:
+                self.forward(self.model, batch)
         self.compiles_after_warmup = runtime.compile_count()
         self.load_seconds = time.perf_counter() - started
         logger.info(
@@ -113,7 +115,7 @@ class ServingHandler:
         load_metrics.record("PrecisionMinCosine", self.min_cosine, [("Precision", self.precision)])
         self.initialized = True
 
-    def select_precision(self, fp32_model):
+    def select_precision(self, fp32_model, reference):
         """Convert to the configured precision, then keep it only if it passes the accuracy gate against fp32."""
         wanted = runtime.resolve_precision(self.config["precision"], self.device)
         if wanted == "fp32":
@@ -121,7 +123,6 @@ class ServingHandler:
         if wanted == "int8" and self.device.type != "cpu":
             raise ConfigError("handler.precision: int8 dynamic quantization runs on CPU only")
         candidate = runtime.convert_model(fp32_model, wanted)
-        reference = self.reference_batch()
         self.compute_dtype = torch.float32
         expected = self.forward(fp32_model, reference)
         self.compute_dtype = runtime.FLOAT_DTYPES.get(wanted, torch.float32)

@@ -1,0 +1,123 @@
+"""The classifier handler called directly (no server): validation, batching bookkeeping, precision, compile."""
+
+import math
+
+import pytest
+import torch
+
+from handlers.classifier import ClassifierHandler
+from handlers.config import ConfigError
+from tests.unit.fake_context import make_context, set_requests, statuses
+
+
+def load(model_dir, **handler_overrides):
+    handler = ClassifierHandler()
+    context = make_context(model_dir, "classifier")
+    context.model_yaml_config = {**context.model_yaml_config,
+                                 "handler": {**context.model_yaml_config["handler"], **handler_overrides}}
+    handler.initialize(context)
+    return handler, context
+
+
+@pytest.fixture(scope="module")
+def classifier(unpacked_model):
+    return load(unpacked_model("classifier"))
+
+
+def reference(handler, rows):
+    with torch.inference_mode():
+        return torch.softmax(handler.model(torch.tensor(rows, dtype=torch.float32)), dim=-1)
+
+
+def run(handler, context, bodies):
+    set_requests(context, [{"Content-Type": "application/json"}] * len(bodies))
+    return handler.handle([{"body": body} for body in bodies], context)
+
+
+def test_single_row_answers_label_and_probabilities(classifier):
+    handler, context = classifier
+    row = torch.randn(128, generator=torch.Generator().manual_seed(3)).tolist()
+    [answer] = run(handler, context, [{"inputs": row}])
+    expected = reference(handler, [row])[0]
+    assert answer["label"] == int(expected.argmax())
+    assert len(answer["probabilities"]) == 10
+    assert math.isclose(sum(answer["probabilities"]), 1.0, rel_tol=1e-5)
+    assert torch.allclose(torch.tensor(answer["probabilities"]), expected, atol=1e-6)
+
+
+def test_requests_with_different_row_counts_get_their_own_rows(classifier):
+    handler, context = classifier
+    generator = torch.Generator().manual_seed(4)
+    bodies = [{"inputs": torch.randn(n, 128, generator=generator).tolist()} for n in (3, 1, 5)]
+    bodies.insert(1, {"inputs": torch.randn(128, generator=generator).tolist()})
+    answers = run(handler, context, bodies)
+    assert statuses(context, 4) == [200] * 4
+    assert isinstance(answers[1], dict)
+    for body, answer in zip(bodies, answers):
+        rows = body["inputs"] if isinstance(body["inputs"][0], list) else [body["inputs"]]
+        got = answer if isinstance(answer, list) else [answer]
+        assert len(got) == len(rows)
+        expected = reference(handler, rows)
+        assert [g["label"] for g in got] == expected.argmax(1).tolist()
+        assert torch.allclose(torch.tensor([g["probabilities"] for g in got]), expected, atol=1e-6)
+
+
+BAD_BODIES = {
+    "not json": (b"{not json", "not valid JSON"),
+    "not an object": ([1, 2, 3], "JSON object"),
+    "missing inputs": ({"rows": [[0.0] * 128]}, "unknown field"),
+    "empty object": ({}, "missing field 'inputs'"),
+    "wrong length": ({"inputs": [0.0] * 127}, "127 values; expected 128"),
+    "ragged rows": ({"inputs": [[0.0] * 128, [0.0] * 3]}, "'inputs'[1] has 3 values"),
+    "string value": ({"inputs": [0.0] * 127 + ["x"]}, "is str, not a number"),
+    "bool value": ({"inputs": [True] + [0.0] * 127}, "is bool, not a number"),
+    "nan": ({"inputs": [float("nan")] + [0.0] * 127}, "finite"),
+    "inf": ({"inputs": [float("inf")] + [0.0] * 127}, "finite"),
+    "huge int": ({"inputs": [10 ** 400] + [0.0] * 127}, "finite"),
+    "empty list": ({"inputs": []}, "non-empty"),
+    "too many rows": ({"inputs": [[0.0] * 128] * 65}, "65 rows; at most 64"),
+    "inputs not a list": ({"inputs": "0,1,2"}, "non-empty list"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_BODIES))
+def test_invalid_request_gets_its_own_400_and_the_batch_survives(classifier, case):
+    handler, context = classifier
+    body, fragment = BAD_BODIES[case]
+    good = {"inputs": [0.5] * 128}
+    answers = run(handler, context, [good, body, good])
+    assert statuses(context, 3) == [200, 400, 200]
+    assert answers[1]["code"] == 400 and answers[1]["type"] == "InvalidRequest"
+    assert fragment in answers[1]["message"]
+    assert answers[0] == answers[2] and "label" in answers[0]
+
+
+def test_bf16_passes_the_accuracy_gate_and_matches_fp32(unpacked_model):
+    handler, _ = load(unpacked_model("classifier"), precision="bf16")
+    assert handler.precision == "bf16" and handler.min_cosine >= 0.999
+    assert next(handler.model.parameters()).dtype == torch.bfloat16
+
+
+def test_an_impossible_bound_makes_the_gate_fall_back_to_fp32(unpacked_model):
+    handler, _ = load(unpacked_model("classifier"), precision="bf16", min_cosine=1.0)
+    assert handler.precision == "fp32" and handler.gate_rejected == "bf16"
+    assert handler.describe()["gate_rejected"] == "bf16"
+
+
+def test_unknown_handler_option_is_refused_with_its_name(unpacked_model):
+    with pytest.raises(ConfigError, match="unknown key.*'precison'"):
+        load(unpacked_model("classifier"), precison="bf16")
+
+
+def test_jit_compile_warms_up_every_served_size_so_load_causes_no_recompilation(unpacked_model):
+    from handlers import runtime
+
+    handler, context = load(unpacked_model("classifier"), compile="jit")
+    compiled_before = runtime.compile_count()
+    generator = torch.Generator().manual_seed(5)
+    for rows in (1, 2, 7, 64, 3, 100, 16 * 64):
+        chunks = [{"inputs": torch.randn(min(64, rows - i), 128, generator=generator).tolist()}
+                  for i in range(0, rows, 64)]
+        answers = run(handler, context, chunks)
+        assert all(isinstance(a, list) for a in answers)
+    assert runtime.compile_count() == compiled_before
