@@ -59,11 +59,14 @@ def start_ts_server(tmp_path_factory, model_store, java_home):
 
     def start(config=REPO / "config.properties", overrides=None, models=None, name="ts", wait=900):
         run_dir = tmp_path_factory.mktemp(name)
-        inference, management, metrics = free_ports(3)
+        inference, management, metrics, grpc_inference, grpc_management = free_ports(5)
         props = {
             "inference_address": f"http://127.0.0.1:{inference}",
             "management_address": f"http://127.0.0.1:{management}",
             "metrics_address": f"http://127.0.0.1:{metrics}",
+            # TorchServe always starts its gRPC servers too; a taken gRPC port shuts the whole server down.
+            "grpc_inference_port": str(grpc_inference),
+            "grpc_management_port": str(grpc_management),
             "model_store": str(model_store),
         }
         props.update(overrides or {})
@@ -85,8 +88,11 @@ def start_ts_server(tmp_path_factory, model_store, java_home):
 
 @pytest.fixture(scope="session")
 def ts_server(start_ts_server):
-    """The session's TorchServe: the project's own config.properties with every model it loads."""
-    return start_ts_server(name="main")
+    """The session's TorchServe: the project's own config.properties with every model it loads.
+
+    TS_TEST_MODELS=classifier (comma-separated) restricts it, for a quick local run of one model's tests."""
+    only = os.environ.get("TS_TEST_MODELS")
+    return start_ts_server(name="main", models=only.split(",") if only else None)
 
 
 @pytest.fixture(scope="session")
