@@ -171,6 +171,49 @@ class Server:
         return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
 
 
+def free_ports(count):
+    """Ports the OS says are free right now (held open together so they are distinct)."""
+    import socket
+
+    sockets = [socket.socket() for _ in range(count)]
+    for sock in sockets:
+        sock.bind(("127.0.0.1", 0))
+    ports = [sock.getsockname()[1] for sock in sockets]
+    for sock in sockets:
+        sock.close()
+    return ports
+
+
+def start_isolated(config, run_dir, model_store, java_home, models=None, overrides=None, wait=900):
+    """Start a READY TorchServe from `config` on free loopback ports with its own run folder (TMPDIR) and logs.
+
+    Used by the tests and the reliability suite, so they run beside a `make serve` server and each other."""
+    inference, management, metrics, grpc_inference, grpc_management = free_ports(5)
+    props = {
+        "inference_address": f"http://127.0.0.1:{inference}",
+        "management_address": f"http://127.0.0.1:{management}",
+        "metrics_address": f"http://127.0.0.1:{metrics}",
+        # TorchServe always starts its gRPC servers too; a taken gRPC port shuts the whole server down.
+        "grpc_inference_port": str(grpc_inference),
+        "grpc_management_port": str(grpc_management),
+        "model_store": str(model_store),
+    }
+    props.update(overrides or {})
+    if models is not None:
+        props["load_models"] = ",".join(f"{m}.mar" for m in models)
+    run_dir = Path(run_dir)
+    config_path = run_dir / "config.properties"
+    render_config(config, config_path, props)
+    server = Server(config_path, run_dir, run_dir / "logs", java_home=java_home)
+    server.start()
+    try:
+        server.wait_ready(loaded_model_names(read_properties(config_path)), timeout=wait)
+    except Exception:
+        server.stop()
+        raise
+    return server
+
+
 def dev_server(config):
     from scripts.java_home import find_java_home
 

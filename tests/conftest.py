@@ -7,7 +7,6 @@ also when tests fail.
 
 import contextlib
 import os
-import socket
 import sys
 from pathlib import Path
 
@@ -18,22 +17,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from scripts import package  # noqa: E402
-from scripts.server import Server, loaded_model_names, read_properties, render_config  # noqa: E402
+from scripts.server import start_isolated  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-
-
-def free_ports(count):
-    sockets, ports = [], []
-    for _ in range(count):
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        sockets.append(sock)
-        ports.append(sock.getsockname()[1])
-    for sock in sockets:
-        sock.close()
-    return ports
 
 
 @pytest.fixture(scope="session")
@@ -58,26 +45,9 @@ def start_ts_server(tmp_path_factory, model_store, java_home):
     started = []
 
     def start(config=REPO / "config.properties", overrides=None, models=None, name="ts", wait=900):
-        run_dir = tmp_path_factory.mktemp(name)
-        inference, management, metrics, grpc_inference, grpc_management = free_ports(5)
-        props = {
-            "inference_address": f"http://127.0.0.1:{inference}",
-            "management_address": f"http://127.0.0.1:{management}",
-            "metrics_address": f"http://127.0.0.1:{metrics}",
-            # TorchServe always starts its gRPC servers too; a taken gRPC port shuts the whole server down.
-            "grpc_inference_port": str(grpc_inference),
-            "grpc_management_port": str(grpc_management),
-            "model_store": str(model_store),
-        }
-        props.update(overrides or {})
-        if models is not None:
-            props["load_models"] = ",".join(f"{m}.mar" for m in models)
-        config_path = run_dir / "config.properties"
-        render_config(config, config_path, props)
-        server = Server(config_path, run_dir, run_dir / "logs", java_home=java_home)
-        server.start()
+        # start_isolated stops a server that fails to become READY; the ones that start are stopped below.
+        server = start_isolated(config, tmp_path_factory.mktemp(name), model_store, java_home, models, overrides, wait)
         started.append(server)
-        server.wait_ready(loaded_model_names(read_properties(config_path)), timeout=wait)
         return server
 
     yield start
