@@ -49,17 +49,21 @@ class RequestView:
 
 
 def request_body(request):
-    """TorchServe hands each request as a dict; a raw body is under ``body`` (or ``data`` for some clients)."""
+    """TorchServe hands each request as a dict; a raw body is under ``body`` (or ``data`` for some clients).
+
+    A JSON ``null`` body arrives as None under its key; a missing body is returned as b"" (empty)."""
     if not isinstance(request, dict):
         return request
     for key in ("body", "data"):
-        if request.get(key) is not None:
+        if key in request:
             return request[key]
-    return None
+    return b""
 
 
 def decode_json(raw):
     """Parse a body TorchServe could not decode (no JSON content type, or invalid JSON) with a precise message."""
+    if raw is None or len(raw) == 0:
+        raise RequestError("request body is empty")
     try:
         text = bytes(raw).decode("utf-8")
     except UnicodeDecodeError as error:
@@ -70,6 +74,20 @@ def decode_json(raw):
         raise RequestError(f"body is not valid JSON: {error.msg} at line {error.lineno} column {error.colno}") from None
     except RecursionError:
         raise RequestError("body is not valid JSON: nested too deeply") from None
+    except ValueError as error:  # e.g. an integer literal longer than Python's 4300-digit limit
+        raise RequestError(f"body is not valid JSON: {error}"[:300]) from None
+
+
+def json_body(body, request):
+    """The request's JSON value, whether TorchServe parsed it (JSON content type) or left raw bytes/text.
+
+    TorchServe parses a body sent as application/json; for other content types, or JSON it failed to parse, the
+    body arrives as bytes (or str for text/*), and we parse it here so that errors name the problem."""
+    if isinstance(body, (bytes, bytearray)):
+        return decode_json(body)
+    if isinstance(body, str) and request.content_type != "application/json":
+        return decode_json(body.encode("utf-8"))
+    return body
 
 
 class ServingHandler:

@@ -10,7 +10,7 @@ import os
 
 import torch
 
-from handlers.base import ServingHandler, decode_json
+from handlers.base import ServingHandler, json_body
 from handlers.config import COMMON_OPTIONS, Option
 from handlers.errors import RequestError
 from handlers.nets import MLPClassifier
@@ -52,10 +52,10 @@ class ClassifierHandler(ServingHandler):
     # ----------------------------------------------------------------------------------------------- per request
     def parse_request(self, body, request):
         """Validate one request; returns its rows as a float32 tensor and whether it was a single row."""
-        if isinstance(body, (bytes, bytearray, str)):
-            body = decode_json(body.encode() if isinstance(body, str) else body)
+        body = json_body(body, request)
         if not isinstance(body, dict):
-            raise RequestError(f"body must be a JSON object with an 'inputs' field, got {type(body).__name__}")
+            kind = "null" if body is None else type(body).__name__
+            raise RequestError(f"body must be a JSON object with an 'inputs' field, got {kind}")
         unknown = sorted(set(body) - ALLOWED_FIELDS)
         if unknown:
             raise RequestError(f"unknown field(s) {unknown}; only 'inputs' is accepted")

@@ -1,0 +1,44 @@
+"""The bad-request corpora kept as data in tests/data/bad_requests/<model>.yaml, turned into HTTP requests."""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+CORPUS_DIR = Path(__file__).resolve().parents[2] / "tests" / "data" / "bad_requests"
+
+
+@dataclass
+class BadRequest:
+    name: str
+    body: bytes
+    content_type: str
+    status: int
+    message: str
+
+
+def build_body(entry):
+    if "body" in entry:
+        return entry["body"].encode("utf-8")
+    if "body_hex" in entry:
+        return bytes.fromhex(entry["body_hex"])
+    if "body_parts" in entry:
+        parts = entry["body_parts"]
+        return "".join(part if isinstance(part, str) else part[0] * part[1] for part in parts).encode("utf-8")
+    if "body_rows" in entry:
+        spec = entry["body_rows"]
+        row = [spec.get("value", 0.0)] * spec["cols"]
+        return json.dumps({"inputs": row if spec["rows"] == 0 else [row] * spec["rows"]}).encode("utf-8")
+    raise ValueError(f"corpus entry {entry.get('name')!r} has no body")
+
+
+def load(model):
+    path = CORPUS_DIR / f"{model}.yaml"
+    entries = yaml.safe_load(path.read_text())
+    return [BadRequest(e["name"], build_body(e), e.get("content_type", "application/json"), int(e["status"]),
+                       e.get("message", "")) for e in entries]
+
+
+def models_with_corpus():
+    return sorted(p.stem for p in CORPUS_DIR.glob("*.yaml"))

@@ -1,0 +1,44 @@
+"""Every request of the bad-input corpus (tests/data/bad_requests/) gets its 4xx and a message naming the problem,
+good requests interleaved with them succeed, and no worker restarts (PIDs unchanged)."""
+
+import pytest
+import requests
+
+from scripts.reliability import corpus
+
+GOOD = {
+    "classifier": {"inputs": [0.25] * 128},
+    "minilm": {"text": "a perfectly ordinary sentence"},
+}
+
+
+def worker_pids(server, model):
+    [description] = requests.get(f"{server.management_url}/models/{model}", timeout=30).json()
+    return sorted(w["pid"] for w in description["workers"])
+
+
+@pytest.mark.parametrize("model", corpus.models_with_corpus())
+def test_bad_input_corpus(ts_server, model):
+    if model not in ts_server.props.get("load_models", ""):
+        pytest.skip(f"{model} is not served by this session's server (TS_TEST_MODELS)")
+    cases = corpus.load(model)
+    assert len(cases) >= 40, "the corpus must keep at least 40 bad requests per model"
+    url = f"{ts_server.inference_url}/predictions/{model}"
+    pids_before = worker_pids(ts_server, model)
+    session = requests.Session()
+    failures = []
+    for case in cases:
+        response = session.post(url, data=case.body, headers={"Content-Type": case.content_type}, timeout=60)
+        try:
+            body = response.json()
+        except ValueError:
+            body = {}
+        if response.status_code != case.status:
+            failures.append(f"{case.name}: status {response.status_code} (wanted {case.status}): {response.text[:200]}")
+        elif case.message not in str(body.get("message", "")):
+            failures.append(f"{case.name}: message {body.get('message')!r} lacks {case.message!r}")
+        good = session.post(url, json=GOOD[model], timeout=60)
+        if good.status_code != 200:
+            failures.append(f"good request after {case.name!r} failed: {good.status_code} {good.text[:200]}")
+    assert not failures, "\n".join(failures)
+    assert worker_pids(ts_server, model) == pids_before, "a worker restarted during the bad-input corpus"
