@@ -1,0 +1,118 @@
+"""Embedding requests: what a body may say, validated into texts; and the JSON answers for each request shape.
+
+Accepted bodies (see the README section "embeddings"):
+
+- plain text (``Content-Type: text/*``): the whole body is one text;
+- ``{"text": "...", "truncate": bool?}`` -> ``{"embedding": [...], "truncated": bool}``;
+- OpenAI style ``{"input": "..." | ["...", ...], "model": str?, "encoding_format": "float"?, "dimensions": int?,
+  "user": str?, "truncate": bool?}`` -> ``{"object": "list", "data": [...], "model": ..., "usage": {...}}``.
+
+``model`` and ``user`` are accepted and ignored (the URL picks the model). Fields that would change the answer and
+that we cannot honour are refused instead of silently ignored: ``encoding_format`` other than ``"float"``,
+``dimensions`` other than the model's own, token-id arrays, and any field not listed above.
+"""
+
+import json
+from dataclasses import dataclass
+from typing import List
+
+from handlers.base import decode_json
+from handlers.errors import RequestError
+
+TEXT_FIELDS = {"text", "truncate"}
+OPENAI_FIELDS = {"input", "model", "encoding_format", "dimensions", "user", "truncate"}
+
+
+@dataclass
+class EmbeddingRequest:
+    texts: List[str]
+    names: List[str]  # how error messages name each text: "'text'", "'input'[3]", "body"
+    shape: str  # "text" (plain body or {"text"}) or "openai"
+    truncate: bool  # False: a text over the token limit is an error instead of being cut
+
+
+def check_text(value, where):
+    if not isinstance(value, str):
+        hint = ": token-id arrays are not supported, send text" if isinstance(value, (int, list)) else ""
+        raise RequestError(f"{where} is {type(value).__name__}, not a string{hint}")
+    if not value.strip():
+        raise RequestError(f"{where} is empty (or only whitespace)")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as error:  # JSON "\ud800" parses to a lone surrogate the tokenizer cannot take
+        raise RequestError(f"{where} is not valid Unicode (unpaired surrogate at character {error.start})") from None
+    return value
+
+
+def parse_embedding_request(body, content_type, dimension, max_inputs):
+    """Validate one request body (as TorchServe hands it over) into an :class:`EmbeddingRequest`."""
+    if isinstance(body, (bytes, bytearray)):
+        if content_type.startswith("text/"):
+            try:
+                body = bytes(body).decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise RequestError(f"body is not valid UTF-8 (byte {error.start})") from None
+        else:
+            body = decode_json(body)
+            if isinstance(body, str):
+                raise RequestError("body must be a JSON object with 'text' or 'input' (or send text/plain)")
+    if body is None:
+        raise RequestError("body is empty")
+    if isinstance(body, str) and content_type == "application/json":  # TorchServe parsed a bare JSON string
+        raise RequestError("body must be a JSON object with 'text' or 'input' (or send text/plain)")
+    if isinstance(body, str):
+        return EmbeddingRequest([check_text(body, "body")], ["body"], "text", True)
+    if not isinstance(body, dict):
+        raise RequestError(f"body must be a JSON object with 'text' or 'input', got {type(body).__name__}")
+    if "text" in body and "input" in body:
+        raise RequestError("send either 'text' or 'input', not both")
+    if "text" not in body and "input" not in body:
+        raise RequestError("missing field 'text' (or 'input' for the OpenAI embeddings shape)")
+    shape, allowed = ("text", TEXT_FIELDS) if "text" in body else ("openai", OPENAI_FIELDS)
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise RequestError(f"unknown field(s) {unknown}; accepted: {sorted(allowed)}")
+    truncate = body.get("truncate", True)
+    if not isinstance(truncate, bool):
+        raise RequestError(f"'truncate' must be true or false, got {truncate!r}")
+    if shape == "text":
+        return EmbeddingRequest([check_text(body["text"], "'text'")], ["'text'"], shape, truncate)
+
+    check_openai_options(body, dimension)
+    inputs = body["input"]
+    if isinstance(inputs, str):
+        return EmbeddingRequest([check_text(inputs, "'input'")], ["'input'"], shape, truncate)
+    if not isinstance(inputs, list) or not inputs:
+        raise RequestError("'input' must be a string or a non-empty list of strings")
+    if len(inputs) > max_inputs:
+        raise RequestError(f"'input' has {len(inputs)} items; at most {max_inputs} are allowed per request")
+    names = [f"'input'[{i}]" for i in range(len(inputs))]
+    return EmbeddingRequest([check_text(item, name) for item, name in zip(inputs, names)], names, shape, truncate)
+
+
+def check_openai_options(body, dimension):
+    for name in ("model", "user"):
+        if name in body and not isinstance(body[name], str):
+            raise RequestError(f"'{name}' must be a string, got {type(body[name]).__name__}")
+    encoding = body.get("encoding_format", "float")
+    if encoding != "float":
+        raise RequestError(f"'encoding_format' {encoding!r} is not supported; only 'float'")
+    if "dimensions" in body and (type(body["dimensions"]) is not int or body["dimensions"] != dimension):
+        raise RequestError(f"'dimensions' {body['dimensions']!r} is not supported; this model returns {dimension}")
+
+
+def to_json(value):
+    """Compact JSON (TorchServe would pretty-print a dict with its slow pure-Python encoder)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def format_response(request, rows, model_name):
+    """The JSON answer to one request; ``rows`` are its CachedEmbedding-like entries in input order."""
+    if request.shape == "text":
+        [row] = rows
+        return to_json({"embedding": row.embedding.tolist(), "truncated": row.truncated})
+    tokens = sum(row.tokens for row in rows)
+    data = [{"object": "embedding", "index": index, "embedding": row.embedding.tolist(), "truncated": row.truncated}
+            for index, row in enumerate(rows)]
+    return to_json({"object": "list", "data": data, "model": model_name,
+                    "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
