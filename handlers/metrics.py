@@ -23,6 +23,9 @@ MODEL_METRICS = {
     "CacheMisses": ("count", "counter"),
     "ServedPrecision": ("info", "gauge"),
     "PrecisionMinCosine": ("ratio", "gauge"),
+    # generator: time from the start of a batch to its first generated token, and tokens generated
+    "TimeToFirstTokenSeconds": ("s", "histogram"),
+    "GeneratedTokens": ("count", "counter"),
 }
 
 
