@@ -1,0 +1,53 @@
+"""Property-based fuzzing of the classifier's request parsing: no input makes it raise anything but RequestError."""
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from handlers.classifier import ClassifierHandler
+from handlers.errors import RequestError
+from tests.unit.fake_context import make_context
+
+json_scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)
+json_values = st.recursive(json_scalars, lambda children: st.lists(children, max_size=6)
+                           | st.dictionaries(st.text(max_size=8), children, max_size=4), max_leaves=40)
+rows = st.lists(st.floats(allow_nan=True, allow_infinity=True) | st.integers(), min_size=120, max_size=136)
+near_valid = st.fixed_dictionaries({"inputs": rows | st.lists(rows, max_size=3) | json_values})
+
+
+class Request:
+    def __init__(self, content_type):
+        self.content_type = content_type
+
+
+@pytest.fixture(scope="module")
+def handler(unpacked_model):
+    handler = ClassifierHandler()
+    handler.initialize(make_context(unpacked_model("classifier"), "classifier"))
+    return handler
+
+
+def parse_or_reject(handler, body, content_type="application/json"):
+    try:
+        payload = handler.parse_request(body, Request(content_type))
+    except RequestError as error:
+        assert 400 <= error.code < 500 and error.message
+        return None
+    assert payload["rows"].shape[1] == 128 and payload["rows"].isfinite().all()
+    return payload
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=json_values | near_valid)
+def test_parsed_json_values(handler, body):
+    parse_or_reject(handler, body)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(raw=st.binary(max_size=300) | st.text(max_size=300).map(str.encode)
+       | near_valid.map(lambda v: json.dumps(v).encode()))
+def test_raw_bodies(handler, raw):
+    parse_or_reject(handler, raw, content_type="application/octet-stream")
+    parse_or_reject(handler, raw.decode("utf-8", "replace"), content_type="text/plain")
