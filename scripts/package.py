@@ -167,6 +167,29 @@ def read_manifest(store):
     return json.loads(path.read_text()) if path.exists() else {}
 
 
+def make_archive(model_name, version, handler, files, config, destination):
+    """Run torch-model-archiver on the handlers package plus `files`; the .mar is written to `destination`."""
+    with tempfile.TemporaryDirectory(prefix=f"stage-{model_name}-") as staging:
+        stage = Path(staging) / "files"
+        # The folder that CONTAINS handlers/ goes in as --extra-files, so `import handlers.base` works in the worker.
+        shutil.copytree(REPO / "handlers", stage / "handlers", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        for file in files:
+            target = stage / Path(file).name
+            shutil.copytree(file, target) if Path(file).is_dir() else shutil.copy2(file, target)
+        export = Path(staging) / "export"
+        export.mkdir()
+        command = [
+            str(Path(sys.executable).parent / "torch-model-archiver"), "--model-name", model_name,
+            "--version", str(version), "--handler", str(handler), "--extra-files", str(stage),
+            "--config-file", str(config), "--export-path", str(export), "--force",
+        ]
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise PackagingError(f"{model_name}: torch-model-archiver failed:\n{result.stdout}{result.stderr}")
+        Path(destination).parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(export / f"{model_name}.mar"), destination)
+
+
 def build(name, store, version=None, variables=None, force=False, log=print):
     """Build one archive if its inputs changed; returns its manifest entry (with 'rebuilt': bool)."""
     spec = load_spec(name)
@@ -191,25 +214,9 @@ def build(name, store, version=None, variables=None, force=False, log=print):
         log(f"{spec['name']} {version}: {archive_name} up to date")
         return {**entry, "rebuilt": False}
 
-    with tempfile.TemporaryDirectory(prefix=f"stage-{spec['name']}-") as staging:
-        stage = Path(staging) / "files"
-        # The folder that CONTAINS handlers/ goes in as --extra-files, so `import handlers.base` works in the worker.
-        shutil.copytree(REPO / "handlers", stage / "handlers", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        for file in files:
-            target = stage / file.name
-            shutil.copytree(file, target) if file.is_dir() else shutil.copy2(file, target)
-        export = Path(staging) / "export"
-        export.mkdir()
-        command = [
-            str(Path(sys.executable).parent / "torch-model-archiver"), "--model-name", spec["name"],
-            "--version", version, "--handler", str(REPO / spec["handler"]), "--extra-files", str(stage),
-            "--config-file", str(spec["dir"] / spec["config"]), "--export-path", str(export), "--force",
-        ]
-        log(f"{spec['name']} {version}: building {archive_name}")
-        result = subprocess.run(command, capture_output=True, text=True)
-        if result.returncode != 0:
-            raise PackagingError(f"{spec['name']}: torch-model-archiver failed:\n{result.stdout}{result.stderr}")
-        shutil.move(str(export / f"{spec['name']}.mar"), store / archive_name)
+    log(f"{spec['name']} {version}: building {archive_name}")
+    make_archive(spec["name"], version, REPO / spec["handler"], files, spec["dir"] / spec["config"],
+                 store / archive_name)
 
     entry = {"model": spec["name"], "version": version, "archive": archive_name, "input_hash": input_hash,
              "batchSize": config["batchSize"], "maxBatchDelay": config["maxBatchDelay"],
