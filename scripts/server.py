@@ -37,6 +37,13 @@ def read_properties(path):
     return props
 
 
+def model_store_regex(model_store):
+    """`{model_store}` in a properties value (allowed_urls) -> the model store path as a literal Java regex.
+
+    \\Q...\\E quotes the path; the backslashes are doubled because Java's Properties.load drops single ones."""
+    return "\\\\Q" + str(model_store) + "\\\\E"
+
+
 def render_config(source, destination, overrides=None):
     """Copy a properties file, making relative paths absolute (against the repo) and applying overrides."""
     props = read_properties(source)
@@ -44,6 +51,9 @@ def render_config(source, destination, overrides=None):
         if key in props and not os.path.isabs(props[key]):
             props[key] = str(REPO / props[key])
     props.update(overrides or {})
+    if "model_store" in props:
+        props = {key: value.replace("{model_store}", model_store_regex(props["model_store"]))
+                 for key, value in props.items()}
     Path(destination).parent.mkdir(parents=True, exist_ok=True)
     Path(destination).write_text("".join(f"{k}={v}\n" for k, v in props.items()))
     return props

@@ -1,0 +1,154 @@
+"""The packaging step (scripts/package.py): incremental builds, --force, and model-config.yaml validation.
+
+Each test builds a small throw-away model spec (the classifier's handler, a tiny extra file, no prepare step) into a
+temporary model store, so model_store/ and the real specs are never touched.
+"""
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from scripts import package
+
+REPO = Path(package.__file__).resolve().parent.parent
+VALID_CONFIG = {
+    "minWorkers": 1, "maxWorkers": 1, "batchSize": 16, "maxBatchDelay": 5, "responseTimeout": 30,
+    "startupTimeout": 120, "handler": {"precision": "fp32", "compile": "none", "threads": 1},
+}
+
+
+@pytest.fixture
+def spec(monkeypatch):
+    """A models/ folder with one spec `unitpkg`, inside the repository's ignored build/ (paths are shown relative
+    to the repository), and an empty store; returns a small object to edit them."""
+    build_root = REPO / "build"
+    build_root.mkdir(exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix="test-package-", dir=build_root))
+    model_dir = root / "models" / "unitpkg"
+    model_dir.mkdir(parents=True)
+    (model_dir / "model.yaml").write_text(yaml.safe_dump({
+        "name": "unitpkg", "version": "1.0", "handler": "handlers/classifier.py", "config": "model-config.yaml",
+        "files": ["notes.txt"],
+    }))
+    (model_dir / "notes.txt").write_text("weights would go here\n")
+    monkeypatch.setattr(package, "MODELS_DIR", root / "models")
+
+    class Spec:
+        dir = model_dir
+        store = root / "store"
+
+        def write_config(self, config):
+            (model_dir / "model-config.yaml").write_text(yaml.safe_dump(config))
+
+        def manifest(self):
+            return json.loads((self.store / "manifest.json").read_text())
+
+        def archive(self):
+            return self.store / "unitpkg.mar"
+
+    made = Spec()
+    made.write_config(VALID_CONFIG)
+    yield made
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def build(spec, **kwargs):
+    return package.build("unitpkg", spec.store, log=lambda *_: None, **kwargs)
+
+
+def test_unchanged_inputs_are_not_rebuilt(spec):
+    first = build(spec)
+    assert first["rebuilt"] and spec.archive().is_file()
+    mtime = spec.archive().stat().st_mtime_ns
+    recorded = spec.manifest()["unitpkg.mar"]
+    assert recorded["input_hash"] == first["input_hash"] and recorded["version"] == "1.0"
+
+    second = build(spec)
+    assert not second["rebuilt"]
+    assert spec.archive().stat().st_mtime_ns == mtime
+    assert spec.manifest()["unitpkg.mar"] == recorded
+
+
+def test_changed_config_rebuilds(spec):
+    first = build(spec)
+    spec.write_config({**VALID_CONFIG, "batchSize": 8})
+    second = build(spec)
+    assert second["rebuilt"]
+    assert second["input_hash"] != first["input_hash"]
+    assert spec.manifest()["unitpkg.mar"]["batchSize"] == 8
+
+
+def test_changed_packed_file_rebuilds(spec):
+    first = build(spec)
+    (spec.dir / "notes.txt").write_text("retrained weights\n")
+    second = build(spec)
+    assert second["rebuilt"] and second["input_hash"] != first["input_hash"]
+
+
+def test_force_rebuilds_unchanged_inputs(spec):
+    first = build(spec)
+    forced = build(spec, force=True)
+    assert forced["rebuilt"]
+    assert forced["input_hash"] == first["input_hash"]
+    assert spec.manifest()["unitpkg.mar"]["built_at"] == forced["built_at"]
+
+
+def test_dependency_pins_are_part_of_the_input_hash(spec, monkeypatch):
+    hashed = []
+    real_digest = package.digest
+
+    def recording_digest(paths, extra=""):
+        hashed.extend(paths)
+        return real_digest(paths, extra)
+
+    monkeypatch.setattr(package, "digest", recording_digest)
+    build(spec)
+    assert REPO / "requirements.txt" in hashed
+
+
+def test_other_version_goes_to_its_own_archive(spec):
+    build(spec)
+    other = build(spec, version="2.0")
+    assert other["archive"] == "unitpkg-2.0.mar" and (spec.store / "unitpkg-2.0.mar").is_file()
+    assert spec.manifest()["unitpkg-2.0.mar"]["version"] == "2.0"
+    assert not build(spec)["rebuilt"]  # the 1.0 archive is still up to date
+
+
+def test_cli_builds_then_reports_up_to_date(spec, capsys):
+    assert package.main(["unitpkg", "--store", str(spec.store)]) == 0
+    assert "building unitpkg.mar" in capsys.readouterr().out
+    assert package.main(["unitpkg", "--store", str(spec.store)]) == 0
+    assert "unitpkg.mar up to date" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("change, named", [
+    ({"batchsize": 16}, "batchsize"),                                   # unknown (misspelt) TorchServe key
+    ({"batchSize": "16"}, "batchSize"),                                 # wrong type
+    ({"responseTimeout": True}, "responseTimeout"),                     # a bool is not an int
+    ({"startupTimeout": 5}, "startupTimeout"),                          # too short for load and warm-up
+    ({"handler": {**VALID_CONFIG["handler"], "precison": "fp32"}}, "precison"),  # unknown handler option
+    ({"handler": {**VALID_CONFIG["handler"], "threads": "two"}}, "handler.threads"),
+    ({"minWorkers": 3}, "minWorkers"),                                  # more than maxWorkers
+])
+def test_invalid_model_config_fails_naming_the_key(spec, capsys, change, named):
+    spec.write_config({**VALID_CONFIG, **change})
+    assert package.main(["unitpkg", "--store", str(spec.store)]) == 1
+    error = capsys.readouterr().err
+    assert error.startswith("error: ") and "model-config.yaml" in error and named in error
+    assert not spec.archive().exists()
+
+
+def test_missing_required_key_fails(spec, capsys):
+    spec.write_config({k: v for k, v in VALID_CONFIG.items() if k != "maxBatchDelay"})
+    assert package.main(["unitpkg", "--store", str(spec.store)]) == 1
+    assert "maxBatchDelay" in capsys.readouterr().err
+
+
+def test_unknown_model_fails_listing_known_ones(spec, capsys):
+    assert package.main(["nosuchmodel", "--store", str(spec.store)]) == 1
+    error = capsys.readouterr().err
+    assert "nosuchmodel" in error and "unitpkg" in error
