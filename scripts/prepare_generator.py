@@ -1,0 +1,108 @@
+"""Prepare the model folder of the `generator` archive: your own Hugging Face causal LM, or the random demo model.
+
+    python -m scripts.prepare_generator --out build/generator                       # demo: random-weight tiny GPT-2
+    python -m scripts.prepare_generator --out build/generator-2.0 --model-dir ~/models/gpt2
+
+Normally run by the packaging step (models/generator/model.yaml), e.g.
+    python -m scripts.package generator --version 2.0 --var model_dir=/path/to/hf-dir [--var name=my-gpt2]
+
+Writes OUT/lm/ (config, safetensors weights, tokenizer and generation files only) and OUT/model_info.json
+({"name", "weights", "source"}), which the handler shows in every answer. A model directory must load offline with
+`AutoModelForCausalLM` and have safetensors weights (pickled *.bin/*.pt weights are refused: loading them can run
+code). Exit codes: 0 prepared, 1 the model directory is unusable, 2 bad arguments.
+"""
+
+import argparse
+import json
+import shutil
+import sys
+from fnmatch import fnmatch
+from pathlib import Path
+
+# What a causal LM needs at serving time; anything else in a model directory (other frameworks' weights, README,
+# training state) stays out of the archive.
+SERVING_FILES = (
+    "config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+    "vocab.json", "merges.txt", "vocab.txt", "tokenizer.model", "chat_template.jinja",
+)
+DEMO_NAME = "tiny-gpt2-random"
+DEMO_WEIGHTS = "random (demo)"
+
+
+class PrepareError(Exception):
+    """A model directory that cannot be served; the message says why."""
+
+
+def copy_model_dir(source, target):
+    """Copy the serving files of a Hugging Face causal-LM directory (symlinks, e.g. of a HF cache, are followed)."""
+    source = Path(source).expanduser().resolve()
+    if not (source / "config.json").is_file():
+        raise PrepareError(f"{source}: no config.json (expected a Hugging Face model directory)")
+    if not any(source.glob("*.safetensors")):
+        pickled = sorted(p.name for p in source.iterdir() if p.suffix in (".bin", ".pt", ".pth"))
+        hint = f" (found {pickled}: convert them to safetensors first)" if pickled else ""
+        raise PrepareError(f"{source}: no *.safetensors weights{hint}")
+    if not any((source / name).is_file() for name in ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")):
+        raise PrepareError(f"{source}: no tokenizer files (tokenizer.json, tokenizer.model, vocab.json or vocab.txt)")
+    if target.exists():
+        shutil.rmtree(target)
+    target.mkdir(parents=True)
+    copied = []
+    for path in sorted(source.iterdir()):
+        if path.is_file() and any(fnmatch(path.name, pattern) for pattern in SERVING_FILES):
+            shutil.copyfile(path, target / path.name)
+            copied.append(path.name)
+    return source, copied
+
+
+def check_loads(model_dir):
+    """Load the copied folder the way the handler will (offline, safetensors); fail here rather than in a worker."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+    try:
+        AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, use_safetensors=True,
+                                                     dtype=torch.float32)
+    except (OSError, ValueError, KeyError) as error:
+        raise PrepareError(f"{model_dir}: does not load as a causal LM offline: {error}") from None
+    return config.model_type, sum(p.numel() for p in model.parameters())
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m scripts.prepare_generator", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, type=Path, help="build folder; gets lm/ and model_info.json")
+    parser.add_argument("--model-dir", default="", help="your Hugging Face causal-LM folder (empty: the random demo)")
+    parser.add_argument("--name", default="", help="name shown in answers (default: the folder's name)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the demo's random weights (default 0)")
+    args = parser.parse_args(argv)
+    lm_dir = args.out / "lm"
+    args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        if args.model_dir:
+            source, copied = copy_model_dir(args.model_dir, lm_dir)
+            model_type, parameters = check_loads(lm_dir)
+            info = {"name": args.name or source.name, "weights": "user-supplied", "source": str(source)}
+            print(f"copied {len(copied)} files from {source} ({model_type}, {parameters:,} parameters): {copied}")
+        else:
+            from scripts import make_tiny_gpt2
+
+            if lm_dir.exists():
+                shutil.rmtree(lm_dir)
+            summary = make_tiny_gpt2.build(lm_dir, seed=args.seed, layers=2, hidden=128, heads=4, positions=1024,
+                                           vocab_size=512)
+            info = {"name": args.name or DEMO_NAME, "weights": DEMO_WEIGHTS,
+                    "source": f"scripts/make_tiny_gpt2.py seed {args.seed}: untrained, its text is meaningless"}
+            print(f"built the random-weight demo model: {json.dumps(summary)}")
+    except PrepareError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    (args.out / "model_info.json").write_text(json.dumps(info, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
