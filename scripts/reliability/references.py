@@ -1,0 +1,85 @@
+"""Distinct inputs per model and their reference answers computed in-process, to verify every served answer.
+
+The classifier's reference is the archived state_dict run in fp32; MiniLM's is sentence-transformers' encode() of the
+same model in fp32 (served answers may be bf16: they must reach cosine >= 0.999 to their own reference).
+"""
+
+import io
+import json
+import random
+import zipfile
+
+import torch
+
+WORDS = ("model serving batch queue latency worker token cache tensor gradient kernel vector cluster replica "
+         "throughput request answer server python handler archive metric sentence language embedding cosine river "
+         "mountain coffee morning window garden library yellow quiet ancient bright music winter summer forest "
+         "engine market letter doctor planet circle silver ocean story paper little people travel history").split()
+
+
+class ClassifierReference:
+    name = "classifier"
+    min_similarity = None
+
+    def __init__(self, archive_path, count, seed=0):
+        with zipfile.ZipFile(archive_path) as mar:
+            state_dict = torch.load(io.BytesIO(mar.read("classifier.pt")), map_location="cpu", weights_only=True)
+        from handlers.nets import MLPClassifier
+
+        model = MLPClassifier.from_state_dict(state_dict).eval()
+        self.rows = torch.randn(count, model.layers[0].in_features, generator=torch.Generator().manual_seed(seed))
+        with torch.inference_mode():
+            self.expected = torch.softmax(model(self.rows), dim=-1)
+        self.bodies = [json.dumps({"inputs": row}).encode() for row in self.rows.tolist()]
+
+    def body(self, index):
+        return self.bodies[index % len(self.bodies)]
+
+    def matches(self, index, answer):
+        expected = self.expected[index % len(self.bodies)]
+        got = torch.tensor(answer["probabilities"])
+        return answer["label"] == int(expected.argmax()) and torch.allclose(got, expected, atol=1e-4)
+
+
+def distinct_texts(count, seed=0):
+    """Deterministic, pairwise distinct sentences of mixed lengths (mostly short, a tail of long ones)."""
+    rng = random.Random(seed)
+    texts = []
+    for index in range(count):
+        length = rng.choice([4, 6, 8, 10, 12, 16, 24, 40]) if rng.random() < 0.9 else rng.randint(80, 320)
+        words = [rng.choice(WORDS) for _ in range(length)]
+        words.insert(rng.randrange(len(words)), f"item{index}")
+        texts.append(" ".join(words))
+    return texts
+
+
+class MiniLMReference:
+    name = "minilm"
+    min_similarity = 0.999
+
+    def __init__(self, count, seed=0):
+        from sentence_transformers import SentenceTransformer
+
+        from scripts.reliability.model_files import minilm_reference_dir
+
+        self.texts = distinct_texts(count, seed)
+        model = SentenceTransformer(str(minilm_reference_dir()), device="cpu")
+        self.expected = torch.from_numpy(model.encode(self.texts, batch_size=64, convert_to_numpy=True,
+                                                      normalize_embeddings=True))
+        self.bodies = [json.dumps({"text": text}).encode() for text in self.texts]
+
+    def body(self, index):
+        return self.bodies[index % len(self.bodies)]
+
+    def matches(self, index, answer):
+        got = torch.tensor(answer["embedding"])
+        expected = self.expected[index % len(self.bodies)]
+        return got.shape == expected.shape and torch.nn.functional.cosine_similarity(got, expected, dim=0) >= 0.999
+
+
+def reference_for(model, store, count, seed=0):
+    if model == "classifier":
+        return ClassifierReference(store / "classifier.mar", count, seed)
+    if model == "minilm":
+        return MiniLMReference(count, seed)
+    raise ValueError(f"no reference answers for model {model!r}")
