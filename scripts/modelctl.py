@@ -105,9 +105,10 @@ class ManagementClient:
                         f"(tokens live token_expiration_min minutes; `modelctl refresh-token` renews it, "
                         f"a restarted server writes a new key_file.json)")
             else:
+                found = "not found" if not Path(self.key_file or "").is_file() else "it has no management key"
                 hint = (f"this server requires a token and none was given: pass --token, or --key-file pointing "
                         f"at TorchServe's key_file.json (in the server's working directory; looked for "
-                        f"{self.key_file})")
+                        f"{self.key_file}: {found})")
             return CtlError(f"{method} {path}: refused ({code} {kind or 'unauthorized'}): {hint}", EXIT_AUTH)
         exit_code = {404: EXIT_NOT_FOUND, 409: EXIT_CONFLICT}.get(code, EXIT_FAILED)
         return CtlError(f"{method} {path}: {code} {kind}: {message}".replace("\n", " "), exit_code)
@@ -528,8 +529,8 @@ COMMANDS = {"list": cmd_list, "describe": cmd_describe, "register": cmd_register
 
 def make_client(args):
     token, source = args.token, "--token/$TS_MANAGEMENT_TOKEN"
-    key_file_given = args.key_file != DEFAULT_KEY_FILE or "TS_KEY_FILE" in os.environ
-    if not token and (args.key_file.exists() or key_file_given):
+    # No key file is fine for a dev server without token authorization; a server that wants one says so (400/401).
+    if not token and args.key_file.is_file():
         token = read_key_file(args.key_file).get("management", {}).get("key")
         source = f"key file {args.key_file}"
     return ManagementClient(args.management_url, token, source, args.key_file, args.timeout)

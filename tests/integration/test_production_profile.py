@@ -1,0 +1,160 @@
+"""The production profile (config/production.properties) on a real TorchServe: tokens on both APIs, registration only
+from the model store, and its limits (queue, request size, JVM heap) in effect.
+
+One server, started from the profile itself; the fixture swaps in free loopback ports (tests send traffic to loopback
+only) and loads the classifier alone.
+"""
+
+import http.server
+import json
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import psutil
+import pytest
+import requests
+
+from scripts.server import read_properties
+
+REPO = Path(__file__).resolve().parents[2]
+PROFILE = REPO / "config" / "production.properties"
+ROW = [0.01 * i for i in range(128)]
+
+
+@pytest.fixture(scope="module")
+def server(start_ts_server):
+    return start_ts_server(config=PROFILE, models=["classifier"], name="production")
+
+
+@pytest.fixture(scope="module")
+def profile():
+    return read_properties(PROFILE)
+
+
+def bearer(token):
+    return {"Authorization": f"Bearer {token}"}
+
+
+def assert_token_refused(response):
+    # TorchServe 0.12 answers a missing or wrong token with 400 InvalidKeyException (not 401).
+    assert response.status_code in (400, 401), response.text
+    assert response.json()["type"] == "InvalidKeyException"
+
+
+def test_profile_turns_token_authorization_on(profile, server):
+    assert profile["disable_token_authorization"] == "false"
+    keys = json.loads(server.key_file.read_text())
+    assert keys["management"]["key"] and keys["inference"]["key"] and keys["management"]["key"] != keys["inference"]["key"]
+
+
+def test_management_api_needs_the_management_token(server):
+    tokens = server.tokens()
+    url = f"{server.management_url}/models"
+    assert_token_refused(requests.get(url, timeout=10))
+    assert_token_refused(requests.get(url, headers=bearer("not-the-token"), timeout=10))
+    assert_token_refused(requests.get(url, headers=bearer(tokens["inference"]), timeout=10))
+    allowed = requests.get(url, headers=bearer(tokens["management"]), timeout=10)
+    assert allowed.status_code == 200
+    assert [m["modelName"] for m in allowed.json()["models"]] == ["classifier"]
+
+
+def test_inference_api_needs_the_inference_token(server):
+    tokens = server.tokens()
+    url = f"{server.inference_url}/predictions/classifier"
+    assert_token_refused(requests.post(url, json={"inputs": ROW}, timeout=30))
+    assert_token_refused(requests.post(url, json={"inputs": ROW}, headers=bearer(tokens["management"]), timeout=30))
+    # Even the health check wants the token (which is why the Kubernetes profile turns tokens off; see README).
+    assert_token_refused(requests.get(f"{server.inference_url}/ping", timeout=10))
+    answer = requests.post(url, json={"inputs": ROW}, headers=bearer(tokens["inference"]), timeout=30)
+    assert answer.status_code == 200
+    assert len(answer.json()["probabilities"]) == 10
+
+
+class CountingHandler(http.server.SimpleHTTPRequestHandler):
+    requests_seen = 0
+
+    def do_GET(self):
+        type(self).requests_seen += 1
+        super().do_GET()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_registration_only_from_the_model_store(server, tmp_path, model_store):
+    headers = server.headers("management")
+    store = model_store
+    # An archive outside the store, offered as file:// and over HTTP: both refused, nothing fetched or copied.
+    outside = tmp_path / "classifier-outside.mar"
+    shutil.copy(store / "classifier.mar", outside)
+    handler = type("Handler", (CountingHandler,), {"requests_seen": 0})
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), lambda *a: handler(*a, directory=str(tmp_path)))
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        for url in (outside.as_uri(), f"http://127.0.0.1:{httpd.server_address[1]}/{outside.name}"):
+            response = requests.post(f"{server.management_url}/models", headers=headers, timeout=60,
+                                     params={"url": url, "model_name": "outside", "synchronous": "true"})
+            assert response.status_code == 404, response.text
+            assert "does not match any allowed URL" in response.json()["message"]
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert handler.requests_seen == 0
+    assert not (store / outside.name).exists()
+    # An archive in the store, named as the store's files are: allowed.
+    registered = requests.post(f"{server.management_url}/models", headers=headers, timeout=300,
+                               params={"url": "classifier.mar", "model_name": "classifier_copy",
+                                       "initial_workers": 1, "synchronous": "true"})
+    assert registered.status_code == 200, registered.text
+    assert requests.delete(f"{server.management_url}/models/classifier_copy/1.0", headers=headers,
+                           timeout=60).status_code == 200
+
+
+def test_profile_limits_are_in_effect(server, profile):
+    description = requests.get(f"{server.management_url}/models/classifier", headers=server.headers("management"),
+                               timeout=10).json()[0]
+    assert description["jobQueueStatus"]["remainingCapacity"] == int(profile["job_queue_size"])
+
+    too_big = b"x" * (int(profile["max_request_size"]) + 1)
+    response = requests.post(f"{server.inference_url}/predictions/classifier", data=too_big, timeout=30,
+                             headers={**server.headers("inference"), "Content-Type": "application/json"})
+    assert response.status_code == 413
+
+    java = psutil.Process(server.pid()).cmdline()
+    for option in profile["vmargs"].split():
+        assert option in java
+
+    metrics = requests.get(f"{server.metrics_url}/metrics", timeout=10)  # Prometheus scrapes without a token
+    assert metrics.status_code == 200 and "# TYPE" in metrics.text
+
+
+def modelctl(server, *args, key_file=None):
+    command = [sys.executable, "-m", "scripts.modelctl", "--management-url", server.management_url,
+               "--key-file", str(key_file or server.key_file), *args]
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+def test_modelctl_uses_the_key_file(server, tmp_path):
+    listed = modelctl(server, "--json", "list")
+    assert listed.returncode == 0, listed.stderr
+    assert [m["model"] for m in json.loads(listed.stdout)["models"]] == ["classifier"]
+
+    described = modelctl(server, "describe", "classifier", "--customized")
+    assert described.returncode == 0, described.stderr
+    assert "READY" in described.stdout and "precision" in described.stdout
+
+
+def test_modelctl_fails_clearly_without_or_with_a_wrong_token(server, tmp_path):
+    missing = modelctl(server, "list", key_file=tmp_path / "key_file.json")
+    assert missing.returncode == 6
+    assert len(missing.stderr.strip().splitlines()) == 1
+    assert "requires a token" in missing.stderr and "key_file.json" in missing.stderr
+
+    wrong = tmp_path / "wrong_key_file.json"
+    wrong.write_text(json.dumps({"management": {"key": "wrong"}, "inference": {"key": "wrong"}}))
+    refused = modelctl(server, "list", key_file=wrong)
+    assert refused.returncode == 6
+    assert "was refused" in refused.stderr and str(wrong) in refused.stderr
