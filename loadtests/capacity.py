@@ -1,0 +1,301 @@
+"""Capacity at a latency SLO: the highest open-loop arrival rate whose p99 stays within the SLO with no failures.
+
+    python -m loadtests.capacity --model minilm --slo-ms 100 [--start-rate 8] [--step-seconds 20]
+
+Each step is an open-loop run (loadtests.run, profile ``open``) at one target rate. The search grows the rate
+geometrically (x --growth) until a step misses the SLO, then bisects between the last good and the first bad rate
+until they are within --tolerance of each other. A step passes when p99 <= SLO, there were no failures (a 503 from a
+full queue is one), no request was still open at the end, and the generator started its requests on schedule
+(achieved >= --min-achieved of the target): a generator that could not keep up measured itself, not the server.
+
+Writes loadtests/reports/capacity-<model>-<time>/: capacity.json and capacity.md (the result and the curve: offered
+rate vs achieved rate, throughput, p50, p99), capacity.png, and each step's full load-test report in step-NN-<rate>/.
+Exit codes: 0 searched (even if no rate passed: see the report), 1 a run or the server failed, 2 bad arguments.
+"""
+
+import argparse
+import datetime
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from loadtests import run as loadtest  # noqa: E402
+
+REPORTS = REPO / "loadtests" / "reports"
+
+
+@dataclass
+class Step:
+    """One measured open-loop step."""
+
+    rate: float                     # offered (target) arrivals per second
+    p50_ms: Optional[float]
+    p99_ms: Optional[float]
+    failures: int
+    requests: int = 0
+    achieved_rate: Optional[float] = None   # the generator's actual start rate
+    throughput: Optional[float] = None      # completed requests per second
+    unfinished: int = 0
+    passed: bool = False
+    reason: str = ""
+    report_dir: str = ""
+
+
+def judge(step, slo_ms, min_achieved=0.95):
+    """Set step.passed and step.reason (the first thing that failed) for this SLO."""
+    if step.requests == 0 or step.p99_ms is None:
+        step.passed, step.reason = False, "no completed requests"
+    elif step.failures:
+        step.passed, step.reason = False, f"{step.failures} failures"
+    elif step.unfinished:
+        step.passed, step.reason = False, f"{step.unfinished} requests still open at the end"
+    elif step.p99_ms > slo_ms:
+        step.passed, step.reason = False, f"p99 {step.p99_ms:g} ms > SLO {slo_ms:g} ms"
+    elif step.achieved_rate is not None and step.achieved_rate < min_achieved * step.rate:
+        step.passed, step.reason = False, (f"generator achieved only {step.achieved_rate:g}/s of {step.rate:g}/s "
+                                           "(load generator limit, not the server's)")
+    else:
+        step.passed, step.reason = True, "ok"
+    return step
+
+
+def search(measure, slo_ms, start_rate, max_rate, growth=2.0, tolerance=0.1, max_steps=12, min_rate=0.5,
+           min_achieved=0.95, log=print):
+    """Highest passing rate found by geometric growth then bisection. ``measure(rate) -> Step``.
+
+    Returns ``{"capacity_rate", "steps", "bracket", "stopped_because"}``; capacity_rate is None when even the
+    lowest rate tried failed.
+    """
+    if not (0 < start_rate <= max_rate) or growth <= 1 or tolerance <= 0:
+        raise ValueError("need 0 < start_rate <= max_rate, growth > 1 and tolerance > 0")
+    steps = []
+
+    def attempt(rate):
+        step = judge(measure(rate), slo_ms, min_achieved)
+        steps.append(step)
+        log(f"  step {len(steps):2d}: {rate:8.2f}/s -> p50 {step.p50_ms} ms, p99 {step.p99_ms} ms, "
+            f"{step.failures} failures, achieved {step.achieved_rate}/s: {'PASS' if step.passed else 'FAIL'} "
+            f"({step.reason})")
+        return step.passed
+
+    good, bad = None, None
+    rate = start_rate
+    stopped = ""
+    # Phase 1: grow until a rate fails (or the cap / step budget is reached); on a first failure, shrink instead.
+    while len(steps) < max_steps:
+        if attempt(rate):
+            good = rate
+            if bad is not None:
+                break
+            if rate >= max_rate:
+                stopped = f"reached --max-rate {max_rate:g}/s without missing the SLO"
+                break
+            rate = min(rate * growth, max_rate)
+        else:
+            bad = rate
+            if good is not None:
+                break
+            if rate / growth < min_rate:
+                stopped = f"even {rate:g}/s missed the SLO"
+                break
+            rate = rate / growth
+    # Phase 2: bisect (geometric midpoint) between the last good and the first bad rate.
+    while not stopped and good is not None and bad is not None and len(steps) < max_steps:
+        if (bad - good) / good <= tolerance:
+            stopped = f"bracket within {tolerance:.0%}"
+            break
+        middle = (good * bad) ** 0.5
+        if attempt(middle):
+            good = middle
+        else:
+            bad = middle
+    if not stopped:
+        stopped = f"step budget ({max_steps}) used" if len(steps) >= max_steps else f"bracket within {tolerance:.0%}"
+    return {"capacity_rate": round(good, 3) if good is not None else None, "steps": steps,
+            "bracket": [good, bad], "stopped_because": stopped}
+
+
+def step_from_summary(rate, summary):
+    open_loop = summary.get("open_loop") or {}
+    return Step(rate=rate, p50_ms=summary.get("p50_ms"), p99_ms=summary.get("p99_ms"),
+                failures=summary.get("failures", 0), requests=summary.get("requests", 0),
+                achieved_rate=open_loop.get("achieved_rate"), throughput=summary.get("rps"),
+                unfinished=open_loop.get("unfinished_at_stop") or 0, report_dir=summary.get("report_dir", ""))
+
+
+def measure_with_locust(host, model, out_dir, step_seconds, metrics_url=None, cooldown_seconds=2.0, workers=0,
+                        payload_seed=0, arrivals="poisson", log=print):
+    """A ``measure(rate)`` that runs one open-loop Locust step per call into out_dir/step-NN-<rate>/."""
+    counter = {"n": 0}
+
+    def measure(rate):
+        counter["n"] += 1
+        settings = loadtest.settings_for(model, "open", rate=rate, duration=step_seconds, workers=workers,
+                                         payload_seed=payload_seed, arrivals=arrivals)
+        folder = Path(out_dir) / f"step-{counter['n']:02d}-{rate:.1f}"
+        summary = loadtest.run(settings, host, metrics_url, folder, log=lambda *_: None)
+        time.sleep(cooldown_seconds)  # let an overloaded server drain its queue before the next step
+        return step_from_summary(rate, summary)
+
+    return measure
+
+
+def plot_curve(steps, slo_ms, png_path, title, capacity_rate=None):
+    if not steps:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ordered = sorted(steps, key=lambda step: step.rate)
+    rates = [step.rate for step in ordered]
+    figure, (latency, throughput) = plt.subplots(1, 2, figsize=(11, 4.5))
+    latency.plot(rates, [step.p50_ms for step in ordered], "o-", label="p50")
+    latency.plot(rates, [step.p99_ms for step in ordered], "o-", label="p99")
+    latency.axhline(slo_ms, color="tab:red", linestyle="--", label=f"SLO {slo_ms:g} ms")
+    for step in ordered:
+        if not step.passed:
+            latency.plot([step.rate], [step.p99_ms or slo_ms], "x", color="tab:red", markersize=10)
+    if capacity_rate:
+        latency.axvline(capacity_rate, color="tab:green", linestyle=":", label=f"capacity {capacity_rate:g}/s")
+    latency.set_xlabel("offered rate (requests/s, open loop)")
+    latency.set_ylabel("response time (ms)")
+    latency.set_yscale("log")
+    latency.legend()
+    latency.grid(alpha=0.3, which="both")
+    latency.set_title(title)
+    throughput.plot(rates, rates, "--", color="tab:gray", label="offered")
+    throughput.plot(rates, [step.throughput for step in ordered], "o-", color="tab:green", label="completed/s")
+    throughput.set_xlabel("offered rate (requests/s)")
+    throughput.set_ylabel("requests/s")
+    throughput.legend()
+    throughput.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(png_path, dpi=110)
+    plt.close(figure)
+    return True
+
+
+def render_markdown(result):
+    lines = [
+        f"# Capacity of {result['model']} at p99 <= {result['slo_ms']:g} ms",
+        "",
+        f"**{result['capacity_rate'] if result['capacity_rate'] is not None else 'none'} requests/s** "
+        f"(highest open-loop rate that passed; search stopped: {result['stopped_because']}).",
+        "",
+        f"Host {result['host']}, {result['step_seconds']:g} s per step, {result['arrivals']} arrivals, "
+        f"started {result['started_at']}.",
+        "",
+        "| offered /s | achieved /s | completed /s | requests | failures | p50 ms | p99 ms | result |",
+        "|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for step in sorted(result["steps"], key=lambda s: s["rate"]):
+        lines.append(f"| {step['rate']:.2f} | {step['achieved_rate']} | {step['throughput']} | {step['requests']} | "
+                     f"{step['failures']} | {step['p50_ms']} | {step['p99_ms']} | "
+                     f"{'pass' if step['passed'] else 'FAIL: ' + step['reason']} |")
+    lines += ["", "Each step's full report (CSV, HTML, server-side figures, timeline) is in its step-NN-<rate>/ folder.",
+              ""]
+    return "\n".join(lines)
+
+
+def capacity(host, model, slo_ms, out_dir=None, metrics_url=None, start_rate=8.0, max_rate=4000.0, growth=2.0,
+             tolerance=0.1, max_steps=12, step_seconds=20.0, cooldown_seconds=2.0, workers=0, payload_seed=0,
+             arrivals="poisson", min_achieved=0.95, log=print):
+    """Run the search against a server and write the capacity report; returns the result dict."""
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out_dir = Path(out_dir or REPORTS / f"capacity-{model}-{stamp}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    started_at = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    log(f"capacity search: {model} at p99 <= {slo_ms:g} ms, {step_seconds:g} s steps from {start_rate:g}/s "
+        f"-> {out_dir}")
+    measure = measure_with_locust(host, model, out_dir, step_seconds, metrics_url, cooldown_seconds, workers,
+                                  payload_seed, arrivals, log)
+    found = search(measure, slo_ms, start_rate, max_rate, growth, tolerance, max_steps, min_achieved=min_achieved,
+                   log=log)
+    result = {
+        "model": model, "slo_ms": slo_ms, "host": host, "started_at": started_at, "step_seconds": step_seconds,
+        "arrivals": arrivals, "capacity_rate": found["capacity_rate"], "bracket": found["bracket"],
+        "stopped_because": found["stopped_because"], "steps": [asdict(step) for step in found["steps"]],
+    }
+    passing = [step for step in found["steps"] if step.passed]
+    result["at_capacity"] = asdict(max(passing, key=lambda step: step.rate)) if passing else None
+    # The first step is always at --start-rate: the same low load for every configuration, so comparable.
+    result["at_start_rate"] = asdict(found["steps"][0]) if found["steps"] else None
+    (out_dir / "capacity.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out_dir / "capacity.md").write_text(render_markdown(result))
+    plot_curve(found["steps"], slo_ms, out_dir / "capacity.png", f"{model}: latency vs offered load",
+               found["capacity_rate"])
+    result["report_dir"] = str(out_dir)
+    return result
+
+
+def add_search_arguments(parser):
+    parser.add_argument("--slo-ms", type=float, default=100.0, help="p99 latency objective in ms (default 100)")
+    parser.add_argument("--start-rate", type=float, default=8.0, help="first offered rate, requests/s")
+    parser.add_argument("--max-rate", type=float, default=4000.0, help="never offer more than this")
+    parser.add_argument("--growth", type=float, default=2.0, help="rate factor between steps before bisection")
+    parser.add_argument("--tolerance", type=float, default=0.1, help="stop bisecting when within this fraction")
+    parser.add_argument("--max-steps", type=int, default=12, help="most steps per search")
+    parser.add_argument("--step-seconds", type=float, default=20.0, help="duration of each step")
+    parser.add_argument("--cooldown-seconds", type=float, default=2.0, help="pause between steps (queue drains)")
+    parser.add_argument("--arrivals", default="poisson", choices=("poisson", "uniform"), help="arrival process")
+    parser.add_argument("--payload-seed", type=int, default=0, help="seed of the payload mix")
+    parser.add_argument("--locust-workers", type=int, default=0, help="distributed Locust: N local worker processes")
+
+
+def search_kwargs(args):
+    return dict(start_rate=args.start_rate, max_rate=args.max_rate, growth=args.growth, tolerance=args.tolerance,
+                max_steps=args.max_steps, step_seconds=args.step_seconds, cooldown_seconds=args.cooldown_seconds,
+                arrivals=args.arrivals, payload_seed=args.payload_seed, workers=args.locust_workers)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m loadtests.capacity", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, choices=sorted(loadtest.MODELS))
+    add_search_arguments(parser)
+    parser.add_argument("--host", help="inference URL of a running server (nothing is started)")
+    parser.add_argument("--metrics-url", help="Prometheus endpoint for server-side figures per step")
+    parser.add_argument("--config", default=str(REPO / "config.properties"),
+                        help="properties of the server to use or start when --host is not given")
+    parser.add_argument("--out", help="report folder (default loadtests/reports/capacity-<model>-<time>)")
+    parser.add_argument("--json", action="store_true", help="print capacity.json")
+    args = parser.parse_args(argv)
+    if args.slo_ms <= 0 or args.start_rate <= 0 or args.step_seconds <= 0:
+        parser.error("--slo-ms, --start-rate and --step-seconds must be positive")
+
+    from loadtests import servers
+
+    log = (lambda *_: None) if args.json else print
+    try:
+        if args.host:
+            loadtest.preflight(args.host, args.model)
+            result = capacity(args.host, args.model, args.slo_ms, args.out, args.metrics_url, log=log,
+                              **search_kwargs(args))
+        else:
+            with servers.development_server(args.config, log=log) as urls:
+                loadtest.preflight(urls["inference"], args.model)
+                result = capacity(urls["inference"], args.model, args.slo_ms, args.out,
+                                  args.metrics_url or urls["metrics"], log=log, **search_kwargs(args))
+    except (RuntimeError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"capacity of {args.model} at p99 <= {args.slo_ms:g} ms: {result['capacity_rate']} requests/s "
+              f"({result['stopped_because']})")
+        print(f"report: {result['report_dir']}/capacity.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""Request bodies and response checks for each served model: the traffic every load test, baseline and ceiling shares.
+
+The payloads are seeded streams, so two runs (and the side-by-side systems) see the same mix:
+
+- ``classifier``: one random 128-d row per request (standard normal, the scale the model was trained on).
+- ``minilm``: English-like sentences whose lengths follow :data:`MINILM_LENGTH_MIX` (mostly short, a tail of long ones,
+  some longer than the model's 256-token window, which the server must truncate), and a share of requests
+  (:data:`MINILM_REPEAT_SHARE`) repeating a small set of popular sentences, so that a response cache sees a realistic
+  hit rate instead of 0 % or 100 %.
+
+A check returns ``None`` for a good response body or a short reason, which the load test reports as a failure.
+"""
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+CLASSIFIER_FEATURES = 128
+CLASSIFIER_CLASSES = 10
+MINILM_DIMENSIONS = 384
+
+# (share of requests, fewest words, most words). Common English words are about one WordPiece token each, so the
+# last band (257-400 words) exceeds MiniLM's 256-token window.
+MINILM_LENGTH_MIX = (
+    (0.60, 3, 16),     # queries, titles, short sentences
+    (0.25, 17, 64),    # sentences and short paragraphs
+    (0.10, 65, 200),   # paragraphs
+    (0.05, 257, 400),  # documents longer than the model's window
+)
+MINILM_REPEAT_SHARE = 0.2   # share of requests drawn from the popular set
+MINILM_POPULAR_COUNT = 50   # size of the popular set; picked with Zipf-like weights (a few sentences dominate)
+
+# A small vocabulary of common English words: realistic token counts without shipping a corpus.
+WORDS = """
+the of and to in is that for it as was with be by on not he this are or his from at which but have an they
+you were her she there one all we their has been if more when will would who so no time people year way day
+man thing woman life child world school state family student group country problem hand part place case week
+company system program question work government number night point home water room mother area money story
+fact month lot right study book eye job word business issue side kind head house service friend father power
+hour game line end member law car city community name president team minute idea kid body information back
+parent face others level office door health person art war history party result change morning reason research
+girl guy moment air teacher force education foot boy age policy process music market sense nation plan college
+interest death experience effect use class control care field development role effort rate heart drug show
+leader light voice wife police mind price report decision son view relationship town road arm difference value
+building action model season society tax director position player record paper space ground form event official
+matter center couple site project activity star table need court oil situation cost industry figure street
+image phone data picture practice piece land product doctor wall patient worker news test movie north love
+support technology step baby computer type attention film tree source organization hair window evidence
+population truth song energy network machine learning serving latency throughput request batch queue model
+""".split()
+
+
+def _sentence(rng, words):
+    text = " ".join(rng.choice(WORDS) for _ in range(words))
+    return text[0].upper() + text[1:] + "."
+
+
+def _sentence_words(rng):
+    pick = rng.random()
+    for share, low, high in MINILM_LENGTH_MIX:
+        if pick < share:
+            return rng.randint(low, high)
+        pick -= share
+    return rng.randint(MINILM_LENGTH_MIX[-1][1], MINILM_LENGTH_MIX[-1][2])
+
+
+class MinilmPayloads:
+    """Seeded stream of ``{"text": ...}`` bodies; the popular set depends only on the base seed (shared by users)."""
+
+    def __init__(self, seed=0, stream=0):
+        popular_rng = random.Random(f"minilm-popular-{seed}")
+        self.popular = [_sentence(popular_rng, _sentence_words(popular_rng)) for _ in range(MINILM_POPULAR_COUNT)]
+        self.popular_weights = [1.0 / (rank + 1) for rank in range(MINILM_POPULAR_COUNT)]
+        self.rng = random.Random(f"minilm-{seed}-{stream}")
+
+    def next_text(self):
+        if self.rng.random() < MINILM_REPEAT_SHARE:
+            return self.rng.choices(self.popular, weights=self.popular_weights)[0]
+        return _sentence(self.rng, _sentence_words(self.rng))
+
+    def next(self):
+        return {"text": self.next_text()}
+
+
+class ClassifierPayloads:
+    """Seeded stream of ``{"inputs": [128 floats]}`` bodies."""
+
+    def __init__(self, seed=0, stream=0):
+        self.rng = random.Random(f"classifier-{seed}-{stream}")
+
+    def next_row(self):
+        return [round(self.rng.gauss(0.0, 1.0), 6) for _ in range(CLASSIFIER_FEATURES)]
+
+    def next(self):
+        return {"inputs": self.next_row()}
+
+
+def _numbers(values, count):
+    return (isinstance(values, list) and len(values) == count
+            and all(type(v) in (int, float) and math.isfinite(v) for v in values))
+
+
+def check_minilm(body) -> Optional[str]:
+    """A single-text answer: ``{"embedding": [384 finite floats]}``."""
+    if not isinstance(body, dict) or "embedding" not in body:
+        return f"expected an object with 'embedding', got {str(body)[:80]!r}"
+    if not _numbers(body["embedding"], MINILM_DIMENSIONS):
+        size = len(body["embedding"]) if isinstance(body["embedding"], list) else type(body["embedding"]).__name__
+        return f"'embedding' must be {MINILM_DIMENSIONS} finite numbers, got {size}"
+    return None
+
+
+def check_classifier(body) -> Optional[str]:
+    """A single-row answer: ``{"label": 0..9, "probabilities": [10 numbers summing to 1]}``."""
+    if not isinstance(body, dict) or "label" not in body or "probabilities" not in body:
+        return f"expected an object with 'label' and 'probabilities', got {str(body)[:80]!r}"
+    probabilities = body["probabilities"]
+    if not _numbers(probabilities, CLASSIFIER_CLASSES):
+        return f"'probabilities' must be {CLASSIFIER_CLASSES} finite numbers"
+    if abs(sum(probabilities) - 1.0) > 1e-3:
+        return f"'probabilities' sum to {sum(probabilities):.4f}, not 1"
+    if type(body["label"]) is not int or not 0 <= body["label"] < CLASSIFIER_CLASSES:
+        return f"'label' must be an int in [0, {CLASSIFIER_CLASSES}), got {body['label']!r}"
+    return None
+
+
+@dataclass(frozen=True)
+class ModelTraffic:
+    """What a load test needs to know about one model: where to send, what to send, how to judge the answer."""
+
+    name: str
+    path: str
+    payloads: Callable  # (seed, stream) -> an object with .next() -> JSON body
+    check: Callable     # JSON body -> None or a failure reason
+
+
+MODELS = {
+    "classifier": ModelTraffic("classifier", "/predictions/classifier", ClassifierPayloads, check_classifier),
+    "minilm": ModelTraffic("minilm", "/predictions/minilm", MinilmPayloads, check_minilm),
+}
+
+
+def traffic(model):
+    try:
+        return MODELS[model]
+    except KeyError:
+        raise ValueError(f"no load-test traffic defined for model {model!r}; known: {sorted(MODELS)}") from None

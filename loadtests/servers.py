@@ -1,0 +1,162 @@
+"""Servers the load tools talk to: find the one that answers, start a private one, wait for a model to answer.
+
+`make loadtest` uses the development server (config.properties, as `make serve` starts it), starting it only when
+nothing answers and stopping it afterwards only when it started it. The tuner and the comparison start private
+TorchServes on free loopback ports with their own run folder, so they never touch a server someone else runs.
+"""
+
+import contextlib
+import os
+import shutil
+import socket
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from scripts import server as ts  # noqa: E402
+
+
+def free_ports(count):
+    """Distinct loopback ports that are free right now."""
+    sockets = [socket.socket() for _ in range(count)]
+    for sock in sockets:
+        sock.bind(("127.0.0.1", 0))
+    ports = [sock.getsockname()[1] for sock in sockets]
+    for sock in sockets:
+        sock.close()
+    return ports
+
+
+def answers(url, timeout=2.0):
+    """True when an HTTP server answers at url (any status: a 404 still means something listens)."""
+    try:
+        requests.get(url, timeout=timeout)
+        return True
+    except requests.RequestException:
+        return False
+
+
+def archives_present(props, store):
+    """The config's load_models restricted to archives that exist (a missing one would keep a server from READY)."""
+    present, missing = [], []
+    for item in props.get("load_models", "").split(","):
+        item = item.strip()
+        if not item:
+            continue
+        archive = item.split("=", 1)[-1]
+        (present if (Path(store) / archive).exists() else missing).append(item)
+    return present, missing
+
+
+def java_home():
+    from scripts.java_home import find_java_home
+
+    return os.environ.get("JAVA_HOME") or str(find_java_home(verbose=False))
+
+
+@contextlib.contextmanager
+def development_server(config, log=print, wait=900):
+    """Yield the config's server (URLs); start it when nothing answers and stop it afterwards only in that case."""
+    props = ts.read_properties(config)
+    inference = props.get("inference_address", "http://127.0.0.1:8080")
+    if answers(f"{inference}/ping"):
+        log(f"using the TorchServe already answering at {inference}")
+        yield {"inference": inference, "management": props.get("management_address"),
+               "metrics": props.get("metrics_address"), "started": False}
+        return
+    store = REPO / props.get("model_store", "model_store")
+    present, missing = archives_present(props, store)
+    if missing:
+        log(f"note: {', '.join(missing)} not built (model_store/); starting without {'it' if len(missing) == 1 else 'them'}")
+    rendered = ts.RUN_DIR / "config.properties"
+    ts.render_config(config, rendered, {"load_models": ",".join(present)})
+    server = ts.Server(rendered, ts.RUN_DIR, ts.LOG_DIR, java_home=java_home())
+    if server.running():
+        raise RuntimeError(f"a TorchServe of this checkout runs (pid {server.pid()}) but does not answer at "
+                           f"{inference}; `make stop` it first")
+    log(f"no server answers at {inference}: starting one (logs in {ts.LOG_DIR}) ...")
+    server.start()
+    try:
+        server.wait_ready(ts.loaded_model_names(ts.read_properties(rendered)), timeout=wait)
+        yield {"inference": server.inference_url, "management": server.management_url,
+               "metrics": server.metrics_url, "started": True}
+    finally:
+        log("stopping the TorchServe this run started")
+        server.stop()
+
+
+@contextlib.contextmanager
+def private_torchserve(name, model_store, models, config=REPO / "config.properties", overrides=None, wait=900,
+                       keep_logs_in=None):
+    """A TorchServe on free loopback ports (gRPC included) with its own run folder; always stopped afterwards."""
+    run_dir = REPO / "build" / "loadtest-servers" / f"{name}-{os.getpid()}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    inference, management, metrics, grpc_inference, grpc_management = free_ports(5)
+    props = {
+        "inference_address": f"http://127.0.0.1:{inference}",
+        "management_address": f"http://127.0.0.1:{management}",
+        "metrics_address": f"http://127.0.0.1:{metrics}",
+        "grpc_inference_address": "127.0.0.1",
+        "grpc_management_address": "127.0.0.1",
+        "grpc_inference_port": str(grpc_inference),
+        "grpc_management_port": str(grpc_management),
+        "model_store": str(model_store),
+        "load_models": ",".join(f"{m}.mar" for m in models),
+        "disable_token_authorization": "true",
+        "enable_model_api": "true",
+    }
+    props.update(overrides or {})
+    config_path = run_dir / "config.properties"
+    ts.render_config(config, config_path, props)
+    server = ts.Server(config_path, run_dir, run_dir / "logs", java_home=java_home())
+    server.start()
+    try:
+        wait_until_answers(f"{server.management_url}/models", server, timeout=120)
+        server.wait_ready(ts.loaded_model_names(ts.read_properties(config_path)), timeout=wait)
+        yield server
+    finally:
+        server.stop()
+        if keep_logs_in:
+            Path(keep_logs_in).mkdir(parents=True, exist_ok=True)
+            for log in (run_dir / "logs").glob("*.log"):
+                shutil.copy2(log, Path(keep_logs_in) / log.name)
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def wait_until_answers(url, server, timeout=120):
+    """Wait for the frontend to listen (with no model loaded, wait_ready has nothing to wait for)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if answers(url):
+            return
+        if not server.running():
+            raise RuntimeError(f"TorchServe exited during start-up\n{server.log_tail()}")
+        time.sleep(0.5)
+    raise RuntimeError(f"{url} did not answer within {timeout}s\n{server.log_tail()}")
+
+
+def wait_for_prediction(url, body, check, timeout=300):
+    """Poll until one request answers correctly (a freshly started baseline may still be loading); raise otherwise."""
+    deadline = time.time() + timeout
+    last = "no answer"
+    while time.time() < deadline:
+        try:
+            response = requests.post(url, json=body, timeout=30)
+            if response.status_code == 200:
+                reason = check(response.json())
+                if reason is None:
+                    return
+                last = f"wrong answer: {reason}"
+            else:
+                last = f"HTTP {response.status_code}: {response.text[:200]}"
+        except (requests.RequestException, ValueError) as error:
+            last = f"{type(error).__name__}: {error}"
+        time.sleep(1)
+    raise RuntimeError(f"{url} did not answer correctly within {timeout}s ({last})")
