@@ -11,7 +11,8 @@ Writes:
   deploy/k8s/poddisruptionbudget.yaml
   deploy/kserve/inferenceservice.yaml    KServe InferenceService on KServe's TorchServe (pytorch) runtime
   deploy/kserve/config/config.properties KServe's expected layout: config/config.properties (+ metrics.yaml) ...
-  deploy/kserve/model-store/*.mar        ... and model-store/*.mar (copied from model_store/; ignored by git)
+  deploy/kserve/model-store/*.mar        ... and model-store/*.mar (copied from model_store/; ignored by git,
+                                         like config/metrics.yaml, a copy of the project's)
 
 The models are those config/production.properties loads; their workers, batching and startupTimeout come from
 models/<name>/model-config.yaml, so a change there changes the manifests (run `make k8s`).
@@ -284,9 +285,13 @@ def render(settings, profile, models):
         "k8s/poddisruptionbudget.yaml": manifest(disruption_budget(settings)),
         "kserve/inferenceservice.yaml": manifest(inference_service(settings, models)),
         "kserve/config/config.properties": header + kserve_properties(profile, settings, models),
-        # The same metric declarations as every other profile (an undeclared handler metric is dropped).
-        "kserve/config/metrics.yaml": header + (REPO / profile["metrics_config"]).read_text(),
     }
+
+
+def layout_copies(profile):
+    """Files copied verbatim into the KServe layout (like the archives: build output, ignored by git)."""
+    # The same metric declarations as every other profile (an undeclared handler metric is dropped).
+    return {"kserve/config/metrics.yaml": REPO / profile["metrics_config"]}
 
 
 def copy_archives(models, store, layout):
@@ -318,6 +323,8 @@ def generate(out, store, archives=True, settings_path=SETTINGS, profile_path=PRO
         path = Path(out) / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
+    for relative, source in layout_copies(profile).items():
+        shutil.copy2(source, Path(out) / relative)
     copied = copy_archives(models, Path(store), Path(out) / "kserve") if archives else []
     return {"files": sorted(files), "archives": copied, "models": [m["name"] for m in models]}
 
