@@ -1,0 +1,241 @@
+"""The generator handler called directly (no server): answers, streaming inside a batch, validation, config checks."""
+
+import json
+import struct
+
+import pytest
+import torch
+
+from handlers.config import ConfigError
+from handlers.decoding import SamplingSettings, Sequence, generate
+from handlers.generator import GeneratorHandler
+from tests.unit.fake_context import make_context, set_requests, statuses
+
+JSON = {"Content-Type": "application/json"}
+
+
+def load(model_dir, **handler_overrides):
+    handler = GeneratorHandler()
+    context = make_context(model_dir, "generator")
+    context.model_yaml_config = {**context.model_yaml_config,
+                                 "handler": {**context.model_yaml_config["handler"], **handler_overrides}}
+    handler.initialize(context)
+    return handler, context
+
+
+@pytest.fixture(scope="module")
+def generator(unpacked_model):
+    return load(unpacked_model("generator"))
+
+
+class ChunkRecorder:
+    """Stands in for the socket to the frontend: keeps every intermediate response as {batch index: text}."""
+
+    def __init__(self):
+        self.messages = []
+
+    def __call__(self, context, chunks):
+        self.messages.append(dict(chunks))
+
+
+def run(handler, context, bodies):
+    set_requests(context, [JSON] * len(bodies))
+    recorder = ChunkRecorder()
+    handler.stream_sink = recorder
+    answers = handler.handle([{"body": body} for body in bodies], context)
+    return answers, recorder.messages
+
+
+def alone(handler, prompt, settings):
+    """What handlers.decoding produces for this prompt by itself (the reference for answers in a batch)."""
+    sequence = Sequence(handler.tokenizer.encode(prompt), settings)
+    with torch.inference_mode():
+        generate(handler.model, [sequence], handler.stop_token_ids, handler.pad_token_id)
+    return sequence
+
+
+def streamed_lines(messages, idx, final):
+    lines = [json.loads(message[idx]) for message in messages if idx in message]
+    return lines + [json.loads(final)]
+
+
+def test_answer_has_text_counts_finish_reason_and_labelled_model(generator):
+    handler, context = generator
+    [answer], messages = run(handler, context, [{"prompt": "Hello world", "max_new_tokens": 12}])
+    reference = alone(handler, "Hello world", SamplingSettings(12))
+    assert statuses(context, 1) == [200] and messages == []
+    assert answer["text"] == handler.tokenizer.decode(reference.token_ids, skip_special_tokens=True)
+    assert answer["prompt_tokens"] == len(reference.prompt_ids)
+    assert answer["completion_tokens"] == len(reference.token_ids)
+    assert answer["finish_reason"] == reference.finish_reason
+    assert answer["model"]["weights"] == "random (demo)"
+    assert "seed" not in answer  # greedy: no seed to report
+
+
+def test_sampling_without_seed_reports_the_seed_that_reproduces_it(generator):
+    handler, context = generator
+    [first], _ = run(handler, context, [{"prompt": "Hello", "temperature": 1.0, "max_new_tokens": 16}])
+    [again], _ = run(handler, context, [{"prompt": "Hello", "temperature": 1.0, "max_new_tokens": 16,
+                                         "seed": first["seed"]}])
+    assert again["text"] == first["text"] and again["seed"] == first["seed"]
+
+
+def test_streams_go_only_to_streaming_requests_and_add_up_to_the_plain_answer(generator):
+    handler, context = generator
+    sampled = {"prompt": "Once upon a time", "max_new_tokens": 20, "temperature": 0.9, "top_k": 50, "seed": 4}
+    greedy = {"prompt": "The quick brown fox jumps over the lazy dog", "max_new_tokens": 9}
+    bodies = [{**sampled, "stream": True}, greedy, {**greedy, "stream": True}, sampled]
+    answers, messages = run(handler, context, bodies)
+    assert statuses(context, 4) == [200] * 4
+    assert all(set(message) <= {0, 2} for message in messages)  # the plain requests get no chunks
+    for stream_idx, plain_idx in ((0, 3), (2, 1)):
+        lines = streamed_lines(messages, stream_idx, answers[stream_idx])
+        assert len(lines) >= 3 and [line["done"] for line in lines] == [False] * (len(lines) - 1) + [True]
+        assert "".join(line["text"] for line in lines) == answers[plain_idx]["text"]
+        final, plain = lines[-1], answers[plain_idx]
+        for key in ("finish_reason", "prompt_tokens", "completion_tokens"):
+            assert final[key] == plain[key]
+    assert answers[3]["text"] == handler.tokenizer.decode(
+        alone(handler, sampled["prompt"], SamplingSettings(20, 0.9, 50, 4)).token_ids, skip_special_tokens=True)
+
+
+def read_int(buffer, offset):
+    return struct.unpack_from("!i", buffer, offset)[0], offset + 4
+
+
+def read_bytes(buffer, offset):
+    length, offset = read_int(buffer, offset)
+    return bytes(buffer[offset:offset + length]), offset + length
+
+
+def parse_predict_response(message):
+    """TorchServe's worker-to-frontend predict response (ts/protocol/otf_message_handler.py) -> per request id."""
+    code, offset = read_int(message, 0)
+    _, offset = read_bytes(message, offset)
+    predictions = {}
+    while True:
+        length, _ = read_int(message, offset)
+        if length == -1:
+            return code, predictions
+        request_id, offset = read_bytes(message, offset)
+        content_type, offset = read_bytes(message, offset)
+        status, offset = read_int(message, offset)
+        _, offset = read_bytes(message, offset)
+        header_count, offset = read_int(message, offset)
+        headers = {}
+        for _ in range(header_count):
+            key, offset = read_bytes(message, offset)
+            value, offset = read_bytes(message, offset)
+            headers[key.decode()] = value.decode()
+        body, offset = read_bytes(message, offset)
+        predictions[request_id.decode()] = {"status": status, "content_type": content_type.decode(),
+                                            "headers": headers, "body": body.decode()}
+
+
+class FakeSocket:
+    def __init__(self):
+        self.sent = []
+
+    def sendall(self, data):
+        self.sent.append(bytes(data))
+
+
+def test_intermediate_responses_on_the_wire_carry_stream_next_for_streaming_requests_only(generator):
+    from handlers.streaming import send_chunks
+
+    handler, context = generator
+    bodies = [{"prompt": "Hello world", "max_new_tokens": 10, "stream": True}, {"prompt": "Hi", "max_new_tokens": 4}]
+    set_requests(context, [JSON] * 2)
+    context.request_ids = {0: "request-0", 1: "request-1"}
+    context.cl_socket = FakeSocket()
+    handler.stream_sink = send_chunks  # the real path: ts.handler_utils.utils.send_intermediate_predict_response
+    try:
+        handler.handle([{"body": body} for body in bodies], context)
+        messages = [parse_predict_response(message) for message in context.cl_socket.sent]
+    finally:
+        del context.cl_socket
+        context.request_ids = None
+    assert len(messages) >= 2
+    for code, predictions in messages:
+        assert code == 200 and list(predictions) == ["request-0"]
+        chunk = predictions["request-0"]
+        assert chunk["headers"]["ts_stream_next"] == "true" and chunk["content_type"] == "application/x-ndjson"
+        assert json.loads(chunk["body"])["done"] is False
+    # the normal return then closes the stream: TorchServe turns the header to "false" for the last chunk
+    assert context.get_response_headers(0)["ts_stream_next"] == "true"
+    assert "ts_stream_next" not in context.get_response_headers(1)
+
+
+BAD_BODIES = {
+    "invalid json": (b'{"prompt": "x"', "not valid JSON"),
+    "not an object": (["Hello"], "JSON object"),
+    "null": (None, "JSON object"),
+    "missing prompt": ({"max_new_tokens": 3}, "missing field 'prompt'"),
+    "empty prompt": ({"prompt": ""}, "'prompt' is empty"),
+    "prompt not a string": ({"prompt": 42}, "'prompt' must be a string"),
+    "lone surrogate": ({"prompt": "a\ud800b"}, "unpaired surrogate"),
+    "unknown field": ({"prompt": "x", "max_tokens": 3}, "unknown field(s) ['max_tokens']"),
+    "max_new_tokens zero": ({"prompt": "x", "max_new_tokens": 0}, "'max_new_tokens' is 0"),
+    "max_new_tokens negative": ({"prompt": "x", "max_new_tokens": -5}, "'max_new_tokens' is -5"),
+    "max_new_tokens too large": ({"prompt": "x", "max_new_tokens": 257}, "between 1 and 256"),
+    "max_new_tokens float": ({"prompt": "x", "max_new_tokens": 3.5}, "'max_new_tokens' must be an integer"),
+    "max_new_tokens string": ({"prompt": "x", "max_new_tokens": "3"}, "'max_new_tokens' must be an integer"),
+    "max_new_tokens bool": ({"prompt": "x", "max_new_tokens": True}, "'max_new_tokens' must be an integer"),
+    "temperature negative": ({"prompt": "x", "temperature": -0.1}, "'temperature' is -0.1"),
+    "temperature too large": ({"prompt": "x", "temperature": 50}, "between 0 (greedy) and 5.0"),
+    "temperature string": ({"prompt": "x", "temperature": "hot"}, "'temperature' must be a number"),
+    "temperature nan": ({"prompt": "x", "temperature": float("nan")}, "'temperature' is nan"),
+    "top_k negative": ({"prompt": "x", "top_k": -1}, "'top_k' is -1"),
+    "top_k above vocabulary": ({"prompt": "x", "top_k": 513}, "between 0 and 512"),
+    "seed negative": ({"prompt": "x", "seed": -1}, "'seed' is -1"),
+    "seed too large": ({"prompt": "x", "seed": 2 ** 64}, "'seed' is 18446744073709551616"),
+    "seed string": ({"prompt": "x", "seed": "7"}, "'seed' must be an integer"),
+    "stream string": ({"prompt": "x", "stream": "yes"}, "'stream' must be true or false"),
+    "prompt too many tokens": ({"prompt": "\x01" * 257}, "257 tokens; at most 256"),
+    "prompt far too long": ({"prompt": "x" * 1_000_000}, "cannot fit the limit of 256 tokens"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_BODIES))
+def test_bad_request_gets_its_own_400_and_the_rest_of_the_batch_is_answered(generator, name):
+    handler, context = generator
+    body, message = BAD_BODIES[name]
+    good = {"prompt": "Hello", "max_new_tokens": 3}
+    answers, _ = run(handler, context, [good, body, good])
+    assert statuses(context, 3) == [200, 400, 200]
+    assert answers[1]["code"] == 400 and answers[1]["type"] == "InvalidRequest"
+    assert message in answers[1]["message"]
+    assert answers[0]["text"] == answers[2]["text"] and answers[0]["completion_tokens"] == 3
+
+
+def test_failure_during_decoding_closes_a_stream_with_an_ndjson_error_line(generator, monkeypatch):
+    handler, context = generator
+    import handlers.generator as generator_module
+
+    def broken_generate(*args, **kwargs):
+        raise RuntimeError("simulated decoding failure")
+
+    monkeypatch.setattr(generator_module, "generate", broken_generate)
+    answers, _ = run(handler, context, [{"prompt": "Hi", "stream": True}, {"prompt": "Hi"}])
+    assert statuses(context, 2) == [500, 500]
+    assert answers[0].endswith("\n") and json.loads(answers[0])["done"] is True
+    assert json.loads(answers[0])["code"] == 500 and answers[1]["code"] == 500
+
+
+def test_describe_reports_model_info_and_limits(generator):
+    handler, context = generator
+    set_requests(context, [{"describe": "True"}])
+    [described] = handler.handle([{"body": b""}], context)
+    described = json.loads(described)
+    assert described["model"]["weights"] == "random (demo)"
+    assert described["limits"]["max_new_tokens"] == 256
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"default_max_new_tokens": 300}, "handler.default_max_new_tokens (300) is above handler.max_new_tokens"),
+    ({"max_prompt_tokens": 900}, "exceeds the model's 1024 positions"),
+    ({"model_subdir": "missing"}, "handler.model_subdir"),
+])
+def test_inconsistent_config_is_refused_at_load(unpacked_model, overrides, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load(unpacked_model("generator"), **overrides)
