@@ -195,6 +195,11 @@ def build(name, store, version=None, variables=None, force=False, log=print):
     spec = load_spec(name)
     version = str(version or spec["version"])
     values = {**{k: str(v) for k, v in (spec.get("vars") or {}).items()}, **(variables or {})}
+    # A misspelt --var would be ignored and build a "new" version identical to the old one: refuse it.
+    undeclared = sorted(set(variables or {}) - set(spec.get("vars") or {}))
+    if undeclared:
+        raise PackagingError(f"{spec['name']}: --var {undeclared} not declared under vars: in "
+                             f"models/{name}/model.yaml (declared: {sorted(spec.get('vars') or {})})")
     suffix = "" if version == str(spec["version"]) and not variables else f"-{version}"
     archive_name = f"{spec['name']}{suffix}.mar"
     build_dir = REPO / "build" / f"{spec['name']}{suffix}"

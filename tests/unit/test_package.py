@@ -152,3 +152,11 @@ def test_unknown_model_fails_listing_known_ones(spec, capsys):
     assert package.main(["nosuchmodel", "--store", str(spec.store)]) == 1
     error = capsys.readouterr().err
     assert "nosuchmodel" in error and "unitpkg" in error
+
+
+def test_undeclared_var_is_refused(spec, capsys):
+    # A typo (--var sed=1) must not quietly build a "retrained" archive identical to the current one.
+    assert package.main(["unitpkg", "--store", str(spec.store), "--version", "2.0", "--var", "sed=1"]) == 1
+    error = capsys.readouterr().err
+    assert "sed" in error and "vars:" in error
+    assert not (spec.store / "unitpkg-2.0.mar").exists()
