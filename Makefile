@@ -20,6 +20,7 @@ help:
 	@echo "make soak MINUTES=10   memory soak at ~50% capacity"
 	@echo "make serve PROFILE=production   the same with config/production.properties (tokens: .run/key_file.json)"
 	@echo "make k8s     deploy/k8s manifests + KServe layout deploy/kserve from the model specs (scripts/deploy_manifests.py)"
+	@echo "make bench-generator [QUICK=1]   generator per-token latency with/without KV cache (build/bench/generator_bench.md)"
 	@echo "make clean   remove build outputs (keeps .venv)"
 
 $(STAMP): requirements.txt
@@ -55,3 +56,8 @@ clean:
 .PHONY: k8s
 k8s: mar
 	$(PY) -m scripts.deploy_manifests
+
+.PHONY: bench-generator
+# Per-token decoding latency vs position with and without the KV cache, and time to first token (QUICK=1: seconds).
+bench-generator: install
+	$(PY) -m scripts.bench_generator $(if $(QUICK),--quick)
