@@ -25,7 +25,7 @@ import yaml
 from scripts import package
 from scripts.reliability import checks
 from scripts.reliability.hang_handler import HANG_MARKER
-from scripts.reliability.references import reference_for
+from scripts.reliability.references import Window, reference_for
 from scripts.reliability.soak import soak
 from scripts.server import start_isolated
 
@@ -83,20 +83,32 @@ def run(args):
         server = start_isolated(REPO / "config.properties", workdir / "main", store, java_home, served)
         started.append(server)
         for model in models:
-            reference = reference_for(model, store, args.requests, seed=7)
+            # Twice the concurrency check's inputs: later phases start where earlier ones stopped (see Window).
+            pool = reference_for(model, store, 2 * args.requests, seed=7)
+            offset = 0
+
+            def next_window(count):
+                nonlocal offset
+                window, offset = Window(pool, offset), offset + count
+                return window
+
             if "concurrency" in selected:
-                add(checks.concurrency(server, reference, args.requests, args.clients))
+                add(checks.concurrency(server, next_window(args.requests), args.requests, args.clients))
             if "bad_input" in selected:
-                add(checks.bad_input(server, reference))
+                add(checks.bad_input(server, pool))
+            capacity = 10.0
             if "overload" in selected or "soak" in selected:
-                capacity = checks.measure_capacity(server, reference, args.capacity_seconds)
+                capacity = checks.measure_capacity(server, next_window(0), args.capacity_seconds)
+                offset += int(capacity * args.capacity_seconds)
                 print(f"{model}: measured capacity ~{capacity:.0f} req/s (closed loop, 16 clients)", flush=True)
             if "overload" in selected and model in args.overload_models.split(","):
-                add(checks.overload(server, reference, capacity, 2.0, args.overload_seconds))
+                add(checks.overload(server, next_window(int(2 * capacity * args.overload_seconds)), capacity, 2.0,
+                                    args.overload_seconds))
             if "worker_kill" in selected:
-                add(checks.worker_kill(server, reference))
+                add(checks.worker_kill(server, next_window(int(capacity * 10))))
             if "soak" in selected:
-                add(soak(server, reference, args.soak_minutes * 60, max(1.0, capacity * 0.5), java_home=java_home))
+                rate = max(1.0, capacity * 0.5)
+                add(soak(server, next_window(0), args.soak_minutes * 60, rate, java_home=java_home))
         if "hang" in selected:
             good = json.dumps({"inputs": [0.5] * 128}).encode()
             hanging = json.dumps({"inputs": [HANG_MARKER] + [0.5] * 127}).encode()

@@ -161,7 +161,7 @@ def fmt_ms(value):
 
 
 # ------------------------------------------------------------------------------------------------ worker failure
-def worker_kill(server, reference, clients=4, before_s=3, after_s=30):
+def worker_kill(server, reference, clients=4, before_s=3, after_s=120):
     """SIGKILL the worker under steady load: time until answers flow again, failed and wrong answers."""
     url = f"{server.inference_url}/predictions/{reference.name}"
     stop = threading.Event()

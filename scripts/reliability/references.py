@@ -77,6 +77,20 @@ class MiniLMReference:
         return got.shape == expected.shape and torch.nn.functional.cosine_similarity(got, expected, dim=0) >= 0.999
 
 
+class Window:
+    """A view of a reference pool starting at `offset`, so each phase of the suite sends inputs the previous phases
+    did not (the worker's embedding cache would otherwise answer them and flatter the figures); wraps around."""
+
+    def __init__(self, reference, offset):
+        self.reference, self.offset, self.name = reference, offset, reference.name
+
+    def body(self, index):
+        return self.reference.body(self.offset + index)
+
+    def matches(self, index, answer):
+        return self.reference.matches(self.offset + index, answer)
+
+
 def reference_for(model, store, count, seed=0):
     if model == "classifier":
         return ClassifierReference(store / "classifier.mar", count, seed)
