@@ -142,7 +142,9 @@ def main(argv=None):
     prompt = prompt_ids(tokenizer, args.prompt_tokens)
     results = measure(model, prompt, args.new_tokens, args.repeats)
     text = table(results, args.prompt_tokens, args.new_tokens)
-    setup = (f"model {model_dir} ({model.config.model_type}, {sum(p.numel() for p in model.parameters()):,} "
+    model_dir = Path(model_dir).resolve()
+    shown = model_dir.relative_to(REPO) if model_dir.is_relative_to(REPO) else model_dir
+    setup = (f"model {shown} ({model.config.model_type}, {sum(p.numel() for p in model.parameters()):,} "
              f"parameters), fp32, batch 1, greedy, torch {torch.__version__}, {args.threads} thread(s), "
              f"{os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), median of {args.repeats} run(s)")
     print(setup)

@@ -60,7 +60,9 @@ def check_loads(model_dir):
     """Load the copied folder the way the handler will (offline, safetensors); fail here rather than in a worker."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as transformers_logging
 
+    transformers_logging.disable_progress_bar()
     config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
     try:
         AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
