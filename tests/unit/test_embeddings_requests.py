@@ -1,0 +1,103 @@
+"""Embedding request validation and response shapes (handlers/embedding_requests.py), without a model."""
+
+import json
+
+import pytest
+import torch
+
+from handlers.embedding_cache import CachedEmbedding
+from handlers.embedding_requests import format_response, parse_embedding_request
+from handlers.errors import RequestError
+
+JSON = "application/json"
+
+
+def parse(body, content_type=JSON, max_inputs=4):
+    return parse_embedding_request(body, content_type, 384, max_inputs)
+
+
+def test_plain_text_body_is_one_text():
+    request = parse("A sentence.", "text/plain")
+    assert (request.texts, request.shape, request.truncate) == (["A sentence."], "text", True)
+
+
+def test_plain_text_bytes_are_decoded_as_utf8():
+    assert parse("café ☕".encode(), "text/plain").texts == ["café ☕"]
+
+
+def test_text_field_and_truncate_flag():
+    request = parse({"text": "hello", "truncate": False})
+    assert (request.texts, request.shape, request.truncate) == (["hello"], "text", False)
+
+
+def test_openai_shape_with_a_string_or_a_list():
+    single = parse({"input": "one", "model": "whatever", "user": "u1", "encoding_format": "float", "dimensions": 384})
+    assert (single.texts, single.shape, single.names) == (["one"], "openai", ["'input'"])
+    many = parse({"input": ["a", "b", "c"]})
+    assert many.texts == ["a", "b", "c"] and many.names == ["'input'[0]", "'input'[1]", "'input'[2]"]
+
+
+def test_json_body_that_torchserve_could_not_parse_is_parsed_here():
+    assert parse(b'{"text": "from bytes"}', "application/octet-stream").texts == ["from bytes"]
+
+
+BAD = {
+    "invalid utf-8 json": (b'{"text": "\xff"}', JSON, "not valid UTF-8"),
+    "invalid utf-8 text": (b"caf\xe9", "text/plain", "not valid UTF-8 (byte 3)"),
+    "invalid json": (b'{"text": ', JSON, "not valid JSON"),
+    "json string": ("just a string", JSON, "JSON object"),
+    "json list": (["a", "b"], JSON, "got list"),
+    "json number": (b"42", JSON, "got int"),
+    "empty body": (None, JSON, "body is empty"),
+    "empty plain text": ("", "text/plain", "body is empty"),
+    "whitespace plain text": ("  \n\t ", "text/plain", "body is empty"),
+    "missing text": ({"txt": "x"}, JSON, "missing field 'text'"),
+    "both text and input": ({"text": "a", "input": "b"}, JSON, "not both"),
+    "unknown field": ({"text": "a", "normalize": False}, JSON, "unknown field(s) ['normalize']"),
+    "openai field on text shape": ({"text": "a", "model": "m"}, JSON, "unknown field(s) ['model']"),
+    "empty text": ({"text": ""}, JSON, "'text' is empty"),
+    "text not a string": ({"text": 5}, JSON, "'text' is int, not a string"),
+    "null text": ({"text": None}, JSON, "'text' is NoneType"),
+    "lone surrogate": ({"text": "bad \ud800 text"}, JSON, "unpaired surrogate at character 4"),
+    "truncate not bool": ({"text": "a", "truncate": "no"}, JSON, "'truncate' must be true or false"),
+    "empty input list": ({"input": []}, JSON, "non-empty list"),
+    "input object": ({"input": {"a": 1}}, JSON, "non-empty list"),
+    "too many inputs": ({"input": ["a"] * 5}, JSON, "5 items; at most 4"),
+    "non-string item": ({"input": ["a", 3]}, JSON, "'input'[1] is int, not a string"),
+    "token id array": ({"input": [[101, 102]]}, JSON, "token-id arrays are not supported"),
+    "empty item": ({"input": ["a", ""]}, JSON, "'input'[1] is empty"),
+    "base64 encoding": ({"input": "a", "encoding_format": "base64"}, JSON, "'encoding_format' 'base64'"),
+    "other dimensions": ({"input": "a", "dimensions": 256}, JSON, "'dimensions' 256 is not supported"),
+    "dimensions as string": ({"input": "a", "dimensions": "384"}, JSON, "'dimensions' '384'"),
+    "model not a string": ({"input": "a", "model": 1}, JSON, "'model' must be a string"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_invalid_request_is_refused_with_a_message_naming_the_problem(case):
+    body, content_type, fragment = BAD[case]
+    with pytest.raises(RequestError) as raised:
+        parse(body, content_type)
+    assert raised.value.code == 400
+    assert fragment in raised.value.message
+
+
+def row(values, tokens, truncated=False):
+    return CachedEmbedding(torch.tensor(values, dtype=torch.float32), tokens, truncated)
+
+
+def test_text_response_has_the_embedding_and_the_truncation_flag():
+    answer = json.loads(format_response(parse({"text": "a"}), [row([0.6, 0.8], 3, True)], "minilm"))
+    assert answer == {"embedding": [pytest.approx(0.6), pytest.approx(0.8)], "truncated": True}
+
+
+def test_openai_response_lists_rows_in_order_and_counts_tokens():
+    request = parse({"input": ["a", "b", "c"]})
+    rows = [row([1.0, 0.0], 4), row([0.0, 1.0], 7, True), row([0.6, 0.8], 3)]
+    answer = json.loads(format_response(request, rows, "minilm"))
+    assert answer["object"] == "list" and answer["model"] == "minilm"
+    assert [item["index"] for item in answer["data"]] == [0, 1, 2]
+    assert all(item["object"] == "embedding" for item in answer["data"])
+    assert [item["embedding"] for item in answer["data"]] == [r.embedding.tolist() for r in rows]
+    assert [item["truncated"] for item in answer["data"]] == [False, True, False]
+    assert answer["usage"] == {"prompt_tokens": 14, "total_tokens": 14}
