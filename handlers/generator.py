@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import time
+
 import torch
 
 from handlers.base import ServingHandler, json_body
@@ -62,22 +63,23 @@ class GeneratorHandler(ServingHandler):
         self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, use_safetensors=True,
                                                      dtype=torch.float32)
-        self.model_info = self.read_model_info(model_dir)
+        self.model_info, self.model_source = self.read_model_info(model_dir)
         self.limits = self.check_limits(model.config)
-        generation_config = getattr(model, "generation_config", None)
-        stop = getattr(generation_config, "eos_token_id", None) or self.tokenizer.eos_token_id
-        self.stop_token_ids = sorted(set(stop if isinstance(stop, (list, tuple)) else [stop] if stop is not None else []))
+        self.stop_token_ids = stop_token_ids(getattr(model, "generation_config", None), self.tokenizer)
         pad = self.tokenizer.pad_token_id
         self.pad_token_id = pad if pad is not None else (self.stop_token_ids or [0])[0]  # masked out either way
         return model
 
     def read_model_info(self, model_dir):
-        info = {"name": self.model_name, "weights": "user-supplied"}
+        """({name, weights} shown in every answer, where the weights came from: shown by describe only)."""
+        written = {}
         path = os.path.join(model_dir, self.config["info_file"])
         if os.path.isfile(path):
             with open(path, encoding="utf-8") as file:
-                info.update({k: v for k, v in json.load(file).items() if k in ("name", "weights", "source")})
-        return info
+                written = json.load(file)
+        info = {"name": str(written.get("name") or self.model_name), "weights": str(written.get("weights") or
+                                                                              "user-supplied")}
+        return info, written.get("source")
 
     def check_limits(self, model_config):
         config = self.config
@@ -116,7 +118,7 @@ class GeneratorHandler(ServingHandler):
         return output.logits[:, -1, :]
 
     def describe(self):
-        return {**super().describe(), "model": self.model_info, "limits": {
+        return {**super().describe(), "model": {**self.model_info, "source": self.model_source}, "limits": {
             "max_prompt_tokens": self.limits.max_prompt_tokens, "max_new_tokens": self.limits.max_new_tokens,
             "default_max_new_tokens": self.limits.default_max_new_tokens,
             "max_temperature": self.limits.max_temperature, "top_k_max": self.limits.vocab_size},
@@ -200,3 +202,13 @@ class GeneratorHandler(ServingHandler):
         if idx in self.streaming_indices:
             return ndjson({**body, "done": True})
         return body
+
+
+def stop_token_ids(generation_config, tokenizer):
+    """The end-of-text token id(s): the generation config's (one id or a list), else the tokenizer's; may be none."""
+    stop = getattr(generation_config, "eos_token_id", None)
+    if stop is None:
+        stop = tokenizer.eos_token_id
+    if stop is None:
+        return []
+    return sorted(set(stop)) if isinstance(stop, (list, tuple)) else [stop]

@@ -68,7 +68,7 @@ def test_answer_has_text_counts_finish_reason_and_labelled_model(generator):
     assert answer["prompt_tokens"] == len(reference.prompt_ids)
     assert answer["completion_tokens"] == len(reference.token_ids)
     assert answer["finish_reason"] == reference.finish_reason
-    assert answer["model"]["weights"] == "random (demo)"
+    assert answer["model"] == {"name": "tiny-gpt2-random", "weights": "random (demo)"}  # labelled; no paths
     assert "seed" not in answer  # greedy: no seed to report
 
 
