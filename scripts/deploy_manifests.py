@@ -162,6 +162,8 @@ def deployment(settings, models, config_text):
     ports = settings["ports"]
     startup_seconds = max(int(m["config"].get("startupTimeout", 120)) for m in models) + settings["startup_margin_seconds"]
     period = 5
+    ready_probe = ["python", f"{settings['home']}/ready_probe.py", "--management-url",
+                   f"http://127.0.0.1:{ports['management']}"]
     return {
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": settings["name"], "labels": labels(settings)},
@@ -188,14 +190,15 @@ def deployment(settings, models, config_text):
                         "image": settings["image"],
                         "ports": [{"name": "inference", "containerPort": ports["inference"]},
                                   {"name": "metrics", "containerPort": ports["metrics"]}],
-                        # /ping answers 200 once every model has its minWorkers up (500 before).
-                        "startupProbe": {"httpGet": {"path": "/ping", "port": "inference"}, "periodSeconds": period,
-                                         "failureThreshold": math.ceil(startup_seconds / period)},
-                        "readinessProbe": {"httpGet": {"path": "/ping", "port": "inference"}, "periodSeconds": 5,
-                                           "timeoutSeconds": 2, "failureThreshold": 2},
-                        # Liveness asks the frontend only (metrics port): a worker restarting is TorchServe's job,
-                        # not a reason to kill the pod.
-                        "livenessProbe": {"httpGet": {"path": "/metrics", "port": "metrics"}, "periodSeconds": 10,
+                        # Ready = every model's workers are up, asked of the management API on loopback:
+                        # TorchServe's /ping says "Healthy" while workers are still loading (scripts/ready_probe.py).
+                        "startupProbe": {"exec": {"command": list(ready_probe)}, "periodSeconds": period,
+                                         "timeoutSeconds": 4, "failureThreshold": math.ceil(startup_seconds / period)},
+                        "readinessProbe": {"exec": {"command": list(ready_probe)}, "periodSeconds": 5,
+                                           "timeoutSeconds": 4, "failureThreshold": 2},
+                        # Liveness asks the frontend only (/ping is the frontend's own health): a worker restarting
+                        # is TorchServe's job, not a reason to kill the pod.
+                        "livenessProbe": {"httpGet": {"path": "/ping", "port": "inference"}, "periodSeconds": 10,
                                           "timeoutSeconds": 5, "failureThreshold": 6},
                         # Let endpoints drop this pod before TorchServe stops accepting requests.
                         "lifecycle": {"preStop": {"exec": {"command": ["sleep", "5"]}}},

@@ -15,10 +15,12 @@ Exit codes: 0 built or up to date, 1 a build or validation failed, 2 bad argumen
 
 import argparse
 import datetime
+import fcntl
 import hashlib
 import importlib
 import inspect
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -172,6 +174,18 @@ def read_manifest(store):
     return json.loads(path.read_text()) if path.exists() else {}
 
 
+def update_manifest(store, archive_name, entry):
+    """Record one archive. Builds may run at once (CI jobs, test sessions): under a lock, re-read the manifest so
+    another build's entry is not lost, and replace the file atomically so no reader sees half of it."""
+    with open(store / ".manifest.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        manifest = read_manifest(store)
+        manifest[archive_name] = entry
+        temporary = store / f".{MANIFEST_NAME}.{os.getpid()}.tmp"
+        temporary.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        os.replace(temporary, store / MANIFEST_NAME)
+
+
 def make_archive(model_name, version, handler, files, config, destination):
     """Run torch-model-archiver on the handlers package plus `files`; the .mar is written to `destination`."""
     with tempfile.TemporaryDirectory(prefix=f"stage-{model_name}-") as staging:
@@ -231,8 +245,7 @@ def build(name, store, version=None, variables=None, force=False, log=print):
     entry = {"model": spec["name"], "version": version, "archive": archive_name, "input_hash": input_hash,
              "batchSize": config["batchSize"], "maxBatchDelay": config["maxBatchDelay"],
              "built_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-    manifest[archive_name] = entry
-    (store / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    update_manifest(store, archive_name, entry)
     return {**entry, "rebuilt": True}
 
 

@@ -158,3 +158,13 @@ def test_modelctl_fails_clearly_without_or_with_a_wrong_token(server, tmp_path):
     refused = modelctl(server, "list", key_file=wrong)
     assert refused.returncode == 6
     assert "was refused" in refused.stderr and str(wrong) in refused.stderr
+
+
+def test_ready_probe_reads_the_key_file(server, tmp_path):
+    probe = [sys.executable, str(REPO / "scripts" / "ready_probe.py"), "--management-url", server.management_url]
+    ready = subprocess.run([*probe, "--key-file", str(server.key_file)], capture_output=True, text=True, timeout=60)
+    assert (ready.returncode, ready.stdout.strip()) == (0, "ready")
+    refused = subprocess.run([*probe, "--key-file", str(tmp_path / "none.json")], capture_output=True, text=True,
+                             timeout=60)
+    assert refused.returncode == 1 and "answered 400" in refused.stdout
+

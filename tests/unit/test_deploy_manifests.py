@@ -53,9 +53,13 @@ def test_deployment_has_probes_resources_ports_and_scrape_annotations(generated)
     assert container["image"] == SETTINGS["image"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"inference": SETTINGS["ports"]["inference"], "metrics": SETTINGS["ports"]["metrics"]}
-    assert container["readinessProbe"]["httpGet"] == {"path": "/ping", "port": "inference"}
-    assert container["startupProbe"]["httpGet"]["path"] == "/ping"
-    assert container["livenessProbe"]["httpGet"]["port"] in ports
+    # Readiness and startup ask the management API on loopback through the probe script the image carries
+    # (TorchServe's /ping says Healthy before the workers are up); liveness is the frontend's /ping.
+    for probe in ("readinessProbe", "startupProbe"):
+        command = container[probe]["exec"]["command"]
+        assert command[1] == f"{SETTINGS['home']}/ready_probe.py"
+        assert command[command.index("--management-url") + 1] == f"http://127.0.0.1:{SETTINGS['ports']['management']}"
+    assert container["livenessProbe"]["httpGet"] == {"path": "/ping", "port": "inference"}
     startup_budget = container["startupProbe"]["periodSeconds"] * container["startupProbe"]["failureThreshold"]
     for name in deployed_models():
         spec = package.load_spec(name)
@@ -130,7 +134,10 @@ def test_dockerfile_builds_what_the_deployment_runs():
     assert re.search(r"^FROM python:", dockerfile, re.M)
     assert "-r requirements.txt" in dockerfile and "openjdk-17" in dockerfile
     copied = re.findall(r"^COPY (?:--chown=\S+ )?(\S+) ", dockerfile, re.M)
-    assert {"deploy/k8s/config.properties", "deploy/kserve/model-store/", "config/metrics.yaml"} <= set(copied)
+    assert {"deploy/k8s/config.properties", "deploy/kserve/model-store/", "config/metrics.yaml",
+            "scripts/ready_probe.py"} <= set(copied)
+    assert re.search(r"^COPY \S+ scripts/ready_probe.py ready_probe.py$", dockerfile, re.M)
+    assert re.search(r"^WORKDIR " + re.escape(SETTINGS["home"]) + "$", dockerfile, re.M)
     included = {line[1:] for line in (REPO / ".dockerignore").read_text().splitlines() if line.startswith("!")}
     assert set(copied) <= included, "the build context leaves out a file the Dockerfile copies"
     exposed = {int(p) for p in re.findall(r"^EXPOSE (.+)$", dockerfile, re.M)[0].split()}

@@ -160,3 +160,21 @@ def test_undeclared_var_is_refused(spec, capsys):
     error = capsys.readouterr().err
     assert "sed" in error and "vars:" in error
     assert not (spec.store / "unitpkg-2.0.mar").exists()
+
+
+def test_manifest_keeps_entries_written_by_a_concurrent_build(spec):
+    build(spec)
+    # Another build finishes while this one runs: its entry lands between our read and our write.
+    real_make_archive = package.make_archive
+
+    def make_archive_while_another_build_finishes(*args, **kwargs):
+        package.update_manifest(spec.store, "other.mar", {"model": "other", "version": "1.0"})
+        return real_make_archive(*args, **kwargs)
+
+    package.make_archive = make_archive_while_another_build_finishes
+    try:
+        build(spec, force=True)
+    finally:
+        package.make_archive = real_make_archive
+    assert set(spec.manifest()) == {"unitpkg.mar", "other.mar"}
+    assert not list(spec.store.glob(".manifest.json.*.tmp"))
