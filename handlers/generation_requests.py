@@ -10,7 +10,6 @@ random seed is chosen and returned in the answer). Every limit comes from the ``
 (unknown fields, wrong types, out-of-range values, an empty or over-long prompt) is refused with a message.
 """
 
-import math
 import secrets
 from dataclasses import dataclass
 from typing import Callable, List
@@ -87,7 +86,8 @@ def parse_generation_request(body, limits: GenerationLimits, tokenize: Callable[
     temperature = body.get("temperature", 0.0)
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
         raise RequestError(f"'temperature' must be a number, got {type(temperature).__name__}")
-    if not math.isfinite(temperature) or not 0 <= temperature <= limits.max_temperature:
+    # A range check alone also refuses nan and inf, and compares huge integers without converting them to float.
+    if not 0 <= temperature <= limits.max_temperature:
         raise RequestError(f"'temperature' is {temperature!r}; it must be between 0 (greedy) and "
                            f"{limits.max_temperature}"[:300])
     top_k = integer(body, "top_k", 0, 0, limits.vocab_size)

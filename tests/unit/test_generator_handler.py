@@ -185,6 +185,7 @@ BAD_BODIES = {
     "temperature too large": ({"prompt": "x", "temperature": 50}, "between 0 (greedy) and 5.0"),
     "temperature string": ({"prompt": "x", "temperature": "hot"}, "'temperature' must be a number"),
     "temperature nan": ({"prompt": "x", "temperature": float("nan")}, "'temperature' is nan"),
+    "temperature huge int": ({"prompt": "x", "temperature": 10 ** 400}, "'temperature' is 1000"),
     "top_k negative": ({"prompt": "x", "top_k": -1}, "'top_k' is -1"),
     "top_k above vocabulary": ({"prompt": "x", "top_k": 513}, "between 0 and 512"),
     "seed negative": ({"prompt": "x", "seed": -1}, "'seed' is -1"),
