@@ -45,7 +45,7 @@ class IncrementalText:
         return piece
 
     def finish(self):
-        """The text still held back when generation ends (an incomplete character is emitted as the decoder shows it)."""
+        """The text still held back when generation ends (an incomplete character goes out as the decoder shows it)."""
         known = self.decode(self.token_ids[self.prefix_offset:self.read_offset])
         extended = self.decode(self.token_ids[self.prefix_offset:])
         piece = extended[len(known):] if extended.startswith(known) else ""
