@@ -271,6 +271,8 @@ def worker_view(worker, management_url):
 def cmd_describe(client, args, log):
     if args.all:
         descriptions = client.versions(args.model)
+        if args.customized:  # /all does not ask the handlers; ask each version
+            descriptions = [client.describe(args.model, d["modelVersion"], customized=True)[0] for d in descriptions]
     else:
         descriptions = client.describe(args.model, args.version, customized=args.customized)
     default = client.default_version(args.model)
@@ -505,7 +507,12 @@ def build_parser():
     unregister.add_argument("version", nargs="?")
     unregister.add_argument("--all-versions", action="store_true")
 
-    rollout = commands.add_parser("rollout", help="replace the serving version by a new archive without errors")
+    rollout = commands.add_parser(
+        "rollout", help="replace the serving version by a new archive without errors",
+        description="Register ARCHIVE's version beside the serving one, wait until its workers are READY, make it the "
+                    "default, wait until each old version's queue stayed empty for --drain-seconds, then unregister "
+                    "the old versions. If the new version does not become READY (or the switch fails) it is removed "
+                    "again, the old version keeps serving, and the exit code is 1.")
     rollout.add_argument("archive", help="archive of the new version in the model store, e.g. classifier-2.0.mar")
     rollout.add_argument("--drain-seconds", type=float, default=2.0,
                          help="an old version is retired after its queue stayed empty this long (default 2)")
