@@ -21,6 +21,10 @@ help:
 	@echo "make serve PROFILE=production   the same with config/production.properties (tokens: .run/key_file.json)"
 	@echo "make k8s     deploy/k8s manifests + KServe layout deploy/kserve from the model specs (scripts/deploy_manifests.py)"
 	@echo "make bench-generator [QUICK=1]   generator per-token latency with/without KV cache (build/bench/generator_bench.md)"
+	@echo "make loadtest MODEL=minilm PROFILE=steady [USERS= DURATION= RATE= WORKERS= HOST=]   Locust run + report (loadtests/reports/)"
+	@echo "make capacity MODEL=minilm SLO_MS=100 [STEP_SECONDS=]   highest open-loop rate with p99 <= SLO"
+	@echo "make tune MODEL=minilm SLO_MS=100   batchSize x maxBatchDelay x workers sweep, recommends a config"
+	@echo "make compare MODEL=minilm SLO_MS=100   ours vs naive TorchServe, Flask, Ray Serve, in-process ceiling"
 	@echo "make clean   remove build outputs (keeps .venv)"
 
 $(STAMP): requirements.txt
@@ -61,3 +65,26 @@ k8s: mar
 # Per-token decoding latency vs position with and without the KV cache, and time to first token (QUICK=1: seconds).
 bench-generator: install
 	$(PY) -m scripts.bench_generator $(if $(QUICK),--quick)
+
+# Load tests (loadtests/, README section Performance). Each prints its numbers and writes loadtests/reports/...
+# PROFILE here names a Locust profile (smoke, steady, step, spike, open); the runner always uses config.properties'
+# server (started for the run if none answers) unless HOST= points at another one.
+MODEL  ?= minilm
+SLO_MS ?= 100
+LOADTEST_OPTS = $(if $(USERS),--users $(USERS)) $(if $(DURATION),--duration $(DURATION)) \
+	$(if $(RATE),--rate $(RATE)) $(if $(WORKERS),--workers $(WORKERS)) $(if $(HOST),--host $(HOST))
+SEARCH_OPTS = --slo-ms $(SLO_MS) $(if $(STEP_SECONDS),--step-seconds $(STEP_SECONDS)) \
+	$(if $(START_RATE),--start-rate $(START_RATE)) $(if $(WORKERS),--locust-workers $(WORKERS))
+
+.PHONY: loadtest capacity tune compare
+loadtest: mar
+	$(WITH_JAVA) $(PY) -m loadtests.run --model $(MODEL) --profile $(or $(PROFILE),steady) $(LOADTEST_OPTS) $(LOADTEST_ARGS)
+
+capacity: mar
+	$(WITH_JAVA) $(PY) -m loadtests.capacity --model $(MODEL) $(SEARCH_OPTS) $(if $(HOST),--host $(HOST)) $(LOADTEST_ARGS)
+
+tune: mar
+	$(WITH_JAVA) $(PY) -m loadtests.tune --model $(MODEL) $(SEARCH_OPTS) $(LOADTEST_ARGS)
+
+compare: mar
+	$(WITH_JAVA) $(PY) -m loadtests.compare --model $(MODEL) $(SEARCH_OPTS) $(LOADTEST_ARGS)

@@ -73,14 +73,14 @@ def cores():
 # ----------------------------------------------------------------------------------------------- the systems
 def describe_torchserve(server, model):
     """batchSize, maxBatchDelay, workers and the handler's own load-time choices (precision, compile, threads)."""
-    described = requests.get(f"{server.management_url}/models/{model}", params={"customized": "true"},
-                             timeout=60).json()[0]
-    custom = described.get("customizedMetadata") or {}
-    if isinstance(custom, str):
-        try:
-            custom = json.loads(custom)
-        except ValueError:
-            custom = {}
+    described = requests.get(f"{server.management_url}/models/{model}", timeout=60).json()[0]
+    custom = {}
+    try:  # only our handlers answer the customized describe (a baseline handler need not)
+        custom = requests.get(f"{server.management_url}/models/{model}", params={"customized": "true"},
+                              timeout=60).json()[0].get("customizedMetadata") or {}
+        custom = json.loads(custom) if isinstance(custom, str) else custom
+    except (requests.RequestException, ValueError, KeyError, IndexError, AttributeError):
+        custom = {}
     return {"batch_size": described.get("batchSize"), "max_batch_delay_ms": described.get("maxBatchDelay"),
             "workers": len(described.get("workers", [])), "precision": custom.get("precision"),
             "compile": custom.get("compile"), "threads": custom.get("threads")}
@@ -387,8 +387,8 @@ def compare(model, slo_ms, systems, search, out_dir, model_store, moderate_rate,
                 entry = measure_server(name, url, metrics_url, low_rate=low_rate if name == "ours" else None,
                                        **measure)
                 results[name] = {**info, **entry}
-        except (RuntimeError, requests.RequestException, OSError, ValueError) as error:
-            log(f"  {name} failed: {error}")
+        except Exception as error:  # one system failing must not cost the others' measurements
+            log(f"  {name} failed: {type(error).__name__}: {error}")
             results[name] = {"error": f"{type(error).__name__}: {error}"[:500]}
     add_ratios(results)
     result = {"model": model, "slo_ms": slo_ms, "cores": cores(), "started_at": started_at, "systems": results,

@@ -1,0 +1,186 @@
+"""Capacity search on a fake server, the tuner's and comparison's pure parts, and the Locust command lines."""
+
+import json
+import zipfile
+
+import pytest
+import yaml
+
+from loadtests import capacity, compare, run, tune
+
+
+def fake_server(capacity_rate, base_ms=10.0, achieved_share=1.0, failures_above=None):
+    """measure(rate): p99 grows slowly below capacity and jumps past the SLO above it; records every rate asked."""
+    asked = []
+
+    def measure(rate):
+        asked.append(rate)
+        overloaded = rate > capacity_rate
+        p99 = base_ms * (1 + rate / capacity_rate) if not overloaded else 1000.0
+        failures = 5 if failures_above is not None and rate > failures_above else 0
+        return capacity.Step(rate=rate, p50_ms=base_ms, p99_ms=p99, failures=failures, requests=int(rate * 10),
+                             achieved_rate=rate * achieved_share, throughput=min(rate, capacity_rate))
+
+    return measure, asked
+
+
+def quiet(*_):
+    pass
+
+
+def test_search_grows_then_bisects_to_within_the_tolerance():
+    measure, asked = fake_server(capacity_rate=100.0)
+    found = capacity.search(measure, slo_ms=50, start_rate=8, max_rate=10_000, tolerance=0.05, max_steps=20, log=quiet)
+    good, bad = found["bracket"]
+    assert good <= 100.0 < bad and (bad - good) / good <= 0.05
+    assert found["capacity_rate"] == pytest.approx(good, abs=1e-3)
+    assert asked[:5] == [8, 16, 32, 64, 128]  # geometric growth until the first miss
+    assert all(64 < rate < 128 for rate in asked[5:])  # bisection stays inside the first bracket
+    assert found["stopped_because"].startswith("bracket within")
+    assert [step.passed for step in found["steps"]] == [rate <= 100.0 for rate in asked]
+
+
+def test_search_shrinks_when_the_start_rate_already_fails():
+    measure, asked = fake_server(capacity_rate=3.0)
+    found = capacity.search(measure, slo_ms=50, start_rate=8, max_rate=100, tolerance=0.1, max_steps=20, log=quiet)
+    assert asked[:3] == [8, 4, 2]
+    assert 2.7 <= found["capacity_rate"] <= 3.0
+
+
+def test_search_reports_when_nothing_passes_and_when_the_cap_is_reached():
+    measure, _ = fake_server(capacity_rate=0.1)
+    found = capacity.search(measure, slo_ms=50, start_rate=2, max_rate=100, min_rate=0.5, log=quiet)
+    assert found["capacity_rate"] is None and "missed the SLO" in found["stopped_because"]
+    measure, asked = fake_server(capacity_rate=1e9)
+    found = capacity.search(measure, slo_ms=50, start_rate=10, max_rate=50, log=quiet)
+    assert asked == [10, 20, 40, 50] and found["capacity_rate"] == 50
+    assert "max-rate" in found["stopped_because"]
+
+
+def test_search_respects_the_step_budget():
+    measure, asked = fake_server(capacity_rate=1000.0)
+    found = capacity.search(measure, slo_ms=50, start_rate=1, max_rate=1e6, max_steps=4, log=quiet)
+    assert len(asked) == 4 and found["capacity_rate"] == 8 and "budget" in found["stopped_because"]
+
+
+def test_failures_and_a_lagging_generator_fail_a_step_even_within_the_slo():
+    measure, _ = fake_server(capacity_rate=1000.0, failures_above=20)
+    found = capacity.search(measure, slo_ms=50, start_rate=10, max_rate=1000, tolerance=0.1, log=quiet)
+    assert 18 <= found["capacity_rate"] <= 20
+    step = capacity.judge(capacity.Step(rate=100, p50_ms=5, p99_ms=9, failures=0, requests=900, achieved_rate=80),
+                          slo_ms=50)
+    assert not step.passed and "generator" in step.reason
+    step = capacity.judge(capacity.Step(rate=10, p50_ms=5, p99_ms=9, failures=0, requests=90, unfinished=2), 50)
+    assert not step.passed and "open at the end" in step.reason
+    assert not capacity.judge(capacity.Step(rate=10, p50_ms=None, p99_ms=None, failures=0), 50).passed
+    assert capacity.judge(capacity.Step(rate=10, p50_ms=5, p99_ms=50, failures=0, requests=90), 50).passed
+
+
+def test_bad_search_arguments_are_refused():
+    measure, _ = fake_server(capacity_rate=10)
+    with pytest.raises(ValueError):
+        capacity.search(measure, slo_ms=50, start_rate=0, max_rate=10, log=quiet)
+    with pytest.raises(ValueError):
+        capacity.search(measure, slo_ms=50, start_rate=5, max_rate=10, growth=1.0, log=quiet)
+
+
+def test_capacity_report_files_are_written(tmp_path):
+    steps = [capacity.judge(capacity.Step(rate=r, p50_ms=5, p99_ms=p, failures=0, requests=100, achieved_rate=r,
+                                          throughput=r), 50) for r, p in ((10, 20), (20, 80))]
+    assert capacity.plot_curve(steps, 50, tmp_path / "c.png", "t", capacity_rate=10)
+    result = {"model": "minilm", "slo_ms": 50, "capacity_rate": 10, "stopped_because": "x", "host": "h",
+              "step_seconds": 5, "arrivals": "poisson", "started_at": "now",
+              "steps": [capacity.asdict(step) for step in steps]}
+    text = capacity.render_markdown(result)
+    assert "**10 requests/s**" in text and "FAIL: p99 80 ms > SLO 50 ms" in text
+
+
+def test_variant_archive_changes_only_the_config(tmp_path):
+    source = tmp_path / "m.mar"
+    with zipfile.ZipFile(source, "w") as mar:
+        mar.writestr("MAR-INF/MANIFEST.json", json.dumps({"model": {"modelName": "m", "handler": "h.py",
+                                                                    "configFile": "model-config.yaml"}}))
+        mar.writestr("model-config.yaml", "minWorkers: 1\nmaxWorkers: 1\nbatchSize: 16\nhandler:\n  threads: 0\n"
+                                          "  precision: auto\n")
+        mar.writestr("weights.bin", b"\x00\x01")
+    config = tune.variant_archive(source, tmp_path / "out" / "v.mar", {"minWorkers": 2, "maxWorkers": 2},
+                                  {"threads": 1})
+    with zipfile.ZipFile(tmp_path / "out" / "v.mar") as variant:
+        written = yaml.safe_load(variant.read("model-config.yaml"))
+        assert variant.read("weights.bin") == b"\x00\x01"
+        assert sorted(variant.namelist()) == ["MAR-INF/MANIFEST.json", "model-config.yaml", "weights.bin"]
+    assert written == config == {"minWorkers": 2, "maxWorkers": 2, "batchSize": 16,
+                                 "handler": {"threads": 1, "precision": "auto"}}
+
+
+def test_threads_never_oversubscribe_the_cores():
+    assert tune.threads_for(1, available=2) == 2
+    assert tune.threads_for(2, available=2) == 1
+    assert tune.threads_for(4, available=2) == 1
+    assert tune.threads_for(2, available=8) == 4
+
+
+def test_tuner_recommends_highest_capacity_and_lowest_low_load_latency(tmp_path):
+    points = [
+        {"workers": 1, "threads": 2, "batch_size": 1, "max_batch_delay": 2, "capacity_rate": 40,
+         "p99_at_capacity_ms": 90, "low_load_p50_ms": 8, "low_load_p99_ms": 12},
+        {"workers": 1, "threads": 2, "batch_size": 16, "max_batch_delay": 10, "capacity_rate": 120,
+         "p99_at_capacity_ms": 95, "low_load_p50_ms": 15, "low_load_p99_ms": 25},
+        {"workers": 2, "threads": 1, "batch_size": 16, "max_batch_delay": 5, "capacity_rate": None,
+         "error": "registration failed", "low_load_p99_ms": None},
+    ]
+    best = tune.recommend(points)
+    assert best["throughput"]["capacity_rate"] == 120 and best["latency"]["batch_size"] == 1
+    result = {"model": "minilm", "slo_ms": 100, "cores": 2, "step_seconds": 10, "started_at": "now",
+              "start_rate": 8, "points": points, "recommendation": best}
+    text = tune.render_markdown(result)
+    assert "batchSize: 16" in text and "maxBatchDelay: 10" in text and "registration failed" in text
+    assert tune.plot_heatmap(points, tmp_path / "h.png", "t") and (tmp_path / "h.png").stat().st_size > 0
+    assert tune.parse_list("1, 8,16") == [1, 8, 16]
+
+
+def test_comparison_ratios_and_targets_are_reported_not_asserted():
+    results = {"ours": {"capacity_rate": 100.0}, "naive": {"capacity_rate": 10.0},
+               "ray-fp32": {"capacity_rate": 60.0}, "ray-same": {"same_as": "ray-fp32"},
+               "inprocess": {"capacity_rate": 150.0}, "flask": {"error": "did not start"}}
+    compare.add_ratios(results)
+    assert results["naive"]["ratio_to_ours"] == 0.1 and results["ours"]["ratio_to_ceiling"] == pytest.approx(0.667, abs=1e-3)
+    verdicts = {v["target"].split(" >=")[0]: v for v in compare.evaluate_targets("minilm", results)}
+    assert verdicts["ours / naive"]["met"] is True and verdicts["ours / naive"]["value"] == 10.0
+    assert verdicts["ours / ray-same"]["met"] is False and verdicts["ours / ray-same"]["value"] == pytest.approx(1.667, abs=1e-3)
+    assert verdicts["ours / inprocess"]["met"] is False
+    missing = compare.evaluate_targets("minilm", {"ours": {"capacity_rate": 5.0}})
+    assert all(v["met"] is None for v in missing)
+    classifier = compare.evaluate_targets("classifier", {"ours": {"low_p50_ms": 7, "max_batch_delay_ms": 5},
+                                                         "inprocess": {"raw_forward_ms": 0.1}})
+    assert classifier[0]["met"] is True and classifier[0]["bound"] == pytest.approx(8.1)
+    text = compare.render_markdown({"model": "minilm", "slo_ms": 100, "cores": 2, "started_at": "now",
+                                    "search": {"step_seconds": 20}, "moderate_rate": 10, "systems": results,
+                                    "targets": compare.evaluate_targets("minilm", results)})
+    assert "MISSED" in text and "did not start" in text and "= ray-fp32" in text
+
+
+def test_profiles_build_the_locust_command_lines(tmp_path):
+    steady = run.settings_for("minilm", "steady", users=3, duration=7)
+    master, workers = run.locust_commands(steady, "http://127.0.0.1:1", tmp_path / "locust", tmp_path / "r.html", "",
+                                          tmp_path / "final.json")
+    assert master[-1] == "MinilmUser" and workers == []
+    assert master[master.index("-u") + 1] == "3" and master[master.index("-t") + 1] == "7s"
+    assert "--csv-full-history" in master and master[master.index("--html") + 1] == str(tmp_path / "r.html")
+    assert "--open-loop-report" not in master
+
+    step = run.settings_for("classifier", "step", workers=2)
+    master, workers = run.locust_commands(step, "http://h", tmp_path / "l", tmp_path / "r.html", "", tmp_path / "f")
+    assert master[master.index("-f") + 1].endswith("locustfile.py," + str(run.SHAPES["step"]))
+    assert "--master" in master and len(workers) == 2 and all("--worker" in w for w in workers)
+    assert workers[0][workers[0].index("--master-port") + 1] == master[master.index("--master-bind-port") + 1]
+
+    open_loop = run.settings_for("minilm", "open", rate=30, workers=3)
+    master, workers = run.locust_commands(open_loop, "http://h", tmp_path / "l", tmp_path / "r.html",
+                                          tmp_path / "o.json", tmp_path / "f")
+    assert master[-1] == "OpenLoopUser" and master[master.index("-u") + 1] == "3"  # one open-loop user per worker
+    assert master[master.index("--rate") + 1] == "30" and master[master.index("--open-loop-users") + 1] == "3"
+    with pytest.raises(ValueError, match="profile"):
+        run.settings_for("minilm", "burst")
+    with pytest.raises(ValueError, match="model"):
+        run.settings_for("llama", "smoke")
