@@ -376,6 +376,8 @@ def cmd_unregister(client, args, log):
     else:
         raise CtlError(f"{args.model} has versions {versions}: name one, or pass --all-versions", EXIT_USAGE)
     for version in targets:
+        if args.drain_seconds:
+            drain(client, args.model, version, args.drain_seconds, args.drain_timeout)
         client.unregister(args.model, version)
         log(f"unregistered {args.model} {version}")
     return {"model": args.model, "unregistered": targets}
@@ -506,6 +508,11 @@ def build_parser():
     unregister.add_argument("model")
     unregister.add_argument("version", nargs="?")
     unregister.add_argument("--all-versions", action="store_true")
+    unregister.add_argument("--drain-seconds", type=float, default=0.0,
+                            help="first wait until the version's queue stayed empty this long: TorchServe never "
+                                 "answers requests still queued at a version it unregisters (default 0)")
+    unregister.add_argument("--drain-timeout", type=float, default=60.0,
+                            help="give up (exit 1) if the queue is not quiet within this many seconds (default 60)")
 
     rollout = commands.add_parser(
         "rollout", help="replace the serving version by a new archive without errors",
