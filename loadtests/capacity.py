@@ -5,8 +5,10 @@
 Each step is an open-loop run (loadtests.run, profile ``open``) at one target rate. The search grows the rate
 geometrically (x --growth) until a step misses the SLO, then bisects between the last good and the first bad rate
 until they are within --tolerance of each other. A step passes when p99 <= SLO, there were no failures (a 503 from a
-full queue is one), no request was still open at the end, and the generator started its requests on schedule
-(achieved >= --min-achieved of the target): a generator that could not keep up measured itself, not the server.
+full queue is one), no request was still open at the end, and the generator kept its schedule (no arrival dropped
+at the in-flight cap, at most --max-late-share of the starts late): a generator that could not keep up measured
+itself, not the server. (The achieved rate is reported but not judged: a short Poisson schedule offers a little more
+or less than its target by chance, which is not a generator failure.)
 
 Writes loadtests/reports/capacity-<model>-<time>/: capacity.json and capacity.md (the result and the curve: offered
 rate vs achieved rate, throughput, p50, p99), capacity.png, and each step's full load-test report in step-NN-<rate>/.
@@ -43,12 +45,14 @@ class Step:
     achieved_rate: Optional[float] = None   # the generator's actual start rate
     throughput: Optional[float] = None      # completed requests per second
     unfinished: int = 0
+    late_share: float = 0.0                 # starts more than --late-ms behind schedule, as a share of all starts
+    not_started: int = 0                    # arrivals dropped at the generator's in-flight cap
     passed: bool = False
     reason: str = ""
     report_dir: str = ""
 
 
-def judge(step, slo_ms, min_achieved=0.95):
+def judge(step, slo_ms, max_late_share=0.1):
     """Set step.passed and step.reason (the first thing that failed) for this SLO."""
     if step.requests == 0 or step.p99_ms is None:
         step.passed, step.reason = False, "no completed requests"
@@ -58,16 +62,16 @@ def judge(step, slo_ms, min_achieved=0.95):
         step.passed, step.reason = False, f"{step.unfinished} requests still open at the end"
     elif step.p99_ms > slo_ms:
         step.passed, step.reason = False, f"p99 {step.p99_ms:g} ms > SLO {slo_ms:g} ms"
-    elif step.achieved_rate is not None and step.achieved_rate < min_achieved * step.rate:
-        step.passed, step.reason = False, (f"generator achieved only {step.achieved_rate:g}/s of {step.rate:g}/s "
-                                           "(load generator limit, not the server's)")
+    elif step.not_started or step.late_share > max_late_share:
+        step.passed, step.reason = False, (f"the load generator fell behind ({step.not_started} not started, "
+                                           f"{step.late_share:.0%} late): its limit, not the server's")
     else:
         step.passed, step.reason = True, "ok"
     return step
 
 
 def search(measure, slo_ms, start_rate, max_rate, growth=2.0, tolerance=0.1, max_steps=12, min_rate=0.5,
-           min_achieved=0.95, log=print):
+           max_late_share=0.1, log=print):
     """Highest passing rate found by geometric growth then bisection. ``measure(rate) -> Step``.
 
     Returns ``{"capacity_rate", "steps", "bracket", "stopped_because"}``; capacity_rate is None when even the
@@ -78,7 +82,7 @@ def search(measure, slo_ms, start_rate, max_rate, growth=2.0, tolerance=0.1, max
     steps = []
 
     def attempt(rate):
-        step = judge(measure(rate), slo_ms, min_achieved)
+        step = judge(measure(rate), slo_ms, max_late_share)
         steps.append(step)
         log(f"  step {len(steps):2d}: {rate:8.2f}/s -> p50 {step.p50_ms} ms, p99 {step.p99_ms} ms, "
             f"{step.failures} failures, achieved {step.achieved_rate}/s: {'PASS' if step.passed else 'FAIL'} "
@@ -124,10 +128,13 @@ def search(measure, slo_ms, start_rate, max_rate, growth=2.0, tolerance=0.1, max
 
 def step_from_summary(rate, summary):
     open_loop = summary.get("open_loop") or {}
+    started = open_loop.get("started") or 0
     return Step(rate=rate, p50_ms=summary.get("p50_ms"), p99_ms=summary.get("p99_ms"),
                 failures=summary.get("failures", 0), requests=summary.get("requests", 0),
                 achieved_rate=open_loop.get("achieved_rate"), throughput=summary.get("rps"),
-                unfinished=open_loop.get("unfinished_at_stop") or 0, report_dir=summary.get("report_dir", ""))
+                unfinished=open_loop.get("unfinished_at_stop") or 0,
+                late_share=round((open_loop.get("late_starts") or 0) / started, 4) if started else 0.0,
+                not_started=open_loop.get("not_started") or 0, report_dir=summary.get("report_dir", ""))
 
 
 def measure_with_locust(host, model, out_dir, step_seconds, metrics_url=None, cooldown_seconds=2.0, workers=0,
@@ -208,7 +215,7 @@ def render_markdown(result):
 
 def capacity(host, model, slo_ms, out_dir=None, metrics_url=None, start_rate=8.0, max_rate=4000.0, growth=2.0,
              tolerance=0.1, max_steps=12, step_seconds=20.0, cooldown_seconds=2.0, workers=0, payload_seed=0,
-             arrivals="poisson", min_achieved=0.95, log=print):
+             arrivals="poisson", max_late_share=0.1, log=print):
     """Run the search against a server and write the capacity report; returns the result dict."""
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir = Path(out_dir or REPORTS / f"capacity-{model}-{stamp}")
@@ -218,8 +225,8 @@ def capacity(host, model, slo_ms, out_dir=None, metrics_url=None, start_rate=8.0
         f"-> {out_dir}")
     measure = measure_with_locust(host, model, out_dir, step_seconds, metrics_url, cooldown_seconds, workers,
                                   payload_seed, arrivals, log)
-    found = search(measure, slo_ms, start_rate, max_rate, growth, tolerance, max_steps, min_achieved=min_achieved,
-                   log=log)
+    found = search(measure, slo_ms, start_rate, max_rate, growth, tolerance, max_steps,
+                   max_late_share=max_late_share, log=log)
     result = {
         "model": model, "slo_ms": slo_ms, "host": host, "started_at": started_at, "step_seconds": step_seconds,
         "arrivals": arrivals, "capacity_rate": found["capacity_rate"], "bracket": found["bracket"],
@@ -249,12 +256,15 @@ def add_search_arguments(parser):
     parser.add_argument("--arrivals", default="poisson", choices=("poisson", "uniform"), help="arrival process")
     parser.add_argument("--payload-seed", type=int, default=0, help="seed of the payload mix")
     parser.add_argument("--locust-workers", type=int, default=0, help="distributed Locust: N local worker processes")
+    parser.add_argument("--max-late-share", type=float, default=0.1,
+                        help="a step fails as generator-limited above this share of late starts")
 
 
 def search_kwargs(args):
     return dict(start_rate=args.start_rate, max_rate=args.max_rate, growth=args.growth, tolerance=args.tolerance,
                 max_steps=args.max_steps, step_seconds=args.step_seconds, cooldown_seconds=args.cooldown_seconds,
-                arrivals=args.arrivals, payload_seed=args.payload_seed, workers=args.locust_workers)
+                arrivals=args.arrivals, payload_seed=args.payload_seed, workers=args.locust_workers,
+                max_late_share=args.max_late_share)
 
 
 def main(argv=None):

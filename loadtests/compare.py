@@ -300,8 +300,8 @@ def render_markdown(result):
         by = ""
         if verdict["met"] is False and verdict["value"] is not None and verdict["bound"]:
             by = f" (by {abs(verdict['value'] - verdict['bound']):.3g})"
-        lines.append(f"- {verdict['target']}: {verdict['value']} vs {verdict['bound']}: **{state}**{by}"
-                     f"{' — ' + verdict['note'] if verdict['note'] else ''}")
+        note = f" — {verdict['note']}" if verdict["note"] and verdict["met"] is not None else ""
+        lines.append(f"- {verdict['target']}: {verdict['value']} vs {verdict['bound']}: **{state}**{by}{note}")
     lines += [
         "",
         "The in-process ceiling has no HTTP, queue or batching delay and is not bound by the SLO; the load generator "

@@ -81,6 +81,7 @@ class LoadTest:
     max_in_flight: int = 512
     late_ms: float = 10.0
     max_retries: int = 3
+    drain_seconds: float = 5.0
     extra_locust_args: list = field(default_factory=list)
 
     @property
@@ -117,7 +118,7 @@ def locust_commands(settings, host, prefix, html, open_loop_report, final_stats)
         "--model", settings.model, "--payload-seed", str(settings.payload_seed), "--think-ms", str(settings.think_ms),
         "--max-retries", str(settings.max_retries), "--rate", str(settings.rate), "--open-loop-users", str(users),
         "--arrivals", settings.arrivals, "--max-in-flight", str(settings.max_in_flight),
-        "--late-ms", str(settings.late_ms), "--final-stats", str(final_stats), "--step-users", str(settings.step_users),
+        "--late-ms", str(settings.late_ms), "--drain-seconds", str(settings.drain_seconds), "--final-stats", str(final_stats), "--step-users", str(settings.step_users),
         "--step-seconds", str(settings.step_seconds), "--spike-base-users", str(settings.spike_base_users),
     ]
     if open_loop_report:
@@ -128,6 +129,8 @@ def locust_commands(settings, host, prefix, html, open_loop_report, final_stats)
         # Closed loop: all users within ~1 s, so the run measures the level, not the ramp.
         "-r", str(max(1, users)), "-t", f"{int(round(settings.duration))}s",
         "--csv", str(prefix), "--csv-full-history", "--html", str(html), "--only-summary",
+        # At the end, let requests in flight finish (and count) instead of dropping them; no new ones start.
+        "--stop-timeout", f"{max(1, round(settings.drain_seconds))}s",
         "--exit-code-on-error", "0", *custom, *settings.extra_locust_args,
     ]
     workers = []
