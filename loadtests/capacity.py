@@ -208,7 +208,8 @@ def render_markdown(result):
         lines.append(f"| {step['rate']:.2f} | {step['achieved_rate']} | {step['throughput']} | {step['requests']} | "
                      f"{step['failures']} | {step['p50_ms']} | {step['p99_ms']} | "
                      f"{'pass' if step['passed'] else 'FAIL: ' + step['reason']} |")
-    lines += ["", "Each step's full report (CSV, HTML, server-side figures, timeline) is in its step-NN-<rate>/ folder.",
+    lines += ["",
+              "Each step's full report (CSV, HTML, server-side figures, timeline) is in its step-NN-<rate>/ folder.",
               ""]
     return "\n".join(lines)
 

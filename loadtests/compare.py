@@ -62,7 +62,8 @@ NAIVE_MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json", "toke
                      "special_tokens_map.json")
 # Targets from the issue: recorded and reported, never asserted.
 TARGETS = {
-    "minilm": [("ours / naive", "naive", 5.0), ("ours / ray-same", "ray-same", 2.0), ("ours / inprocess", "inprocess", 0.8)],
+    "minilm": [("ours / naive", "naive", 5.0), ("ours / ray-same", "ray-same", 2.0),
+               ("ours / inprocess", "inprocess", 0.8)],
 }
 
 
@@ -178,7 +179,8 @@ def ray(model, precision, batch_size, delay_ms, log_dir, log):
     python = ray_env.ensure(log=log)
     command = [str(python), str(BASELINES / "ray_serve_app.py"), "--port", "{port}", "--precision", precision,
                "--max-batch-size", str(batch_size), "--batch-wait-ms", str(delay_ms), "--num-cpus", str(cores())]
-    with subprocess_server(command, f"ray-{precision}", log_dir, model, python_env={"RAY_USAGE_STATS_ENABLED": "0"}) as url:
+    quiet_ray = {"RAY_USAGE_STATS_ENABLED": "0"}
+    with subprocess_server(command, f"ray-{precision}", log_dir, model, python_env=quiet_ray) as url:
         yield url, None, {"precision": precision, "compile": "none", "threads": cores(), "batch_size": batch_size,
                           "max_batch_delay_ms": delay_ms}
 
@@ -278,7 +280,8 @@ def render_markdown(result):
         if entry is None:
             continue
         if entry.get("error"):
-            lines.append(f"| {name} | {DESCRIPTIONS[name]} | – | – | – | – | – | – | {entry['error'][:160]} |")
+            lines.append(f"| {name} | {DESCRIPTIONS[name]} | – | – | – | – | – | – | "
+                         f"{entry['error'][:150]} |")
             continue
         if entry.get("same_as"):
             lines.append(f"| {name} | {DESCRIPTIONS[name]} | {entry.get('precision')} | = {entry['same_as']} | | | | | "

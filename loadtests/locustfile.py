@@ -180,7 +180,8 @@ class OpenLoopUser(FastHttpUser):
             gevent.sleep(delay)
         now = time.perf_counter()
         can_start = not self.in_flight.full()
-        OPEN_LOOP.record(now - due, can_start, options.late_ms / 1000.0, user=self.stream, elapsed=now - self.started_at)
+        OPEN_LOOP.record(now - due, can_start, options.late_ms / 1000.0, user=self.stream,
+                         elapsed=now - self.started_at)
         if can_start:
             self.in_flight.spawn(self.send_one, self.payloads.next(), options)
 

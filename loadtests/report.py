@@ -189,7 +189,8 @@ def render_markdown(summary):
             f"- target rate {open_loop['target_rate']}/s, achieved start rate {open_loop['achieved_rate']}/s "
             f"({_cell(open_loop.get('achieved_share'))} of target), completed {summary['rps']}/s",
             f"- started late (> {summary.get('late_ms', 10)} ms behind schedule): {open_loop['late_starts']}, "
-            f"not started (in-flight cap): {open_loop['not_started']}, worst start lag {open_loop['max_start_lag_ms']} ms",
+            f"not started (in-flight cap): {open_loop['not_started']}, "
+            f"worst start lag {open_loop['max_start_lag_ms']} ms",
         ]
     generator = summary.get("generator") or {}
     if generator:
@@ -198,7 +199,8 @@ def render_markdown(summary):
             "## Load generator",
             "",
             f"- Locust used {generator.get('cpu_seconds')} CPU-s = {_cell(generator.get('cpu_share'))} of the "
-            f"machine's {generator.get('cores')} cores (the whole machine was {_cell(generator.get('machine_busy_share'))} busy)",
+            f"machine's {generator.get('cores')} cores "
+            f"(the whole machine was {_cell(generator.get('machine_busy_share'))} busy)",
         ]
     server = summary.get("server") or {}
     if server.get("available"):

@@ -110,7 +110,8 @@ def _free_port():
 def locust_commands(settings, host, prefix, html, open_loop_report, final_stats):
     """The master (or only) Locust command and the worker commands, as argument lists."""
     locust = str(Path(sys.executable).parent / "locust")
-    files = [str(LOCUSTFILE)] + ([str(SHAPES[PROFILES[settings.profile].shape])] if PROFILES[settings.profile].shape else [])
+    shape = PROFILES[settings.profile].shape
+    files = [str(LOCUSTFILE)] + ([str(SHAPES[shape])] if shape else [])
     users = settings.users
     if settings.open_loop and settings.workers:
         users = settings.workers  # one open-loop user per worker process, each at rate / workers
@@ -118,7 +119,8 @@ def locust_commands(settings, host, prefix, html, open_loop_report, final_stats)
         "--model", settings.model, "--payload-seed", str(settings.payload_seed), "--think-ms", str(settings.think_ms),
         "--max-retries", str(settings.max_retries), "--rate", str(settings.rate), "--open-loop-users", str(users),
         "--arrivals", settings.arrivals, "--max-in-flight", str(settings.max_in_flight),
-        "--late-ms", str(settings.late_ms), "--drain-seconds", str(settings.drain_seconds), "--final-stats", str(final_stats), "--step-users", str(settings.step_users),
+        "--late-ms", str(settings.late_ms), "--drain-seconds", str(settings.drain_seconds),
+        "--final-stats", str(final_stats), "--step-users", str(settings.step_users),
         "--step-seconds", str(settings.step_seconds), "--spike-base-users", str(settings.spike_base_users),
     ]
     if open_loop_report:
@@ -298,7 +300,8 @@ def headline(summary):
 def add_settings_arguments(parser, profile_default="steady"):
     parser.add_argument("--model", required=True, choices=sorted(MODELS), help="model to load-test")
     parser.add_argument("--profile", default=profile_default, choices=sorted(PROFILES), help="load profile")
-    parser.add_argument("--users", type=int, help="users (closed loop; peak for step/spike); open: ignored with --workers")
+    parser.add_argument("--users", type=int,
+                        help="users (closed loop; the peak for step/spike); open loop: ignored with --workers")
     parser.add_argument("--duration", type=float, help="seconds")
     parser.add_argument("--rate", type=float, help="open profile: target arrivals per second (total)")
     parser.add_argument("--workers", type=int, default=0, help="run Locust distributed: master + N local workers")

@@ -73,7 +73,7 @@ def development_server(config, log=print, wait=900):
     store = REPO / props.get("model_store", "model_store")
     present, missing = archives_present(props, store)
     if missing:
-        log(f"note: {', '.join(missing)} not built (model_store/); starting without {'it' if len(missing) == 1 else 'them'}")
+        log(f"note: {', '.join(missing)} not built (model_store/); starting without them")
     rendered = ts.RUN_DIR / "config.properties"
     ts.render_config(config, rendered, {"load_models": ",".join(present)})
     server = ts.Server(rendered, ts.RUN_DIR, ts.LOG_DIR, java_home=java_home())

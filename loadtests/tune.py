@@ -102,7 +102,8 @@ class ModelRegistration:
         response = requests.put(f"{self.url}/models/{self.model}", params={
             "min_worker": workers, "max_worker": workers, "synchronous": "true"}, timeout=timeout)
         if response.status_code not in (200, 202):
-            raise RuntimeError(f"scaling {self.model} to {workers} workers: {response.status_code} {response.text[:300]}")
+            raise RuntimeError(f"scaling {self.model} to {workers} workers: {response.status_code} "
+                               f"{response.text[:300]}")
         return self.wait_for(batch_size, max_batch_delay, workers, timeout)
 
     def wait_for(self, batch_size, max_batch_delay, workers, timeout):
@@ -299,7 +300,8 @@ def main(argv=None):
     parser.add_argument("--delays", type=parse_list, default=parse_list("2,5,10"), help="maxBatchDelay values (ms)")
     parser.add_argument("--workers", type=parse_list, default=parse_list(default_workers()),
                         help="worker counts (default 1,2 on >= 2 cores)")
-    parser.add_argument("--threads", type=parse_list, help="torch threads per worker to sweep (default cores // workers)")
+    parser.add_argument("--threads", type=parse_list,
+                        help="torch threads per worker to sweep (default cores // workers)")
     parser.add_argument("--model-store", default=str(REPO / "model_store"), help="where <model>.mar is")
     capacity_search.add_search_arguments(parser)
     parser.add_argument("--out", help="report folder (default loadtests/reports/tune-<model>-<time>)")

@@ -37,7 +37,8 @@ def test_smoke_profile_runs_clean_and_writes_the_report(ts_server, model, tmp_pa
     served(ts_server, model)
     run.preflight(ts_server.inference_url, model)  # answers at all (and warm) before the clock starts
     settings = run.settings_for(model, "smoke", users=2, duration=6)
-    summary = run.run(settings, ts_server.inference_url, ts_server.metrics_url, tmp_path / "report", log=lambda *_: None)
+    summary = run.run(settings, ts_server.inference_url, ts_server.metrics_url, tmp_path / "report",
+                      log=lambda *_: None)
 
     assert_sane_report(summary, tmp_path / "report")
     server = summary["server"]
