@@ -13,6 +13,12 @@ import requests
 MODEL = "generator"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def served(ts_server):
+    if f"{MODEL}.mar" not in ts_server.props.get("load_models", ""):
+        pytest.skip(f"{MODEL} is not served by this session's server (TS_TEST_MODELS)")
+
+
 @pytest.fixture(scope="module")
 def url(ts_server):
     return f"{ts_server.inference_url}/predictions/{MODEL}"
