@@ -48,6 +48,9 @@ class RequestView:
         return (self.header("Content-Type") or "").split(";")[0].strip().lower()
 
 
+FORM_CONTENT_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
+
+
 def request_body(request):
     """TorchServe hands each request as a dict; a raw body is under ``body`` (or ``data`` for some clients).
 
@@ -178,7 +181,14 @@ class ServingHandler:
         accepted = []
         for idx, request in enumerate(data):
             try:
-                accepted.append((idx, self.parse_request(request_body(request), RequestView(context, idx))))
+                view = RequestView(context, idx)
+                if view.content_type in FORM_CONTENT_TYPES:
+                    # TorchServe splits form bodies into fields and drops the raw body: say so instead of "empty".
+                    raise RequestError(f"the body was sent as {view.content_type} (curl -d's default), which "
+                                       f"TorchServe decodes as form fields; send it with "
+                                       f"-H 'Content-Type: application/json' (or text/plain where accepted)",
+                                       code=415, error_type="UnsupportedMediaType")
+                accepted.append((idx, self.parse_request(request_body(request), view)))
             except RequestError as error:
                 responses[idx] = self.reject(context, idx, error, metrics)
         if accepted:
