@@ -33,6 +33,15 @@ def free_ports(count):
     return ports
 
 
+def port_taken(port, host="127.0.0.1"):
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
 def answers(url, timeout=2.0):
     """True when an HTTP server answers at url (any status: a 404 still means something listens)."""
     try:
@@ -74,13 +83,21 @@ def development_server(config, log=print, wait=900):
     present, missing = archives_present(props, store)
     if missing:
         log(f"note: {', '.join(missing)} not built (model_store/); starting without them")
+    log(f"no server answers at {inference}: starting one (logs in {ts.LOG_DIR}) ...")
+    overrides = {"load_models": ",".join(present)}
+    # TorchServe always starts gRPC and shuts down when its port is taken (e.g. by another TorchServe on this
+    # machine); the load tools never use gRPC, so move it out of the way instead of failing.
+    for key, default in (("grpc_inference_port", 7070), ("grpc_management_port", 7071)):
+        port = int(props.get(key, default))
+        if port_taken(port):
+            overrides[key] = str(free_ports(1)[0])
+            log(f"note: gRPC port {port} is taken; this server uses {overrides[key]} ({key})")
     rendered = ts.RUN_DIR / "config.properties"
-    ts.render_config(config, rendered, {"load_models": ",".join(present)})
+    ts.render_config(config, rendered, overrides)
     server = ts.Server(rendered, ts.RUN_DIR, ts.LOG_DIR, java_home=java_home())
     if server.running():
         raise RuntimeError(f"a TorchServe of this checkout runs (pid {server.pid()}) but does not answer at "
                            f"{inference}; `make stop` it first")
-    log(f"no server answers at {inference}: starting one (logs in {ts.LOG_DIR}) ...")
     server.start()
     try:
         server.wait_ready(ts.loaded_model_names(ts.read_properties(rendered)), timeout=wait)
