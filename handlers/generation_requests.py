@@ -51,12 +51,18 @@ class Generation:
     pieces_sent: int = 0  # how many of text.pieces have gone out as intermediate chunks
 
 
+def shown(value, width=40):
+    """A client's value for an error message, shortened so the message keeps what it says about it."""
+    text = repr(value)
+    return text if len(text) <= width else f"{text[:width - 3]}..."
+
+
 def integer(body, key, default, minimum, maximum):
     value = body.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise RequestError(f"'{key}' must be an integer, got {type(value).__name__} {value!r}"[:300])
+        raise RequestError(f"'{key}' must be an integer, got {type(value).__name__} {shown(value)}")
     if not minimum <= value <= maximum:
-        raise RequestError(f"'{key}' is {value}; it must be between {minimum} and {maximum}"[:300])
+        raise RequestError(f"'{key}' is {shown(value)}; it must be between {minimum} and {maximum}")
     return value
 
 
@@ -88,8 +94,8 @@ def parse_generation_request(body, limits: GenerationLimits, tokenize: Callable[
         raise RequestError(f"'temperature' must be a number, got {type(temperature).__name__}")
     # A range check alone also refuses nan and inf, and compares huge integers without converting them to float.
     if not 0 <= temperature <= limits.max_temperature:
-        raise RequestError(f"'temperature' is {temperature!r}; it must be between 0 (greedy) and "
-                           f"{limits.max_temperature}"[:300])
+        raise RequestError(f"'temperature' is {shown(temperature)}; it must be between 0 (greedy) and "
+                           f"{limits.max_temperature}")
     top_k = integer(body, "top_k", 0, 0, limits.vocab_size)
     seed_given = "seed" in body
     seed = integer(body, "seed", 0, 0, MAX_SEED) if seed_given else secrets.randbelow(MAX_SEED + 1)

@@ -9,6 +9,7 @@ from scripts.reliability import corpus
 GOOD = {
     "classifier": {"inputs": [0.25] * 128},
     "minilm": {"text": "a perfectly ordinary sentence"},
+    "generator": {"prompt": "Once upon a time", "max_new_tokens": 4},
 }
 
 
