@@ -177,7 +177,7 @@ def render_markdown(summary):
             p99=_cell(summary["p99_ms"], " ms"), p999=_cell(summary["p999_ms"], " ms"),
             max=_cell(summary["max_ms"], " ms"), mean=_cell(summary["mean_ms"], " ms")),
         "",
-        "Percentiles are Locust's (whole milliseconds; 10 ms resolution between 100 ms and 1 s). "
+        "Percentiles are Locust's (whole ms: exact below 100 ms, 10 ms steps to 1 s, 100 ms steps to 10 s). "
         "Judge capacity on p99 and throughput, not on the mean.",
     ]
     open_loop = summary.get("open_loop")

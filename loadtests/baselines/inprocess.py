@@ -7,6 +7,10 @@ precision, compile mode, threads), then ``handle()`` is called with batches of t
 (loadtests/payloads.py, so the cache sees the same repeats). For each batch size it reports requests/s and the
 per-batch time; the best is the ceiling a server of this handler can approach. It also times one raw forward pass of
 a single input (for the classifier target: p50 at low load <= raw forward + maxBatchDelay + 3 ms).
+
+scripts/bench_embeddings.py is the minilm handler's own benchmark (precision x compile x threads, cache off, its own
+texts). This loop differs on purpose: any model, the archive's configuration exactly as served, and the load tests'
+payload mix with the cache on, so the ceiling sees the same work per request as the served runs it is compared with.
 Exit codes: 0 measured, 1 the handler failed or answered wrongly, 2 bad arguments.
 """
 
