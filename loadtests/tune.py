@@ -89,7 +89,7 @@ class ModelRegistration:
                 raise RuntimeError(f"DELETE {self.model}/{version['modelVersion']}: {response.status_code} "
                                    f"{response.text[:300]}")
 
-    def register(self, archive_name, batch_size, max_batch_delay, workers, timeout=900):
+    def register(self, archive_name, batch_size, max_batch_delay, workers, threads=None, timeout=900):
         self.unregister()
         response = requests.post(f"{self.url}/models", params={
             "url": archive_name, "model_name": self.model, "batch_size": batch_size,
@@ -104,7 +104,21 @@ class ModelRegistration:
         if response.status_code not in (200, 202):
             raise RuntimeError(f"scaling {self.model} to {workers} workers: {response.status_code} "
                                f"{response.text[:300]}")
-        return self.wait_for(batch_size, max_batch_delay, workers, timeout)
+        described = self.wait_for(batch_size, max_batch_delay, workers, timeout)
+        if threads is not None:
+            self.check_threads(threads)
+        return described
+
+    def check_threads(self, threads):
+        """Our handlers report their torch threads in the customized describe; a mismatch means oversubscription."""
+        response = requests.get(f"{self.url}/models/{self.model}", params={"customized": "true"}, timeout=60)
+        try:
+            custom = response.json()[0].get("customizedMetadata") or {}
+            custom = json.loads(custom) if isinstance(custom, str) else custom
+        except (ValueError, IndexError, KeyError, AttributeError):
+            return  # a handler without the customized describe: nothing to check
+        if custom.get("threads") not in (None, threads):
+            raise RuntimeError(f"{self.model} workers run {custom['threads']} torch threads, wanted {threads}")
 
     def wait_for(self, batch_size, max_batch_delay, workers, timeout):
         deadline = time.time() + timeout
@@ -259,7 +273,7 @@ def sweep(model, slo_ms, batch_sizes, delays, worker_counts, thread_counts, out_
             log(f"[{number}/{len(plans)}] batchSize {batch_size}, maxBatchDelay {delay} ms, {workers} worker(s) x "
                 f"{threads} thread(s)")
             try:
-                registration.register(archive, batch_size, delay, workers)
+                registration.register(archive, batch_size, delay, workers, threads)
                 servers.wait_for_prediction(f"{server.inference_url}{model_traffic.path}",
                                             model_traffic.payloads(0, 0).next(), model_traffic.check, timeout=120)
                 folder = Path(out_dir) / f"w{workers}-t{threads}-b{batch_size}-d{delay}"
