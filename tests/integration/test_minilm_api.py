@@ -141,8 +141,8 @@ def test_same_text_alone_in_a_mixed_batch_and_from_the_cache(predict, reference)
 
 
 def test_concurrent_distinct_texts_each_get_their_own_embedding(ts_server, reference):
-    texts = [f"request {i} of run {RUN}: " + " ".join(["topic", "alpha", "beta", "gamma", "delta"][i % 5:]) * (1 + i % 17)
-             for i in range(240)]
+    texts = [f"request {i} of run {RUN}: " + " ".join(["topic", "alpha", "beta", "gamma", "delta"][i % 5:]) * (1 + i % 9)
+             for i in range(200)]
     url = f"{ts_server.inference_url}/predictions/{MODEL}"
 
     def send(index):
