@@ -13,6 +13,7 @@ ports and their own folders. Exit codes: 0 ok, 1 the server failed to start or m
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -158,7 +159,7 @@ class Server:
         pending = list(names)
         while time.time() < deadline:
             if not self.running():
-                raise RuntimeError(f"TorchServe exited during start-up\n{self.log_tail()}")
+                raise RuntimeError(f"TorchServe exited during start-up{self.bind_failure()}\n{self.log_tail()}")
             still = []
             for name in pending:
                 try:
@@ -173,6 +174,13 @@ class Server:
                 return
             time.sleep(1)
         raise RuntimeError(f"models not READY after {timeout}s: {pending}\n{self.log_tail()}")
+
+    def bind_failure(self):
+        """The port TorchServe could not bind, if that is why it stopped (gRPC ports are easy to forget)."""
+        log = self.log_dir / "torchserve-start.log"
+        text = log.read_text(errors="replace") if log.exists() else ""
+        match = re.search(r"Failed to bind to address (\S+)", text)
+        return f": port {match.group(1)} is already in use (another TorchServe?)" if match else ""
 
     def log_tail(self, lines=60):
         log = self.log_dir / "ts_log.log"
