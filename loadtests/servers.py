@@ -22,15 +22,7 @@ if str(REPO) not in sys.path:
 from scripts import server as ts  # noqa: E402
 
 
-def free_ports(count):
-    """Distinct loopback ports that are free right now."""
-    sockets = [socket.socket() for _ in range(count)]
-    for sock in sockets:
-        sock.bind(("127.0.0.1", 0))
-    ports = [sock.getsockname()[1] for sock in sockets]
-    for sock in sockets:
-        sock.close()
-    return ports
+free_ports = ts.free_ports
 
 
 def port_taken(port, host="127.0.0.1"):
@@ -115,28 +107,11 @@ def private_torchserve(name, model_store, models, config=REPO / "config.properti
     run_dir = REPO / "build" / "loadtest-servers" / f"{name}-{os.getpid()}"
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
-    inference, management, metrics, grpc_inference, grpc_management = free_ports(5)
-    props = {
-        "inference_address": f"http://127.0.0.1:{inference}",
-        "management_address": f"http://127.0.0.1:{management}",
-        "metrics_address": f"http://127.0.0.1:{metrics}",
-        "grpc_inference_address": "127.0.0.1",
-        "grpc_management_address": "127.0.0.1",
-        "grpc_inference_port": str(grpc_inference),
-        "grpc_management_port": str(grpc_management),
-        "model_store": str(model_store),
-        "load_models": ",".join(f"{m}.mar" for m in models),
-        "disable_token_authorization": "true",
-        "enable_model_api": "true",
-    }
-    props.update(overrides or {})
-    config_path = run_dir / "config.properties"
-    ts.render_config(config, config_path, props)
-    server = ts.Server(config_path, run_dir, run_dir / "logs", java_home=java_home())
-    server.start()
+    # Model API on and no tokens: the tuner re-registers models; the server is private to this run (loopback).
+    props = {"disable_token_authorization": "true", "enable_model_api": "true", **(overrides or {})}
+    server = ts.start_isolated(config, run_dir, model_store, java_home(), models, props, wait)
     try:
         wait_until_answers(f"{server.management_url}/models", server, timeout=120)
-        server.wait_ready(ts.loaded_model_names(ts.read_properties(config_path)), timeout=wait)
         yield server
     finally:
         server.stop()
