@@ -108,7 +108,9 @@ def run(args):
                 add(checks.worker_kill(server, next_window(int(capacity * 10))))
             if "soak" in selected:
                 rate = max(1.0, capacity * 0.5)
-                add(soak(server, next_window(0), args.soak_minutes * 60, rate, java_home=java_home))
+                seconds = args.soak_minutes * 60
+                add(soak(server, next_window(0), seconds, rate, java_home=java_home,
+                         warmup_seconds=min(60.0, seconds / 3)))
         if "hang" in selected:
             good = json.dumps({"inputs": [0.5] * 128}).encode()
             hanging = json.dumps({"inputs": [HANG_MARKER] + [0.5] * 127}).encode()
