@@ -13,6 +13,7 @@ from pathlib import Path
 import psutil
 
 from scripts.reliability.checks import Row, worker_pids
+from scripts.reliability.references import Window
 from scripts.reliability.traffic import open_loop
 
 
@@ -53,6 +54,7 @@ def soak(server, reference, seconds, rate, sample_every=2.0, java_home=None, war
     url = f"{server.inference_url}/predictions/{reference.name}"
     if warmup_seconds > 0:
         open_loop(url, reference.body, rate, warmup_seconds, headers=server.headers("inference"))
+        reference = Window(reference, int(rate * warmup_seconds))  # the measured phase sends new inputs
     samples = []
     done = threading.Event()
 
