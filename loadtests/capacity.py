@@ -216,7 +216,7 @@ def render_markdown(result):
 
 def capacity(host, model, slo_ms, out_dir=None, metrics_url=None, start_rate=8.0, max_rate=4000.0, growth=2.0,
              tolerance=0.1, max_steps=12, step_seconds=20.0, cooldown_seconds=2.0, workers=0, payload_seed=0,
-             arrivals="poisson", max_late_share=0.1, log=print):
+             arrivals="poisson", max_late_share=0.1, warmup_seconds=10.0, log=print):
     """Run the search against a server and write the capacity report; returns the result dict."""
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir = Path(out_dir or REPORTS / f"capacity-{model}-{stamp}")
@@ -224,6 +224,12 @@ def capacity(host, model, slo_ms, out_dir=None, metrics_url=None, start_rate=8.0
     started_at = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     log(f"capacity search: {model} at p99 <= {slo_ms:g} ms, {step_seconds:g} s steps from {start_rate:g}/s "
         f"-> {out_dir}")
+    if warmup_seconds > 0:
+        # A just-started server is slow for its first requests (lazy init, allocator, empty cache): an unmeasured
+        # step first, with another payload seed so the measured steps do not hit what it cached.
+        log(f"warm-up: {warmup_seconds:g} s at {start_rate:g}/s (not measured)")
+        measure_with_locust(host, model, out_dir / "warmup", warmup_seconds, metrics_url, cooldown_seconds, workers,
+                            payload_seed + 1000, arrivals, log)(start_rate)
     measure = measure_with_locust(host, model, out_dir, step_seconds, metrics_url, cooldown_seconds, workers,
                                   payload_seed, arrivals, log)
     found = search(measure, slo_ms, start_rate, max_rate, growth, tolerance, max_steps,
@@ -253,6 +259,8 @@ def add_search_arguments(parser):
     parser.add_argument("--tolerance", type=float, default=0.1, help="stop bisecting when within this fraction")
     parser.add_argument("--max-steps", type=int, default=12, help="most steps per search")
     parser.add_argument("--step-seconds", type=float, default=20.0, help="duration of each step")
+    parser.add_argument("--warmup-seconds", type=float, default=10.0,
+                        help="unmeasured traffic at the start rate before the first step (0 = none)")
     parser.add_argument("--cooldown-seconds", type=float, default=2.0, help="pause between steps (queue drains)")
     parser.add_argument("--arrivals", default="poisson", choices=("poisson", "uniform"), help="arrival process")
     parser.add_argument("--payload-seed", type=int, default=0, help="seed of the payload mix")
@@ -265,7 +273,7 @@ def search_kwargs(args):
     return dict(start_rate=args.start_rate, max_rate=args.max_rate, growth=args.growth, tolerance=args.tolerance,
                 max_steps=args.max_steps, step_seconds=args.step_seconds, cooldown_seconds=args.cooldown_seconds,
                 arrivals=args.arrivals, payload_seed=args.payload_seed, workers=args.locust_workers,
-                max_late_share=args.max_late_share)
+                max_late_share=args.max_late_share, warmup_seconds=args.warmup_seconds)
 
 
 def main(argv=None):
