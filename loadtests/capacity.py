@@ -144,8 +144,10 @@ def measure_with_locust(host, model, out_dir, step_seconds, metrics_url=None, co
 
     def measure(rate):
         counter["n"] += 1
+        # Each step its own payload seed: a step repeating the previous step's texts would be answered from the
+        # worker's embedding cache and pass at rates fresh traffic cannot sustain.
         settings = loadtest.settings_for(model, "open", rate=rate, duration=step_seconds, workers=workers,
-                                         payload_seed=payload_seed, arrivals=arrivals)
+                                         payload_seed=payload_seed + counter["n"], arrivals=arrivals)
         folder = Path(out_dir) / f"step-{counter['n']:02d}-{rate:.1f}"
         summary = loadtest.run(settings, host, metrics_url, folder, log=lambda *_: None)
         time.sleep(cooldown_seconds)  # let an overloaded server drain its queue before the next step
