@@ -189,6 +189,11 @@ class Server:
         return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
 
 
+def exit_on_sigterm():
+    """Turn SIGTERM into SystemExit, so `finally` blocks stop the servers a long run started (`kill`, timeouts)."""
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+
+
 def free_ports(count):
     """Ports the OS says are free right now (held open together so they are distinct)."""
     import socket

@@ -173,4 +173,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    from scripts.server import exit_on_sigterm
+
+    exit_on_sigterm()
     sys.exit(main())
