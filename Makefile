@@ -20,6 +20,7 @@ help:
 	@echo "make soak MINUTES=10   memory soak at ~50% capacity"
 	@echo "make serve PROFILE=production   the same with config/production.properties (tokens: .run/key_file.json)"
 	@echo "make k8s     deploy/k8s manifests + KServe layout deploy/kserve from the model specs (scripts/deploy_manifests.py)"
+	@echo "make bench [QUICK=1]   in-process MiniLM benchmark: precision x compile x batch (build/bench/)"
 	@echo "make bench-generator [QUICK=1]   generator per-token latency with/without KV cache (build/bench/generator_bench.md)"
 	@echo "make loadtest MODEL=minilm PROFILE=steady [USERS= DURATION= RATE= WORKERS= HOST=]   Locust run + report (loadtests/reports/)"
 	@echo "make capacity MODEL=minilm SLO_MS=100 [STEP_SECONDS=]   highest open-loop rate with p99 <= SLO"
