@@ -63,6 +63,12 @@ def request_body(request):
     return b""
 
 
+def to_json(value):
+    """Compact JSON for a response body. TorchServe would pretty-print (indent=2) any dict or list a handler returns,
+    with its slow pure-Python encoder; a string goes out as its UTF-8 bytes."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
 def decode_json(raw):
     """Parse a body TorchServe could not decode (no JSON content type, or invalid JSON) with a precise message."""
     if raw is None or len(raw) == 0:
@@ -175,7 +181,7 @@ class ServingHandler:
         """Answer every request of the batch: its own error for an invalid one, a result for each of the others."""
         if len(data) == 1 and RequestView(context, 0).header("describe") == "True":
             # GET /models/{name}?customized=true arrives as a request with this header (TorchServe's convention).
-            return [json.dumps(self.describe())]
+            return [to_json(self.describe())]
         metrics = HandlerMetrics(context, self.model_name)
         responses = [None] * len(data)
         accepted = []
@@ -200,6 +206,7 @@ class ServingHandler:
                 else:
                     self.set_json(context, idx)
                 responses[idx] = result
+        responses = [response if isinstance(response, (str, bytes)) else to_json(response) for response in responses]
         metrics.record("BatchRequests", len(data))
         compiles = runtime.compile_count() - self.compiles_after_warmup if self.config["compile"] == "jit" else 0
         if compiles > 0:

@@ -12,11 +12,10 @@ that we cannot honour are refused instead of silently ignored: ``encoding_format
 ``dimensions`` other than the model's own, token-id arrays, and any field not listed above.
 """
 
-import json
 from dataclasses import dataclass
 from typing import List
 
-from handlers.base import decode_json
+from handlers.base import decode_json, to_json
 from handlers.errors import RequestError
 
 TEXT_FIELDS = {"text", "truncate"}
@@ -99,11 +98,6 @@ def check_openai_options(body, dimension):
         raise RequestError(f"'encoding_format' {encoding!r} is not supported; only 'float'")
     if "dimensions" in body and (type(body["dimensions"]) is not int or body["dimensions"] != dimension):
         raise RequestError(f"'dimensions' {body['dimensions']!r} is not supported; this model returns {dimension}")
-
-
-def to_json(value):
-    """Compact JSON (TorchServe would pretty-print a dict with its slow pure-Python encoder)."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 def format_response(request, rows, model_name):

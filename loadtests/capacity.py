@@ -7,7 +7,9 @@ geometrically (x --growth) until a step misses the SLO, then bisects between the
 until they are within --tolerance of each other. A step passes when p99 <= SLO, there were no failures (a 503 from a
 full queue is one), no request was still open at the end, and the generator kept its schedule (no arrival dropped
 at the in-flight cap, at most --max-late-share of the starts late): a generator that could not keep up measured
-itself, not the server. (The achieved rate is reported but not judged: a short Poisson schedule offers a little more
+itself, not the server. A step lasts --step-seconds or as long as --min-requests arrivals take at its rate, whichever
+is longer: a p99 needs enough samples to mean anything (48 requests, 12 s at 4/s, make their p99 the single slowest
+one, and two long texts arriving together then fail a step that a rerun passes). (The achieved rate is reported but not judged: a short Poisson schedule offers a little more
 or less than its target by chance, which is not a generator failure.)
 
 Writes loadtests/reports/capacity-<model>-<time>/: capacity.json and capacity.md (the result and the curve: offered
@@ -137,8 +139,13 @@ def step_from_summary(rate, summary):
                 not_started=open_loop.get("not_started") or 0, report_dir=summary.get("report_dir", ""))
 
 
+def step_duration(rate, step_seconds, min_requests=0):
+    """Seconds a step at ``rate`` runs: at least step_seconds, and long enough for about min_requests arrivals."""
+    return max(step_seconds, min_requests / rate if min_requests else 0.0)
+
+
 def measure_with_locust(host, model, out_dir, step_seconds, metrics_url=None, cooldown_seconds=2.0, workers=0,
-                        payload_seed=0, arrivals="poisson", log=print):
+                        payload_seed=0, arrivals="poisson", log=print, min_requests=0):
     """A ``measure(rate)`` that runs one open-loop Locust step per call into out_dir/step-NN-<rate>/."""
     counter = {"n": 0}
 
@@ -146,7 +153,8 @@ def measure_with_locust(host, model, out_dir, step_seconds, metrics_url=None, co
         counter["n"] += 1
         # Each step its own payload seed: a step repeating the previous step's texts would be answered from the
         # worker's embedding cache and pass at rates fresh traffic cannot sustain.
-        settings = loadtest.settings_for(model, "open", rate=rate, duration=step_seconds, workers=workers,
+        duration = round(step_duration(rate, step_seconds, min_requests), 1)
+        settings = loadtest.settings_for(model, "open", rate=rate, duration=duration, workers=workers,
                                          payload_seed=payload_seed + counter["n"], arrivals=arrivals)
         folder = Path(out_dir) / f"step-{counter['n']:02d}-{rate:.1f}"
         summary = loadtest.run(settings, host, metrics_url, folder, log=lambda *_: None)
@@ -200,7 +208,8 @@ def render_markdown(result):
         f"**{result['capacity_rate'] if result['capacity_rate'] is not None else 'none'} requests/s** "
         f"(highest open-loop rate that passed; search stopped: {result['stopped_because']}).",
         "",
-        f"Host {result['host']}, {result['step_seconds']:g} s per step, {result['arrivals']} arrivals, "
+        f"Host {result['host']}, {result['step_seconds']:g} s per step (longer where {result.get('min_requests', 0)} "
+        f"arrivals need it), {result['arrivals']} arrivals, "
         f"started {result['started_at']}.",
         "",
         "| offered /s | achieved /s | completed /s | requests | failures | p50 ms | p99 ms | result |",
@@ -218,14 +227,14 @@ def render_markdown(result):
 
 def capacity(host, model, slo_ms, out_dir=None, metrics_url=None, start_rate=8.0, max_rate=4000.0, growth=2.0,
              tolerance=0.1, max_steps=12, step_seconds=20.0, cooldown_seconds=2.0, workers=0, payload_seed=0,
-             arrivals="poisson", max_late_share=0.1, warmup_seconds=10.0, log=print):
+             arrivals="poisson", max_late_share=0.1, warmup_seconds=10.0, min_requests=0, log=print):
     """Run the search against a server and write the capacity report; returns the result dict."""
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir = Path(out_dir or REPORTS / f"capacity-{model}-{stamp}")
     out_dir.mkdir(parents=True, exist_ok=True)
     started_at = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
-    log(f"capacity search: {model} at p99 <= {slo_ms:g} ms, {step_seconds:g} s steps from {start_rate:g}/s "
-        f"-> {out_dir}")
+    log(f"capacity search: {model} at p99 <= {slo_ms:g} ms, {step_seconds:g} s steps (>= {min_requests} requests) "
+        f"from {start_rate:g}/s -> {out_dir}")
     if warmup_seconds > 0:
         # A just-started server is slow for its first requests (lazy init, allocator, empty cache): an unmeasured
         # step first, with another payload seed so the measured steps do not hit what it cached.
@@ -233,11 +242,12 @@ def capacity(host, model, slo_ms, out_dir=None, metrics_url=None, start_rate=8.0
         measure_with_locust(host, model, out_dir / "warmup", warmup_seconds, metrics_url, cooldown_seconds, workers,
                             payload_seed + 1000, arrivals, log)(start_rate)
     measure = measure_with_locust(host, model, out_dir, step_seconds, metrics_url, cooldown_seconds, workers,
-                                  payload_seed, arrivals, log)
+                                  payload_seed, arrivals, log, min_requests)
     found = search(measure, slo_ms, start_rate, max_rate, growth, tolerance, max_steps,
                    max_late_share=max_late_share, log=log)
     result = {
         "model": model, "slo_ms": slo_ms, "host": host, "started_at": started_at, "step_seconds": step_seconds,
+        "min_requests": min_requests,
         "arrivals": arrivals, "capacity_rate": found["capacity_rate"], "bracket": found["bracket"],
         "stopped_because": found["stopped_because"], "steps": [asdict(step) for step in found["steps"]],
     }
@@ -260,7 +270,9 @@ def add_search_arguments(parser):
     parser.add_argument("--growth", type=float, default=2.0, help="rate factor between steps before bisection")
     parser.add_argument("--tolerance", type=float, default=0.1, help="stop bisecting when within this fraction")
     parser.add_argument("--max-steps", type=int, default=12, help="most steps per search")
-    parser.add_argument("--step-seconds", type=float, default=20.0, help="duration of each step")
+    parser.add_argument("--step-seconds", type=float, default=20.0, help="shortest duration of a step")
+    parser.add_argument("--min-requests", type=int, default=300,
+                        help="a step runs until about this many arrivals (p99 from >= 3 tail samples); 0 = off")
     parser.add_argument("--warmup-seconds", type=float, default=10.0,
                         help="unmeasured traffic at the start rate before the first step (0 = none)")
     parser.add_argument("--cooldown-seconds", type=float, default=2.0, help="pause between steps (queue drains)")
@@ -275,7 +287,8 @@ def search_kwargs(args):
     return dict(start_rate=args.start_rate, max_rate=args.max_rate, growth=args.growth, tolerance=args.tolerance,
                 max_steps=args.max_steps, step_seconds=args.step_seconds, cooldown_seconds=args.cooldown_seconds,
                 arrivals=args.arrivals, payload_seed=args.payload_seed, workers=args.locust_workers,
-                max_late_share=args.max_late_share, warmup_seconds=args.warmup_seconds)
+                max_late_share=args.max_late_share, warmup_seconds=args.warmup_seconds,
+                min_requests=args.min_requests)
 
 
 def main(argv=None):
@@ -290,8 +303,8 @@ def main(argv=None):
     parser.add_argument("--out", help="report folder (default loadtests/reports/capacity-<model>-<time>)")
     parser.add_argument("--json", action="store_true", help="print capacity.json")
     args = parser.parse_args(argv)
-    if args.slo_ms <= 0 or args.start_rate <= 0 or args.step_seconds <= 0:
-        parser.error("--slo-ms, --start-rate and --step-seconds must be positive")
+    if args.slo_ms <= 0 or args.start_rate <= 0 or args.step_seconds <= 0 or args.min_requests < 0:
+        parser.error("--slo-ms, --start-rate and --step-seconds must be positive, --min-requests not negative")
 
     from loadtests import servers
 

@@ -268,7 +268,8 @@ def render_markdown(result):
         f"# Side by side: {result['model']}, throughput at p99 <= {result['slo_ms']:g} ms",
         "",
         f"{result['cores']} cores, started {result['started_at']}; each system alone, one after the other, same "
-        f"seeded payload mix; open-loop capacity search ({result['search']['step_seconds']:g} s steps); moderate "
+        f"seeded payload mix; open-loop capacity search ({result['search']['step_seconds']:g} s steps, at least "
+        f"{result['search'].get('min_requests', 0)} requests each); moderate "
         f"load = {result['moderate_rate']:g} requests/s open loop for every system.",
         "",
         "| system | what | precision | throughput at SLO /s | x ours | x ceiling | p50 / p99 at moderate load "

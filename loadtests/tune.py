@@ -191,7 +191,8 @@ def render_markdown(result):
         f"# Batch-config sweep: {result['model']}, p99 <= {result['slo_ms']:g} ms",
         "",
         f"{result['cores']} cores; threads per worker = cores // workers unless --threads was given; "
-        f"{result['step_seconds']:g} s per capacity step; started {result['started_at']}.",
+        f"{result['step_seconds']:g} s per capacity step (at least {result.get('min_requests', 0)} requests); "
+        f"started {result['started_at']}.",
         "",
         "| workers | threads | batchSize | maxBatchDelay ms | capacity /s | p99 at capacity | p50 / p99 at "
         f"{result['start_rate']:g}/s | mean batch at capacity | stopped because |",
@@ -303,6 +304,7 @@ def sweep(model, slo_ms, batch_sizes, delays, worker_counts, thread_counts, out_
         registration.unregister()
     return {"model": model, "slo_ms": slo_ms, "cores": cores(), "started_at": started_at, "points": points,
             "start_rate": search["start_rate"], "step_seconds": search["step_seconds"],
+            "min_requests": search.get("min_requests", 0),
             "recommendation": recommend(points)}
 
 

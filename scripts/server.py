@@ -207,10 +207,22 @@ def free_ports(count):
     return ports
 
 
+def start_watchdog(server, owner=None):
+    """Stop this private server if our process dies without its `finally` (SIGKILL): see scripts/server_watchdog."""
+    pid = server.pid()
+    if pid is None:
+        return None
+    with open(server.log_dir / "watchdog.log", "ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "scripts.server_watchdog", "--owner", str(owner or os.getpid()),
+                                 "--server-pid", str(pid)], cwd=REPO, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
 def start_isolated(config, run_dir, model_store, java_home, models=None, overrides=None, wait=900):
     """Start a READY TorchServe from `config` on free loopback ports with its own run folder (TMPDIR) and logs.
 
-    Used by the tests and the reliability suite, so they run beside a `make serve` server and each other."""
+    Used by the tests, the load-test tools and the reliability suite, so they run beside a `make serve` server and
+    each other. A watchdog process stops the server if this process is killed before it can (SIGKILL)."""
     inference, management, metrics, grpc_inference, grpc_management = free_ports(5)
     props = {
         "inference_address": f"http://127.0.0.1:{inference}",
@@ -229,6 +241,7 @@ def start_isolated(config, run_dir, model_store, java_home, models=None, overrid
     render_config(config, config_path, props)
     server = Server(config_path, run_dir, run_dir / "logs", java_home=java_home)
     server.start()
+    start_watchdog(server)
     try:
         server.wait_ready(loaded_model_names(read_properties(config_path)), timeout=wait)
     except Exception:

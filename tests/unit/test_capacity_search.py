@@ -191,3 +191,9 @@ def test_profiles_build_the_locust_command_lines(tmp_path):
         run.settings_for("minilm", "burst")
     with pytest.raises(ValueError, match="model"):
         run.settings_for("llama", "smoke")
+
+
+def test_a_step_lasts_long_enough_for_its_minimum_number_of_requests():
+    assert capacity.step_duration(4.0, 12.0, min_requests=300) == 75.0   # p99 of 48 requests is just the slowest
+    assert capacity.step_duration(50.0, 12.0, min_requests=300) == 12.0  # the floor wins at high rates
+    assert capacity.step_duration(4.0, 12.0, min_requests=0) == 12.0

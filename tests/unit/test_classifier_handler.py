@@ -1,5 +1,6 @@
 """The classifier handler called directly (no server): validation, batching bookkeeping, precision, compile."""
 
+import json
 import math
 
 import pytest
@@ -31,7 +32,9 @@ def reference(handler, rows):
 
 def run(handler, context, bodies):
     set_requests(context, [{"Content-Type": "application/json"}] * len(bodies))
-    return handler.handle([{"body": body} for body in bodies], context)
+    answers = handler.handle([{"body": body} for body in bodies], context)
+    assert all(isinstance(answer, str) for answer in answers)  # compact JSON, not a dict TorchServe would indent
+    return [json.loads(answer) for answer in answers]
 
 
 def test_single_row_answers_label_and_probabilities(classifier):

@@ -43,7 +43,8 @@ def run(handler, context, bodies):
     recorder = ChunkRecorder()
     handler.stream_sink = recorder
     answers = handler.handle([{"body": body} for body in bodies], context)
-    return answers, recorder.messages
+    # A streamed answer's last chunk is an NDJSON line (kept as text); any other answer is one compact JSON object.
+    return [a if a.endswith("\n") else json.loads(a) for a in answers], recorder.messages
 
 
 def alone(handler, prompt, settings):
