@@ -8,7 +8,7 @@ until they are within --tolerance of each other. A step passes when p99 <= SLO, 
 full queue is one), no request was still open at the end, and the generator kept its schedule (no arrival dropped
 at the in-flight cap, at most --max-late-share of the starts late): a generator that could not keep up measured
 itself, not the server. A step lasts --step-seconds or as long as --min-requests arrivals take at its rate, whichever
-is longer: a p99 needs enough samples to mean anything (48 requests, 12 s at 4/s, make their p99 the single slowest
+is longer (capped at --max-step-seconds): a p99 needs enough samples to mean anything (48 requests, 12 s at 4/s, make their p99 the single slowest
 one, and two long texts arriving together then fail a step that a rerun passes). (The achieved rate is reported but not judged: a short Poisson schedule offers a little more
 or less than its target by chance, which is not a generator failure.)
 
@@ -139,13 +139,15 @@ def step_from_summary(rate, summary):
                 not_started=open_loop.get("not_started") or 0, report_dir=summary.get("report_dir", ""))
 
 
-def step_duration(rate, step_seconds, min_requests=0):
-    """Seconds a step at ``rate`` runs: at least step_seconds, and long enough for about min_requests arrivals."""
-    return max(step_seconds, min_requests / rate if min_requests else 0.0)
+def step_duration(rate, step_seconds, min_requests=0, max_step_seconds=None):
+    """Seconds a step at ``rate`` runs: at least step_seconds, long enough for about min_requests arrivals, but no
+    longer than max_step_seconds (a system that misses the SLO at 1/s need not be watched for 5 minutes)."""
+    seconds = max(step_seconds, min_requests / rate if min_requests else 0.0)
+    return min(seconds, max(step_seconds, max_step_seconds)) if max_step_seconds else seconds
 
 
 def measure_with_locust(host, model, out_dir, step_seconds, metrics_url=None, cooldown_seconds=2.0, workers=0,
-                        payload_seed=0, arrivals="poisson", log=print, min_requests=0):
+                        payload_seed=0, arrivals="poisson", log=print, min_requests=0, max_step_seconds=None):
     """A ``measure(rate)`` that runs one open-loop Locust step per call into out_dir/step-NN-<rate>/."""
     counter = {"n": 0}
 
@@ -153,7 +155,7 @@ def measure_with_locust(host, model, out_dir, step_seconds, metrics_url=None, co
         counter["n"] += 1
         # Each step its own payload seed: a step repeating the previous step's texts would be answered from the
         # worker's embedding cache and pass at rates fresh traffic cannot sustain.
-        duration = round(step_duration(rate, step_seconds, min_requests), 1)
+        duration = round(step_duration(rate, step_seconds, min_requests, max_step_seconds), 1)
         settings = loadtest.settings_for(model, "open", rate=rate, duration=duration, workers=workers,
                                          payload_seed=payload_seed + counter["n"], arrivals=arrivals)
         folder = Path(out_dir) / f"step-{counter['n']:02d}-{rate:.1f}"
@@ -227,7 +229,8 @@ def render_markdown(result):
 
 def capacity(host, model, slo_ms, out_dir=None, metrics_url=None, start_rate=8.0, max_rate=4000.0, growth=2.0,
              tolerance=0.1, max_steps=12, step_seconds=20.0, cooldown_seconds=2.0, workers=0, payload_seed=0,
-             arrivals="poisson", max_late_share=0.1, warmup_seconds=10.0, min_requests=0, log=print):
+             arrivals="poisson", max_late_share=0.1, warmup_seconds=10.0, min_requests=0, max_step_seconds=None,
+             log=print):
     """Run the search against a server and write the capacity report; returns the result dict."""
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir = Path(out_dir or REPORTS / f"capacity-{model}-{stamp}")
@@ -242,12 +245,12 @@ def capacity(host, model, slo_ms, out_dir=None, metrics_url=None, start_rate=8.0
         measure_with_locust(host, model, out_dir / "warmup", warmup_seconds, metrics_url, cooldown_seconds, workers,
                             payload_seed + 1000, arrivals, log)(start_rate)
     measure = measure_with_locust(host, model, out_dir, step_seconds, metrics_url, cooldown_seconds, workers,
-                                  payload_seed, arrivals, log, min_requests)
+                                  payload_seed, arrivals, log, min_requests, max_step_seconds)
     found = search(measure, slo_ms, start_rate, max_rate, growth, tolerance, max_steps,
                    max_late_share=max_late_share, log=log)
     result = {
         "model": model, "slo_ms": slo_ms, "host": host, "started_at": started_at, "step_seconds": step_seconds,
-        "min_requests": min_requests,
+        "min_requests": min_requests, "max_step_seconds": max_step_seconds,
         "arrivals": arrivals, "capacity_rate": found["capacity_rate"], "bracket": found["bracket"],
         "stopped_because": found["stopped_because"], "steps": [asdict(step) for step in found["steps"]],
     }
@@ -273,6 +276,8 @@ def add_search_arguments(parser):
     parser.add_argument("--step-seconds", type=float, default=20.0, help="shortest duration of a step")
     parser.add_argument("--min-requests", type=int, default=300,
                         help="a step runs until about this many arrivals (p99 from >= 3 tail samples); 0 = off")
+    parser.add_argument("--max-step-seconds", type=float, default=120.0,
+                        help="cap on a step's duration however few arrivals that gives (low rates)")
     parser.add_argument("--warmup-seconds", type=float, default=10.0,
                         help="unmeasured traffic at the start rate before the first step (0 = none)")
     parser.add_argument("--cooldown-seconds", type=float, default=2.0, help="pause between steps (queue drains)")
@@ -288,7 +293,7 @@ def search_kwargs(args):
                 max_steps=args.max_steps, step_seconds=args.step_seconds, cooldown_seconds=args.cooldown_seconds,
                 arrivals=args.arrivals, payload_seed=args.payload_seed, workers=args.locust_workers,
                 max_late_share=args.max_late_share, warmup_seconds=args.warmup_seconds,
-                min_requests=args.min_requests)
+                min_requests=args.min_requests, max_step_seconds=args.max_step_seconds)
 
 
 def main(argv=None):

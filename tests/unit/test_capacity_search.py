@@ -197,3 +197,5 @@ def test_a_step_lasts_long_enough_for_its_minimum_number_of_requests():
     assert capacity.step_duration(4.0, 12.0, min_requests=300) == 75.0   # p99 of 48 requests is just the slowest
     assert capacity.step_duration(50.0, 12.0, min_requests=300) == 12.0  # the floor wins at high rates
     assert capacity.step_duration(4.0, 12.0, min_requests=0) == 12.0
+    assert capacity.step_duration(1.0, 12.0, min_requests=300, max_step_seconds=120) == 120  # capped at low rates
+    assert capacity.step_duration(4.0, 12.0, min_requests=300, max_step_seconds=5) == 12.0   # never below the floor
