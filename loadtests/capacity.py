@@ -8,9 +8,10 @@ until they are within --tolerance of each other. A step passes when p99 <= SLO, 
 full queue is one), no request was still open at the end, and the generator kept its schedule (no arrival dropped
 at the in-flight cap, at most --max-late-share of the starts late): a generator that could not keep up measured
 itself, not the server. A step lasts --step-seconds or as long as --min-requests arrivals take at its rate, whichever
-is longer (capped at --max-step-seconds): a p99 needs enough samples to mean anything (48 requests, 12 s at 4/s, make their p99 the single slowest
-one, and two long texts arriving together then fail a step that a rerun passes). (The achieved rate is reported but not judged: a short Poisson schedule offers a little more
-or less than its target by chance, which is not a generator failure.)
+is longer (capped at --max-step-seconds): a p99 needs enough samples to mean anything (48 requests, 12 s at 4/s,
+make their p99 the single slowest one, and two long texts arriving together then fail a step that a rerun passes).
+(The achieved rate is reported but not judged: a short Poisson schedule offers a little more or less than its target
+by chance, which is not a generator failure.)
 
 Writes loadtests/reports/capacity-<model>-<time>/: capacity.json and capacity.md (the result and the curve: offered
 rate vs achieved rate, throughput, p50, p99), capacity.png, and each step's full load-test report in step-NN-<rate>/.
@@ -153,9 +154,9 @@ def measure_with_locust(host, model, out_dir, step_seconds, metrics_url=None, co
 
     def measure(rate):
         counter["n"] += 1
+        duration = round(step_duration(rate, step_seconds, min_requests, max_step_seconds), 1)
         # Each step its own payload seed: a step repeating the previous step's texts would be answered from the
         # worker's embedding cache and pass at rates fresh traffic cannot sustain.
-        duration = round(step_duration(rate, step_seconds, min_requests, max_step_seconds), 1)
         settings = loadtest.settings_for(model, "open", rate=rate, duration=duration, workers=workers,
                                          payload_seed=payload_seed + counter["n"], arrivals=arrivals)
         folder = Path(out_dir) / f"step-{counter['n']:02d}-{rate:.1f}"

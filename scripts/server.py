@@ -207,13 +207,13 @@ def free_ports(count):
     return ports
 
 
-def start_watchdog(server, owner=None):
+def start_watchdog(server):
     """Stop this private server if our process dies without its `finally` (SIGKILL): see scripts/server_watchdog."""
     pid = server.pid()
     if pid is None:
         return None
     with open(server.log_dir / "watchdog.log", "ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "scripts.server_watchdog", "--owner", str(owner or os.getpid()),
+        return subprocess.Popen([sys.executable, "-m", "scripts.server_watchdog", "--owner", str(os.getpid()),
                                  "--server-pid", str(pid)], cwd=REPO, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
 
