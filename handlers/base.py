@@ -64,9 +64,23 @@ def request_body(request):
 
 
 def to_json(value):
-    """Compact JSON for a response body. TorchServe would pretty-print (indent=2) any dict or list a handler returns,
-    with its slow pure-Python encoder; a string goes out as its UTF-8 bytes."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    """Strict, compact JSON for a response body or stream line: the one serializer every answer goes through.
+
+    Strict: NaN and Infinity have no JSON spelling (json.dumps would write the non-standard tokens that strict parsers
+    reject), so a non-finite number raises ValueError here instead of reaching a client; so does text that cannot be
+    sent as UTF-8 (a lone surrogate). Compact: TorchServe would pretty-print (indent=2) a dict or list a handler
+    returns, with its slow pure-Python encoder; a string goes out as its UTF-8 bytes."""
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    text.encode("utf-8")  # UnicodeEncodeError (a ValueError) now, rather than in TorchServe for the whole batch
+    return text
+
+
+def server_failure(error):
+    """The 500 (or 507 when memory ran out) that answers a request whose computation raised ``error``."""
+    if isinstance(error, (MemoryError, torch.OutOfMemoryError)):
+        return ServerError(f"out of memory while computing the answer ({type(error).__name__}); retry later or "
+                           f"send a smaller request", code=507, error_type="InsufficientStorage")
+    return ServerError(f"inference failed: {type(error).__name__}")
 
 
 def decode_json(raw):
@@ -196,17 +210,14 @@ class ServingHandler:
                                        code=415, error_type="UnsupportedMediaType")
                 accepted.append((idx, self.parse_request(request_body(request), view)))
             except RequestError as error:
-                responses[idx] = self.reject(context, idx, error, metrics)
+                responses[idx] = self.serialize(idx, self.reject(context, idx, error, metrics))
+            except Exception as error:  # a parser bug must cost this request only, never the batch
+                logger.error("request %d: validation failed unexpectedly", idx, exc_info=True)
+                responses[idx] = self.serialize(idx, self.reject(context, idx, server_failure(error), metrics))
         if accepted:
-            payloads = [payload for _, payload in accepted]
-            results = self.run_stages(payloads, metrics)
+            results = self.run_stages([payload for _, payload in accepted], metrics)
             for (idx, _), result in zip(accepted, results):
-                if isinstance(result, RequestError):
-                    result = self.reject(context, idx, result, metrics)
-                else:
-                    self.set_json(context, idx)
-                responses[idx] = result
-        responses = [response if isinstance(response, (str, bytes)) else to_json(response) for response in responses]
+                responses[idx] = self.answer(context, idx, result, metrics)
         metrics.record("BatchRequests", len(data))
         compiles = runtime.compile_count() - self.compiles_after_warmup if self.config["compile"] == "jit" else 0
         if compiles > 0:
@@ -229,29 +240,72 @@ class ServingHandler:
         }
 
     def run_stages(self, payloads, metrics):
+        """Results for the accepted requests, one each, in order: a JSON-able value or a RequestError.
+
+        A failure of the shared batch step must not fail requests that did not cause it: the batch is retried one
+        request at a time, so only the request that breaks the step (or a request that cannot be repeated, see
+        :meth:`can_retry_alone`) gets the error."""
         try:
-            started = time.perf_counter()
-            batch = self.preprocess(payloads)
-            preprocessed = time.perf_counter()
-            with torch.inference_mode():
-                outputs = self.inference(batch)
-            inferred = time.perf_counter()
-            results = self.postprocess(outputs, payloads)
-            finished = time.perf_counter()
+            return self.complete(self.run_batch(payloads, metrics), len(payloads))
         except RequestError as error:  # a stage found the whole group of accepted requests unservable
             return [error] * len(payloads)
-        except Exception as error:  # our bug or the machine's: answer each request with JSON, keep the worker
-            logger.exception("batch of %d failed", len(payloads))
-            out_of_memory = isinstance(error, MemoryError) or "out of memory" in str(error).lower()
-            failure = ServerError(
-                f"inference failed: {type(error).__name__}", code=507 if out_of_memory else 500,
-                error_type="InsufficientStorage" if out_of_memory else "InternalServerError",
-            )
-            return [failure] * len(payloads)
+        except Exception as error:  # our bug, the model's, or the machine's: answer with JSON, keep the worker
+            failure = server_failure(error)
+            if len(payloads) == 1:
+                logger.error("request failed: %s", failure.message, exc_info=True)
+                return [failure]
+            logger.warning("batch of %d failed (%s); retrying its requests one at a time", len(payloads),
+                           failure.message, exc_info=True)
+            return [self.run_stages([payload], metrics)[0] if self.can_retry_alone(payload) else failure
+                    for payload in payloads]
+
+    def run_batch(self, payloads, metrics):
+        """preprocess -> inference -> postprocess for the accepted requests, with per-stage timing."""
+        started = time.perf_counter()
+        batch = self.preprocess(payloads)
+        preprocessed = time.perf_counter()
+        with torch.inference_mode():
+            outputs = self.inference(batch)
+        inferred = time.perf_counter()
+        results = self.postprocess(outputs, payloads)
+        finished = time.perf_counter()
         metrics.record("PreprocessSeconds", preprocessed - started)
         metrics.record("InferenceSeconds", inferred - preprocessed)
         metrics.record("PostprocessSeconds", finished - inferred)
         return results
+
+    @staticmethod
+    def complete(results, expected):
+        """Exactly one result per accepted request: a missing one (a handler bug) is a 500 for that request alone."""
+        results = list(results) if results is not None else []
+        if len(results) > expected:  # which result belongs to which request is unknowable: fail them all
+            logger.error("postprocess returned %d results for %d requests", len(results), expected)
+            return [ServerError(f"the handler returned {len(results)} results for {expected} requests")] * expected
+        if len(results) < expected:
+            logger.error("postprocess returned %d results for %d requests", len(results), expected)
+        missing = ServerError("the handler returned no result for this request")
+        results += [None] * (expected - len(results))
+        return [missing if result is None else result for result in results]
+
+    def can_retry_alone(self, payload):
+        """Whether a request may be computed again after its batch failed (not if part of it was already sent)."""
+        return True
+
+    def answer(self, context, idx, result, metrics):
+        """The response body of one accepted request: its result as strict JSON, or its own error."""
+        if not isinstance(result, RequestError):
+            try:
+                body = self.serialize(idx, result)
+                self.set_json(context, idx)
+                return body
+            except ValueError as error:  # NaN/Infinity or unencodable text: never answer 200 with broken JSON
+                logger.error("request %d: its answer is not strict JSON (%s)", idx, error)
+                result = ServerError("the model produced a non-finite number (NaN or Infinity); no answer was sent")
+        return self.serialize(idx, self.reject(context, idx, result, metrics))
+
+    def serialize(self, idx, value):
+        """One request's response body (a subclass may frame it differently, e.g. as a stream's last line)."""
+        return to_json(value)
 
     @staticmethod
     def set_json(context, idx):
@@ -260,7 +314,7 @@ class ServingHandler:
             setter(idx, "application/json")
 
     def reject(self, context, idx, error, metrics):
-        """Give one request its own status and JSON error body; the rest of the batch is unaffected."""
+        """Give one request its own status and error body (to be serialized); the rest of the batch is unaffected."""
         setter = getattr(context, "set_response_status", None)
         if setter is not None:
             setter(error.code, error.phrase, idx)

@@ -5,17 +5,17 @@ Requests: ``{"inputs": [128 numbers]}`` -> ``{"label": int, "probabilities": [..
 All rows of all requests in a batch go through one forward pass; each request gets back exactly its own rows.
 """
 
-import math
 import os
 
 import torch
 
 from handlers.base import ServingHandler, json_body
 from handlers.config import COMMON_OPTIONS, Option
-from handlers.errors import RequestError
+from handlers.errors import RequestError, shown
 from handlers.nets import MLPClassifier
 
 ALLOWED_FIELDS = {"inputs"}
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)  # 3.4028234663852886e38; anything larger becomes inf
 
 
 class ClassifierHandler(ServingHandler):
@@ -77,8 +77,10 @@ class ClassifierHandler(ServingHandler):
             for position, value in enumerate(row):
                 if type(value) not in (int, float):
                     raise RequestError(f"{where}[{position}] is {type(value).__name__}, not a number")
-                if abs(value) > 3.0e38 or not math.isfinite(value):  # huge ints first: isfinite overflows
-                    raise RequestError(f"{where}[{position}] is {value!r}: values must be finite float32 numbers")
+                # abs() first: a huge int compares exactly, where isfinite would overflow converting it to float.
+                if not abs(value) <= FLOAT32_MAX:
+                    raise RequestError(f"{where}[{position}] is {shown(value)}: values must be finite float32 "
+                                       f"numbers (at most {FLOAT32_MAX:.8g} in magnitude)")
         return {"rows": torch.tensor(rows, dtype=torch.float32), "single": single}
 
     # ----------------------------------------------------------------------------------------------- per batch
@@ -86,17 +88,27 @@ class ClassifierHandler(ServingHandler):
         return torch.cat([payload["rows"] for payload in payloads])
 
     def inference(self, batch):
-        logits = self.forward(self.model, batch)
-        return torch.softmax(logits.float(), dim=-1).cpu()
+        return self.forward(self.model, batch).float().cpu()
 
-    def postprocess(self, probabilities, payloads):
+    def postprocess(self, logits, payloads):
+        """Each request's rows as label + probabilities; a request whose rows overflow inside the model gets a 422.
+
+        Inputs within float32's range can still overflow in the layers (e.g. 1e38 times a weight above 3.4): such a
+        row's logits are inf or NaN, and softmax would turn them into NaN probabilities that are not JSON."""
+        finite = torch.isfinite(logits).all(dim=-1).tolist()
+        probabilities = torch.softmax(logits, dim=-1)
         labels = probabilities.argmax(dim=-1).tolist()
         probabilities = probabilities.tolist()
         results, start = [], 0
         for payload in payloads:
-            count = len(payload["rows"])
-            answers = [{"label": labels[row], "probabilities": probabilities[row]}
-                       for row in range(start, start + count)]
+            rows = range(start, start + len(payload["rows"]))
+            start = rows.stop
+            overflowed = [row - rows.start for row in rows if not finite[row]]
+            if overflowed:
+                where = "'inputs'" if payload["single"] else f"'inputs' rows {overflowed[:10]}"
+                results.append(RequestError(f"{where} overflow inside the model (activations beyond float32's "
+                                            f"range); scale the values down", code=422, error_type="InputOverflow"))
+                continue
+            answers = [{"label": labels[row], "probabilities": probabilities[row]} for row in rows]
             results.append(answers[0] if payload["single"] else answers)
-            start += count
         return results

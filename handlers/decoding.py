@@ -20,6 +20,7 @@ import torch
 
 FINISH_STOP = "stop"  # the model produced its end-of-text token
 FINISH_LENGTH = "length"  # max_new_tokens reached
+FINISH_ERROR = "error"  # this sequence alone could not continue (see Sequence.error); the others go on
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class Sequence:
     settings: SamplingSettings
     token_ids: List[int] = field(default_factory=list)
     finish_reason: Optional[str] = None
+    error: Optional[str] = None  # why it stopped when finish_reason is FINISH_ERROR
     generator: torch.Generator = field(init=False, repr=False)
 
     def __post_init__(self):
@@ -71,11 +73,22 @@ def left_pad(token_lists, pad_token_id, device):
     return input_ids.to(device), attention_mask.to(device), position_ids.to(device)
 
 
+class NonFiniteLogits(ValueError):
+    """The model's logits for one row hold NaN or no finite value: no token can be chosen from them."""
+
+
 def choose_token(logits, settings, generator):
-    """Next token for one row from its fp32 CPU logits: argmax, or a seeded draw after temperature and top-k."""
+    """Next token for one row from its fp32 CPU logits: argmax, or a seeded draw after temperature and top-k.
+
+    Any temperature in (0, max] is safe, however small: the logits are shifted so that their largest is 0 and divided
+    in float64, so the best token keeps probability weight 1 and a tiny temperature degenerates to argmax instead of
+    dividing into inf - inf = NaN. Only logits the model itself got wrong raise, and only for this row."""
+    top = logits.max()
+    if torch.isnan(logits).any() or not torch.isfinite(top):
+        raise NonFiniteLogits("the model produced non-finite logits")
     if settings.greedy:
         return int(torch.argmax(logits))
-    scaled = logits / settings.temperature
+    scaled = (logits.double() - top.double()) / settings.temperature
     if 0 < settings.top_k < scaled.numel():
         kth_largest = torch.topk(scaled, settings.top_k).values[-1]
         scaled = scaled.masked_fill(scaled < kth_largest, float("-inf"))
@@ -112,7 +125,11 @@ def generate(model, sequences, stop_token_ids, pad_token_id, use_cache=True, on_
         new_tokens = {}
         for row, index in enumerate(rows):
             sequence = sequences[index]
-            token = choose_token(logits[row], sequence.settings, sequence.generator)
+            try:
+                token = choose_token(logits[row], sequence.settings, sequence.generator)
+            except NonFiniteLogits as error:  # this row stops with its own error; its batch-mates go on
+                sequence.finish_reason, sequence.error = FINISH_ERROR, str(error)
+                continue
             sequence.token_ids.append(token)
             new_tokens[index] = token
             if token in stop_token_ids:

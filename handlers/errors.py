@@ -32,3 +32,9 @@ class ServerError(RequestError):
 
     def __init__(self, message, code=500, error_type="InternalServerError"):
         super().__init__(message, code=code, error_type=error_type)
+
+
+def shown(value, width=40):
+    """A client's value for an error message, shortened so the message keeps what it says about it."""
+    text = repr(value)
+    return text if len(text) <= width else f"{text[:width - 3]}..."

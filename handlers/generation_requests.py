@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Callable, List
 
 from handlers.decoding import SamplingSettings, Sequence
-from handlers.errors import RequestError
+from handlers.errors import RequestError, shown
 from handlers.streaming import IncrementalText
 
 FIELDS = ("prompt", "max_new_tokens", "temperature", "top_k", "seed", "stream")
@@ -49,12 +49,6 @@ class Generation:
     sequence: Sequence
     text: IncrementalText
     pieces_sent: int = 0  # how many of text.pieces have gone out as intermediate chunks
-
-
-def shown(value, width=40):
-    """A client's value for an error message, shortened so the message keeps what it says about it."""
-    text = repr(value)
-    return text if len(text) <= width else f"{text[:width - 3]}..."
 
 
 def integer(body, key, default, minimum, maximum):

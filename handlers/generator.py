@@ -24,8 +24,8 @@ import torch
 
 from handlers.base import ServingHandler, json_body
 from handlers.config import COMMON_OPTIONS, ConfigError, Option
-from handlers.decoding import Sequence, generate
-from handlers.errors import RequestError
+from handlers.decoding import FINISH_ERROR, Sequence, generate
+from handlers.errors import RequestError, ServerError
 from handlers.generation_requests import Generation, GenerationLimits, parse_generation_request
 from handlers.metrics import HandlerMetrics
 from handlers.streaming import STREAM_CONTENT_TYPE, IncrementalText, ndjson, send_chunks
@@ -48,7 +48,8 @@ class GeneratorHandler(ServingHandler):
     def __init__(self):
         super().__init__()
         self.context = None
-        self.streaming_indices = set()  # batch indices of accepted streaming requests (their errors are NDJSON)
+        self.streaming_indices = set()  # batch indices of accepted streaming requests (answers are NDJSON lines)
+        self.chunks_sent = set()  # batch indices that have received part of their stream (cannot be recomputed)
         self.stream_sink = send_chunks  # how intermediate chunks leave; unit tests record them instead
 
     # ----------------------------------------------------------------------------------------------- load time
@@ -127,7 +128,7 @@ class GeneratorHandler(ServingHandler):
     # ----------------------------------------------------------------------------------------------- per batch
     def handle(self, data, context):
         self.context = context  # inference streams chunks through it
-        self.streaming_indices = set()
+        self.streaming_indices, self.chunks_sent = set(), set()
         try:
             responses = super().handle(data, context)
         finally:
@@ -147,7 +148,8 @@ class GeneratorHandler(ServingHandler):
         return self.tokenizer.encode(prompt)
 
     def preprocess(self, payloads):
-        self.streaming_indices = {idx for idx, request in payloads if request.stream}
+        # |=: after a failed batch its requests are retried one at a time, and each must keep its stream framing.
+        self.streaming_indices |= {idx for idx, request in payloads if request.stream}
         return [Generation(idx=idx, request=request, sequence=Sequence(request.prompt_ids, request.settings),
                            text=IncrementalText(self.tokenizer, request.prompt_ids)) for idx, request in payloads]
 
@@ -171,6 +173,7 @@ class GeneratorHandler(ServingHandler):
                         generation.pieces_sent = len(generation.text.pieces)
             if chunks and context is not None:
                 self.stream_sink(context, chunks)
+                self.chunks_sent.update(chunks)
 
         generate(self.model, [g.sequence for g in generations], self.stop_token_ids, self.pad_token_id,
                  use_cache=True, on_step=on_step)
@@ -183,25 +186,36 @@ class GeneratorHandler(ServingHandler):
     def postprocess(self, generations, payloads):
         results = []
         for generation in generations:
-            generation.text.finish()
             request, sequence = generation.request, generation.sequence
+            if sequence.finish_reason == FINISH_ERROR:
+                results.append(ServerError(f"generation stopped after {len(sequence.token_ids)} token(s): "
+                                           f"{sequence.error}"))
+                continue
+            generation.text.finish()
             answer = {"finish_reason": sequence.finish_reason, "prompt_tokens": len(sequence.prompt_ids),
                       "completion_tokens": len(sequence.token_ids), "model": self.model_info}
             if request.seed_reported:
                 answer["seed"] = request.settings.seed
             if request.stream:
                 rest = "".join(generation.text.pieces[generation.pieces_sent:])
-                results.append(ndjson({"text": rest, "done": True, **answer}))
+                results.append({"text": rest, "done": True, **answer})
             else:
                 results.append({"text": generation.text.text, **answer})
         return results
 
+    def serialize(self, idx, value):
+        """A streamed request's answer (or error) is its stream's last NDJSON line; the others are one JSON object."""
+        return ndjson(value) if idx in self.streaming_indices else super().serialize(idx, value)
+
     def reject(self, context, idx, error, metrics):
-        """As the base, but a streamed answer's error is one NDJSON line (its stream may already be open)."""
+        """As the base; a streamed answer's error also closes its stream (``done``), which may already be open."""
         body = super().reject(context, idx, error, metrics)
-        if idx in self.streaming_indices:
-            return ndjson({**body, "done": True})
-        return body
+        return {**body, "done": True} if idx in self.streaming_indices else body
+
+    def can_retry_alone(self, payload):
+        """A request whose stream has already sent pieces cannot be generated again without repeating them."""
+        idx, _request = payload
+        return idx not in self.chunks_sent
 
 
 def stop_token_ids(generation_config, tokenizer):

@@ -11,7 +11,7 @@ streaming ones). TorchServe's frontend keeps a request's HTTP response open whil
 ``ts_stream_next: true``; the handler's normal return value then closes every streamed response with its last chunk.
 """
 
-import json
+from handlers.base import to_json
 
 # Tokens of context decoded before the newest ones: enough for the tokenizer to place spaces the way it would in the
 # whole text (TGI and vLLM use the same small window).
@@ -59,8 +59,9 @@ class IncrementalText:
 
 
 def ndjson(obj):
-    """One line of newline-delimited JSON: chunk boundaries on the wire need not match lines, newlines do."""
-    return json.dumps(obj, ensure_ascii=False) + "\n"
+    """One line of newline-delimited JSON (strict, compact: the base's serializer): chunk boundaries on the wire
+    need not match lines, newlines do."""
+    return to_json(obj) + "\n"
 
 
 STREAM_CONTENT_TYPE = "application/x-ndjson"

@@ -80,6 +80,28 @@ def test_mixed_batch_only_the_bad_request_fails(ts_server, reference_model):
             assert_matches(response.json(), probabilities[index])
 
 
+def strict_json(response):
+    """The body parsed by a strict JSON parser: NaN and Infinity tokens fail the test."""
+    return json.loads(response.text, parse_constant=lambda token: pytest.fail(f"{token} in {response.text[:80]}"))
+
+
+def test_overflow_inside_the_model_is_a_422_and_the_batch_mates_get_strict_json(ts_server, reference_model):
+    """Regression (issue 11, repro 2): 1e38 x 128 was answered 200 with NaN probabilities, which is not JSON."""
+    rows = random_rows(6, seed=21)
+    bodies = [{"inputs": row} for row in rows]
+    bodies[2] = {"inputs": [1e38] * 128}
+    bodies[4] = {"inputs": [2.9e38, -2.9e38] * 64}
+    url = f"{ts_server.inference_url}/predictions/{MODEL}"
+    with concurrent.futures.ThreadPoolExecutor(max_workers=6) as pool:
+        responses = list(pool.map(lambda body: requests.post(url, json=body, timeout=60), bodies))
+    assert [r.status_code for r in responses] == [200, 200, 422, 200, 422, 200]
+    answers = [strict_json(r) for r in responses]
+    assert answers[2]["type"] == "InputOverflow" and "overflow inside the model" in answers[2]["message"]
+    probabilities = expected(reference_model, rows)
+    for index in (0, 1, 3, 5):
+        assert_matches(answers[index], probabilities[index])
+
+
 INVALID = [
     ("not json", {"data": b"{\"inputs\": [1, 2", "headers": {"Content-Type": "application/json"}}, "not valid JSON"),
     ("missing inputs", {"json": {"input": [0.0] * 128}}, "unknown field"),

@@ -101,3 +101,15 @@ def test_bad_request_gets_400_json_and_the_next_good_one_succeeds(predict, body,
     assert error["code"] == 400 and message in error["message"]
     good = predict(MODEL, json={"prompt": "Hello", "max_new_tokens": 2})
     assert good.status_code == 200 and good.json()["completion_tokens"] in (1, 2)
+
+
+def test_a_tiny_temperature_does_not_fail_the_requests_batched_with_it(url):
+    """Regression (issue 11, repro 1): temperature 1e-40 made choose_token raise and all 4 requests got 500."""
+    good = {"prompt": "hi", "max_new_tokens": 4}
+    bodies = [good, {**good, "temperature": 1e-40}, good, {**good, "temperature": 1e-300, "seed": 5}]
+    for _ in range(3):  # sent together, so they share batches (batchSize 4, maxBatchDelay 10 ms)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+            responses = list(pool.map(lambda body: requests.post(url, json=body, timeout=60), bodies))
+        assert [r.status_code for r in responses] == [200, 200, 200, 200], [r.text[:200] for r in responses]
+        texts = {r.json()["text"] for r in responses}
+        assert len(texts) == 1  # a vanishing temperature samples greedy's token

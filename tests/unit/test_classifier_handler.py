@@ -124,3 +124,31 @@ def test_jit_compile_warms_up_every_served_size_so_load_causes_no_recompilation(
         answers = run(handler, context, chunks)
         assert all(isinstance(a, list) for a in answers)
     assert runtime.compile_count() == compiled_before
+
+
+def test_inputs_that_overflow_inside_the_model_get_a_422_and_the_batch_mates_are_answered(classifier):
+    """Regression (issue 11, repro 2): 1e38 x 128 used to answer 200 with NaN probabilities (not JSON)."""
+    handler, context = classifier
+    good = torch.randn(128, generator=torch.Generator().manual_seed(5)).tolist()
+    overflow = {"inputs": [1e38] * 128}
+    mixed = {"inputs": [good, [-2.9e38, 2.9e38] * 64]}
+    set_requests(context, [{"Content-Type": "application/json"}] * 4)
+    raw = handler.handle([{"body": body} for body in ({"inputs": good}, overflow, mixed, {"inputs": good})], context)
+    answers = [json.loads(answer, parse_constant=lambda token: pytest.fail(f"{token} in {answer[:80]}"))
+               for answer in raw]
+    assert statuses(context, 4) == [200, 422, 422, 200]
+    assert answers[1]["type"] == "InputOverflow" and "overflow inside the model" in answers[1]["message"]
+    assert "rows [1]" in answers[2]["message"]
+    assert answers[0] == answers[3] and answers[0]["label"] == int(reference(handler, [good])[0].argmax())
+
+
+def test_every_finite_float32_value_is_accepted_and_larger_ones_are_refused(classifier):
+    """Regression (issue 11, repro 2): 3.3e38 is a float32 (max 3.4028e38) and was refused as not finite."""
+    handler, context = classifier
+    largest = float(torch.finfo(torch.float32).max)
+    answers = run(handler, context, [{"inputs": [3.3e38] + [0.0] * 127}, {"inputs": [-largest] + [0.0] * 127},
+                                     {"inputs": [1e-45, 5e-324] + [0.0] * 126}, {"inputs": [3.5e38] + [0.0] * 127}])
+    codes = statuses(context, 4)
+    assert codes[0] in (200, 422) and codes[1] in (200, 422)  # accepted: answered, or an overflow named as such
+    assert codes[2] == 200 and codes[3] == 400
+    assert "at most 3.4028235e+38 in magnitude" in answers[3]["message"]

@@ -241,3 +241,37 @@ def test_describe_reports_model_info_and_limits(generator):
 def test_inconsistent_config_is_refused_at_load(unpacked_model, overrides, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load(unpacked_model("generator"), **overrides)
+
+
+@pytest.mark.parametrize("temperature", [1e-40, 1e-300, 5e-324])
+def test_a_tiny_temperature_is_near_greedy_and_cannot_fail_its_batch(generator, temperature):
+    """Regression (issue 11, repro 1): temperature 1e-40 divided logits into inf/NaN and failed the whole batch."""
+    handler, context = generator
+    good = {"prompt": "Hello", "max_new_tokens": 4}
+    tiny = {"prompt": "Hello", "max_new_tokens": 4, "temperature": temperature, "seed": 1}
+    answers, _ = run(handler, context, [good, tiny, good, {**good, "temperature": 0.7, "seed": 3}])
+    assert statuses(context, 4) == [200, 200, 200, 200]
+    # Dividing by a vanishing temperature leaves all the probability on the best token: greedy's choice.
+    assert answers[1]["text"] == answers[0]["text"] == answers[2]["text"]
+    assert answers[1]["completion_tokens"] == 4
+
+
+def test_non_finite_logits_stop_only_their_own_request(generator, monkeypatch):
+    handler, context = generator
+    import handlers.decoding as decoding
+
+    real_choose = decoding.choose_token
+
+    def choose(logits, settings, generator_):
+        if settings.seed == 13:  # this request's row: as if the model produced NaN for it
+            logits = torch.full_like(logits, float("nan"))
+        return real_choose(logits, settings, generator_)
+
+    monkeypatch.setattr(decoding, "choose_token", choose)
+    good = {"prompt": "Hello", "max_new_tokens": 3}
+    broken = {"prompt": "Hello", "max_new_tokens": 3, "temperature": 1.0, "seed": 13}
+    answers, _ = run(handler, context, [good, broken, {**broken, "stream": True}, good])
+    assert statuses(context, 4) == [200, 500, 500, 200]
+    assert "non-finite logits" in answers[1]["message"]
+    assert answers[2].endswith("\n") and json.loads(answers[2])["done"] is True
+    assert answers[0] == answers[3] and answers[0]["completion_tokens"] == 3
