@@ -15,7 +15,10 @@ by chance, which is not a generator failure.)
 
 Writes loadtests/reports/capacity-<model>-<time>/: capacity.json and capacity.md (the result and the curve: offered
 rate vs achieved rate, throughput, p50, p99), capacity.png, and each step's full load-test report in step-NN-<rate>/.
-Exit codes: 0 searched (even if no rate passed: see the report), 1 a run or the server failed, 2 bad arguments.
+Against a server with token authorization (the production profile) every step sends the inference token: --token /
+$TS_INFERENCE_TOKEN (`make capacity TOKEN=...`) or TorchServe's key file (--key-file, default .run/key_file.json).
+Exit codes: 0 searched (even if no rate passed: see the report), 1 a run or the server failed (a refused token
+included), 2 bad arguments (a named key file that cannot be used included).
 """
 
 import argparse
@@ -31,6 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from loadtests import auth  # noqa: E402
 from loadtests import run as loadtest  # noqa: E402
 
 REPORTS = REPO / "loadtests" / "reports"
@@ -148,7 +152,8 @@ def step_duration(rate, step_seconds, min_requests=0, max_step_seconds=None):
 
 
 def measure_with_locust(host, model, out_dir, step_seconds, metrics_url=None, cooldown_seconds=2.0, workers=0,
-                        payload_seed=0, arrivals="poisson", log=print, min_requests=0, max_step_seconds=None):
+                        payload_seed=0, arrivals="poisson", log=print, min_requests=0, max_step_seconds=None,
+                        token=None):
     """A ``measure(rate)`` that runs one open-loop Locust step per call into out_dir/step-NN-<rate>/."""
     counter = {"n": 0}
 
@@ -160,7 +165,7 @@ def measure_with_locust(host, model, out_dir, step_seconds, metrics_url=None, co
         settings = loadtest.settings_for(model, "open", rate=rate, duration=duration, workers=workers,
                                          payload_seed=payload_seed + counter["n"], arrivals=arrivals)
         folder = Path(out_dir) / f"step-{counter['n']:02d}-{rate:.1f}"
-        summary = loadtest.run(settings, host, metrics_url, folder, log=lambda *_: None)
+        summary = loadtest.run(settings, host, metrics_url, folder, log=lambda *_: None, token=token)
         time.sleep(cooldown_seconds)  # let an overloaded server drain its queue before the next step
         return step_from_summary(rate, summary)
 
@@ -231,8 +236,9 @@ def render_markdown(result):
 def capacity(host, model, slo_ms, out_dir=None, metrics_url=None, start_rate=8.0, max_rate=4000.0, growth=2.0,
              tolerance=0.1, max_steps=12, step_seconds=20.0, cooldown_seconds=2.0, workers=0, payload_seed=0,
              arrivals="poisson", max_late_share=0.1, warmup_seconds=10.0, min_requests=0, max_step_seconds=None,
-             log=print):
-    """Run the search against a server and write the capacity report; returns the result dict."""
+             log=print, token=None):
+    """Run the search against a server (sending `token` when given) and write the capacity report; returns the
+    result dict."""
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir = Path(out_dir or REPORTS / f"capacity-{model}-{stamp}")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -244,9 +250,9 @@ def capacity(host, model, slo_ms, out_dir=None, metrics_url=None, start_rate=8.0
         # step first, with another payload seed so the measured steps do not hit what it cached.
         log(f"warm-up: {warmup_seconds:g} s at {start_rate:g}/s (not measured)")
         measure_with_locust(host, model, out_dir / "warmup", warmup_seconds, metrics_url, cooldown_seconds, workers,
-                            payload_seed + 1000, arrivals, log)(start_rate)
+                            payload_seed + 1000, arrivals, log, token=token)(start_rate)
     measure = measure_with_locust(host, model, out_dir, step_seconds, metrics_url, cooldown_seconds, workers,
-                                  payload_seed, arrivals, log, min_requests, max_step_seconds)
+                                  payload_seed, arrivals, log, min_requests, max_step_seconds, token=token)
     found = search(measure, slo_ms, start_rate, max_rate, growth, tolerance, max_steps,
                    max_late_share=max_late_share, log=log)
     result = {
@@ -308,6 +314,7 @@ def main(argv=None):
                         help="properties of the server to use or start when --host is not given")
     parser.add_argument("--out", help="report folder (default loadtests/reports/capacity-<model>-<time>)")
     parser.add_argument("--json", action="store_true", help="print capacity.json")
+    auth.add_arguments(parser)
     args = parser.parse_args(argv)
     if args.slo_ms <= 0 or args.start_rate <= 0 or args.step_seconds <= 0 or args.min_requests < 0:
         parser.error("--slo-ms, --start-rate and --step-seconds must be positive, --min-requests not negative")
@@ -317,14 +324,19 @@ def main(argv=None):
     log = (lambda *_: None) if args.json else print
     try:
         if args.host:
-            loadtest.preflight(args.host, args.model)
-            result = capacity(args.host, args.model, args.slo_ms, args.out, args.metrics_url, log=log,
+            token = loadtest.resolve_token(args, log)
+            loadtest.preflight(args.host, args.model, token=token)
+            result = capacity(args.host, args.model, args.slo_ms, args.out, args.metrics_url, log=log, token=token,
                               **search_kwargs(args))
         else:
             with servers.development_server(args.config, log=log) as urls:
-                loadtest.preflight(urls["inference"], args.model)
+                token = loadtest.resolve_token(args, log)  # after the start: a server started here writes it
+                loadtest.preflight(urls["inference"], args.model, token=token)
                 result = capacity(urls["inference"], args.model, args.slo_ms, args.out,
-                                  args.metrics_url or urls["metrics"], log=log, **search_kwargs(args))
+                                  args.metrics_url or urls["metrics"], log=log, token=token, **search_kwargs(args))
+    except auth.TokenError as error:  # a named key file that cannot be used
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     except (RuntimeError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

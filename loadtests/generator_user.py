@@ -9,15 +9,26 @@ A streamed request is reported as two Locust entries, so that both get their own
 
 A smaller share of plain (non-streamed) requests goes through Locust's client as ``generator plain``. Every answer is
 checked (status, NDJSON shape, ``done`` last, token count) and a wrong one is a failure. Importing this module
-registers nothing: settings are class attributes (subclass to change them).
+registers nothing: settings are class attributes (subclass to change them). Against a server with token
+authorization set ``$TS_INFERENCE_TOKEN`` to the inference key (e.g. ``jq -r .inference.key .run/key_file.json``):
+every request then carries ``Authorization: Bearer <key>``.
 """
 
 import json
+import os
 import random
+import sys
 import time
+from pathlib import Path
 
 import requests
 from locust import HttpUser, constant, task
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from loadtests import auth  # noqa: E402
 
 FIRST_TOKEN = "generator stream: first token"
 TOTAL = "generator stream: total"
@@ -44,6 +55,9 @@ class GeneratorUser(HttpUser):
         # Streamed requests use their own session: Locust's client would record one entry per request (at the
         # response headers), where we want the first-token and total times as two entries of our own.
         self.stream_session = requests.Session()
+        token_headers = auth.headers(os.environ.get(auth.TOKEN_ENV))
+        self.stream_session.headers.update(token_headers)
+        self.client.headers.update(token_headers)
 
     def on_stop(self):
         self.stream_session.close()

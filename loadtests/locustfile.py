@@ -8,6 +8,10 @@ Closed-loop users (:class:`ClassifierUser`, :class:`MinilmUser`) send back to ba
 the load they offer drops when the server slows down. :class:`OpenLoopUser` starts requests on a fixed arrival
 schedule at ``--rate`` requests/s in total (split over the open-loop users), whatever the responses do.
 
+Against a server with token authorization (the production profile) pass the inference token with ``--token`` or
+``$TS_INFERENCE_TOKEN`` (loadtests.run does, from --token or TorchServe's key file): every request then carries
+``Authorization: Bearer <key>``.
+
 Every response is checked (status, JSON, shape) and a wrong one counts as a failure. A 503 is TorchServe's answer to a
 full job queue (its message wrongly says no worker is available): users count it as a failure, then retry with
 exponential backoff and full jitter, as clients of this service should.
@@ -28,10 +32,12 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from loadtests import auth  # noqa: E402
 from loadtests.openloop import OpenLoopCounters, arrival_offsets  # noqa: E402
 from loadtests.payloads import MODELS, traffic  # noqa: E402
 from loadtests.report import stats_snapshot  # noqa: E402
 
+TOKEN_REFUSED_MESSAGE = "Token Authorization failed (TorchServe): the inference token is missing, wrong or expired"
 QUEUE_FULL_MESSAGE = "503 queue full (TorchServe's job queue; its message says 'no worker'): retried with backoff"
 OPEN_LOOP = OpenLoopCounters()  # this process's open-loop counters; a master sums its workers' into it
 ENVIRONMENT = []  # the Locust environment, kept at init for the quit hook (which is not given it)
@@ -59,6 +65,10 @@ def add_arguments(parser):
     group.add_argument("--open-loop-report", default="", help="open loop: write the generator's counters here (JSON)")
     group.add_argument("--final-stats", default="",
                        help="write Locust's final statistics here (JSON) once every user has stopped")
+    # On the parser itself, not the group: only Locust's own parser knows is_secret (masked in the web UI).
+    parser.add_argument("--token", default="", env_var=auth.TOKEN_ENV, is_secret=True,
+                        help=f"inference token sent as 'Authorization: Bearer' (also ${auth.TOKEN_ENV}); none for a "
+                             "server without token authorization")
 
 
 @events.init.add_listener
@@ -71,13 +81,18 @@ def size_connection_pool(environment, **_):
 
 def send_checked(client, model_traffic, body, options, rng):
     """POST one body; judge the answer; on 503 retry with backoff (each 503 is reported as a failure)."""
+    headers = auth.headers(options.token)
     for attempt in range(options.max_retries + 1):
-        with client.post(model_traffic.path, json=body, name=model_traffic.name, catch_response=True) as response:
+        with client.post(model_traffic.path, json=body, name=model_traffic.name, headers=headers,
+                         catch_response=True) as response:
             if response.status_code == 503:
                 response.failure(QUEUE_FULL_MESSAGE)
                 if attempt < options.max_retries:
                     gevent.sleep(rng.uniform(0, options.retry_base_ms * 2 ** attempt) / 1000.0)
                     continue
+                return
+            if auth.refused(response.status_code, response.text):
+                response.failure(f"HTTP {response.status_code}: {TOKEN_REFUSED_MESSAGE}")
                 return
             if response.status_code != 200:
                 reason = getattr(response, "error", None) or (response.text or "")[:160]

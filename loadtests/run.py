@@ -10,10 +10,13 @@ Profiles (defaults in PROFILES; every one accepts --users/--duration, so CI can 
   open    open loop: requests start at --rate per second whatever the responses do (no coordinated omission)
 
 Against --host when given (nothing is started), else against config.properties' server: used if it answers,
-otherwise started for the run and stopped afterwards. The report folder
-loadtests/reports/<model>-<profile>-<time>/ holds Locust's CSVs (with full history) and HTML report, locust.log,
+otherwise started for the run and stopped afterwards. A server with token authorization (the production profile)
+gets the inference token from --token / $TS_INFERENCE_TOKEN (`make loadtest TOKEN=...`) or TorchServe's key file
+(--key-file, default .run/key_file.json as `make serve PROFILE=production` writes it); see loadtests/auth.py.
+The report folder loadtests/reports/<model>-<profile>-<time>/ holds Locust's CSVs (with full history) and HTML report, locust.log,
 summary.json, summary.md and timeline.png; open-loop runs add open_loop.json (target vs achieved rate).
-Exit codes: 0 ran (failures, if any, are in the report), 1 Locust or the server failed, 2 bad arguments.
+Exit codes: 0 ran (failures, if any, are in the report), 1 Locust or the server failed (a refused token
+included), 2 bad arguments (a named key file that cannot be used included).
 """
 
 import argparse
@@ -32,7 +35,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from loadtests import prometheus, report  # noqa: E402
+from loadtests import auth, prometheus, report  # noqa: E402
 from loadtests.payloads import MODELS, traffic  # noqa: E402
 
 REPORTS = REPO / "loadtests" / "reports"
@@ -200,8 +203,9 @@ class CpuMonitor:
         }
 
 
-def run(settings, host, metrics_url=None, report_dir=None, log=print):
-    """Run Locust for `settings` against `host`; write the report folder; return the summary dict."""
+def run(settings, host, metrics_url=None, report_dir=None, log=print, token=None):
+    """Run Locust for `settings` against `host` (sending `token` as a bearer token when given); write the report
+    folder; return the summary dict."""
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     report_dir = Path(report_dir or REPORTS / f"{settings.model}-{settings.profile}-{stamp}")
     report_dir.mkdir(parents=True, exist_ok=True)
@@ -210,6 +214,10 @@ def run(settings, host, metrics_url=None, report_dir=None, log=print):
     master, workers = locust_commands(settings, host, prefix, html, open_loop_file if settings.open_loop else "",
                                       final_stats)
     env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    # The token travels in the environment, not on Locust's command line (which the summary records).
+    env.pop(auth.TOKEN_ENV, None)
+    if token:
+        env[auth.TOKEN_ENV] = token
 
     before = prometheus.scrape(metrics_url) if metrics_url else None
     started_at = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
@@ -249,6 +257,7 @@ def run(settings, host, metrics_url=None, report_dir=None, log=print):
         "duration_s": settings.duration,
         "users": settings.workers if settings.open_loop and settings.workers else settings.users,
         "workers": settings.workers,
+        "token": "sent (Authorization: Bearer)" if token else "none",
     }
     if final_stats.exists():
         summary.update(json.loads(final_stats.read_text()))
@@ -321,13 +330,22 @@ def settings_from_args(args, profile=None):
     return settings_for(args.model, profile or args.profile, **values)
 
 
-def preflight(inference_url, model, timeout=30):
-    """One checked request before the run, so a missing model fails in seconds with the server's own answer."""
+def preflight(inference_url, model, timeout=30, token=None):
+    """One checked request before the run, so a missing model or a missing token fails in seconds with the
+    server's own answer."""
     from loadtests import servers
 
     model_traffic = traffic(model)
     servers.wait_for_prediction(f"{inference_url.rstrip('/')}{model_traffic.path}",
-                                model_traffic.payloads(0, 0).next(), model_traffic.check, timeout=timeout)
+                                model_traffic.payloads(0, 0).next(), model_traffic.check, timeout=timeout,
+                                headers=auth.headers(token))
+
+
+def resolve_token(args, log=print):
+    """The inference token for this run from --token / --key-file (loadtests/auth.py); says where it came from."""
+    token, source = auth.resolve(args.token, args.key_file)
+    log(f"inference token: {source}")
+    return token
 
 
 def main(argv=None):
@@ -340,6 +358,7 @@ def main(argv=None):
                         help="properties of the server to use or start when --host is not given")
     parser.add_argument("--out", help="report folder (default loadtests/reports/<model>-<profile>-<time>)")
     parser.add_argument("--json", action="store_true", help="print summary.json instead of the headline")
+    auth.add_arguments(parser)
     args = parser.parse_args(argv)
     try:
         settings = settings_from_args(args)
@@ -353,12 +372,18 @@ def main(argv=None):
     log = (lambda *_: None) if args.json else print
     try:
         if args.host:
-            preflight(args.host, settings.model)
-            summary = run(settings, args.host, args.metrics_url, args.out, log=log)
+            token = resolve_token(args, log)
+            preflight(args.host, settings.model, token=token)
+            summary = run(settings, args.host, args.metrics_url, args.out, log=log, token=token)
         else:
             with servers.development_server(args.config, log=log) as urls:
-                preflight(urls["inference"], settings.model)
-                summary = run(settings, urls["inference"], args.metrics_url or urls["metrics"], args.out, log=log)
+                token = resolve_token(args, log)  # after the start: a server started here writes the key file
+                preflight(urls["inference"], settings.model, token=token)
+                summary = run(settings, urls["inference"], args.metrics_url or urls["metrics"], args.out, log=log,
+                              token=token)
+    except auth.TokenError as error:  # a named key file that cannot be used
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     except RuntimeError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

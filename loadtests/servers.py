@@ -19,6 +19,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from loadtests import auth  # noqa: E402
 from scripts import server as ts  # noqa: E402
 
 
@@ -134,13 +135,17 @@ def wait_until_answers(url, server, timeout=120):
     raise RuntimeError(f"{url} did not answer within {timeout}s\n{server.log_tail()}")
 
 
-def wait_for_prediction(url, body, check, timeout=300):
-    """Poll until one request answers correctly (a freshly started baseline may still be loading); raise otherwise."""
+def wait_for_prediction(url, body, check, timeout=300, headers=None):
+    """Poll until one request answers correctly (a freshly started baseline may still be loading); raise otherwise,
+    at once when the server refuses the token (waiting would not change that)."""
     deadline = time.time() + timeout
     last = "no answer"
     while time.time() < deadline:
         try:
-            response = requests.post(url, json=body, timeout=30)
+            response = requests.post(url, json=body, timeout=30, headers=headers)
+            if auth.refused(response.status_code, response.text):
+                raise RuntimeError(f"{url} refused the request ({response.status_code}: {response.text[:200]}); "
+                                   f"{auth.REFUSED_HINT}")
             if response.status_code == 200:
                 reason = check(response.json())
                 if reason is None:

@@ -25,7 +25,17 @@ class Outcome:
     error: str = ""
 
     def json(self):
-        return json.loads(self.body)
+        return strict_json(self.body)
+
+
+def _not_json(token):
+    raise ValueError(f"{token} is not JSON")
+
+
+def strict_json(text):
+    """Parse an answer as a strict JSON client would: Python's json.loads accepts NaN, Infinity and -Infinity,
+    which RFC 8259 does not allow (browsers' JSON.parse, Go, Java reject them), so they raise ValueError here."""
+    return json.loads(text, parse_constant=_not_json)
 
 
 class Client:
