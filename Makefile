@@ -9,6 +9,11 @@ WITH_JAVA = JAVA_HOME="$$($(PY) -m scripts.java_home)"
 ifdef PROFILE
 export TS_PROFILE_CONFIG := config/$(PROFILE).properties
 endif
+# TOKEN=<inference key> for loadtest/capacity against a server with token authorization (else the key file's, KEY_FILE=
+# or .run/key_file.json): passed in the environment, so make does not echo it (loadtests/auth.py).
+ifdef TOKEN
+export TS_INFERENCE_TOKEN := $(TOKEN)
+endif
 
 .PHONY: help install mar serve stop test clean reliability soak
 help:
@@ -22,8 +27,8 @@ help:
 	@echo "make k8s     deploy/k8s manifests + KServe layout deploy/kserve from the model specs (scripts/deploy_manifests.py)"
 	@echo "make bench [QUICK=1]   in-process MiniLM benchmark: precision x compile x batch (build/bench/)"
 	@echo "make bench-generator [QUICK=1]   generator per-token latency with/without KV cache (build/bench/generator_bench.md)"
-	@echo "make loadtest MODEL=minilm PROFILE=steady [USERS= DURATION= RATE= WORKERS= HOST=]   Locust run + report (loadtests/reports/)"
-	@echo "make capacity MODEL=minilm SLO_MS=100 [STEP_SECONDS=]   highest open-loop rate with p99 <= SLO"
+	@echo "make loadtest MODEL=minilm PROFILE=steady [USERS= DURATION= RATE= WORKERS= HOST= TOKEN= KEY_FILE=]   Locust run + report (loadtests/reports/)"
+	@echo "make capacity MODEL=minilm SLO_MS=100 [STEP_SECONDS= HOST= TOKEN= KEY_FILE=]   highest open-loop rate with p99 <= SLO"
 	@echo "make tune MODEL=minilm SLO_MS=100   batchSize x maxBatchDelay x workers sweep, recommends a config"
 	@echo "make compare MODEL=minilm SLO_MS=100   ours vs naive TorchServe, Flask, Ray Serve, in-process ceiling"
 	@echo "make clean   remove build outputs (keeps .venv)"
@@ -73,7 +78,8 @@ bench-generator: install
 MODEL  ?= minilm
 SLO_MS ?= 100
 LOADTEST_OPTS = $(if $(USERS),--users $(USERS)) $(if $(DURATION),--duration $(DURATION)) \
-	$(if $(RATE),--rate $(RATE)) $(if $(WORKERS),--workers $(WORKERS)) $(if $(HOST),--host $(HOST))
+	$(if $(RATE),--rate $(RATE)) $(if $(WORKERS),--workers $(WORKERS)) $(if $(HOST),--host $(HOST)) \
+	$(if $(KEY_FILE),--key-file $(KEY_FILE))
 SEARCH_OPTS = --slo-ms $(SLO_MS) $(if $(STEP_SECONDS),--step-seconds $(STEP_SECONDS)) \
 	$(if $(START_RATE),--start-rate $(START_RATE)) $(if $(WORKERS),--locust-workers $(WORKERS))
 
@@ -82,7 +88,8 @@ loadtest: mar
 	$(WITH_JAVA) $(PY) -m loadtests.run --model $(MODEL) --profile $(or $(PROFILE),steady) $(LOADTEST_OPTS) $(LOADTEST_ARGS)
 
 capacity: mar
-	$(WITH_JAVA) $(PY) -m loadtests.capacity --model $(MODEL) $(SEARCH_OPTS) $(if $(HOST),--host $(HOST)) $(LOADTEST_ARGS)
+	$(WITH_JAVA) $(PY) -m loadtests.capacity --model $(MODEL) $(SEARCH_OPTS) $(if $(HOST),--host $(HOST)) \
+		$(if $(KEY_FILE),--key-file $(KEY_FILE)) $(LOADTEST_ARGS)
 
 tune: mar
 	$(WITH_JAVA) $(PY) -m loadtests.tune --model $(MODEL) $(SEARCH_OPTS) $(LOADTEST_ARGS)

@@ -19,12 +19,13 @@ import time
 
 import torch
 
-from handlers import runtime
+from handlers import logging_setup, runtime
 from handlers.config import COMMON_OPTIONS, ConfigError, validate
 from handlers.errors import RequestError, ServerError
 from handlers.metrics import HandlerMetrics
 
 logger = logging.getLogger(__name__)
+logging_setup.install()  # a body TorchServe cannot decode costs one log line, not its ~15-line traceback
 
 
 class RequestView:

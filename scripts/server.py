@@ -26,6 +26,10 @@ REPO = Path(__file__).resolve().parent.parent
 RUN_DIR = REPO / ".run"
 LOG_DIR = REPO / "logs"
 PATH_KEYS = ("model_store", "metrics_config")
+# The JVM option naming the log4j2 configuration (config/log4j2.xml), inside `vmargs`: made absolute like PATH_KEYS,
+# because TorchServe runs in .run/ (or a test's own folder), where a relative path would not resolve.
+LOG_CONFIG_OPTION = "-Dlog4j.configurationFile="
+START_LOG = "torchserve-start.log"
 
 
 def read_properties(path):
@@ -45,12 +49,36 @@ def model_store_regex(model_store):
     return "\\\\Q" + str(model_store) + "\\\\E"
 
 
+def absolute_log_config(vmargs):
+    """`vmargs` with the log4j2 configuration path made absolute against the repo (other JVM options unchanged).
+
+    TorchServe splits vmargs on whitespace, so a path cannot contain spaces either way."""
+    words = []
+    for word in vmargs.split():
+        if word.startswith(LOG_CONFIG_OPTION):
+            path = word[len(LOG_CONFIG_OPTION):]
+            if "://" not in path and not os.path.isabs(path):
+                word = LOG_CONFIG_OPTION + str(REPO / path)
+        words.append(word)
+    return " ".join(words)
+
+
+def log_config_path(props):
+    """The log4j2 configuration file a (rendered) properties dict starts TorchServe with, or None."""
+    for word in props.get("vmargs", "").split():
+        if word.startswith(LOG_CONFIG_OPTION):
+            return Path(word[len(LOG_CONFIG_OPTION):].removeprefix("file://"))
+    return None
+
+
 def render_config(source, destination, overrides=None):
     """Copy a properties file, making relative paths absolute (against the repo) and applying overrides."""
     props = read_properties(source)
     for key in PATH_KEYS:
         if key in props and not os.path.isabs(props[key]):
             props[key] = str(REPO / props[key])
+    if "vmargs" in props:
+        props["vmargs"] = absolute_log_config(props["vmargs"])
     props.update(overrides or {})
     if "model_store" in props:
         props = {key: value.replace("{model_store}", model_store_regex(props["model_store"]))
@@ -116,7 +144,12 @@ class Server:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         command = self.torchserve("--start", "--ncs", "--ts-config", str(self.config_path),
                                   "--model-store", self.props["model_store"])
-        with open(self.log_dir / "torchserve-start.log", "ab") as out:
+        # The JVM's stdout/stderr: start-up output only (config/log4j2.xml), one start per file; the previous start's
+        # is kept as .1, so restarts do not make it grow either.
+        start_log = self.log_dir / START_LOG
+        if start_log.exists() and start_log.stat().st_size:
+            start_log.replace(start_log.with_name(START_LOG + ".1"))
+        with open(start_log, "wb") as out:
             result = subprocess.run(command, cwd=self.run_dir, env=self.env(), stdout=out, stderr=subprocess.STDOUT)
         if result.returncode != 0:
             raise RuntimeError(f"torchserve --start failed (exit {result.returncode}); see {self.log_dir}")
@@ -177,16 +210,20 @@ class Server:
 
     def bind_failure(self):
         """The port TorchServe could not bind, if that is why it stopped (gRPC ports are easy to forget)."""
-        log = self.log_dir / "torchserve-start.log"
+        log = self.log_dir / START_LOG
         text = log.read_text(errors="replace") if log.exists() else ""
         match = re.search(r"Failed to bind to address (\S+)", text)
         return f": port {match.group(1)} is already in use (another TorchServe?)" if match else ""
 
-    def log_tail(self, lines=60):
-        log = self.log_dir / "ts_log.log"
-        if not log.exists():
-            return "(no ts_log.log)"
-        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    def log_tail(self, lines=40):
+        """The end of the frontend's and the workers' logs (separate files: a worker's import error or traceback
+        is only in model_log.log)."""
+        tails = []
+        for name in ("ts_log.log", "model_log.log"):
+            log = self.log_dir / name
+            text = "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.exists() else "(missing)"
+            tails.append(f"--- {log}\n{text}")
+        return "\n".join(tails)
 
 
 def exit_on_sigterm():

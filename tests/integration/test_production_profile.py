@@ -124,8 +124,10 @@ def test_profile_limits_are_in_effect(server, profile):
     assert response.status_code == 413
 
     java = psutil.Process(server.pid()).cmdline()
-    for option in profile["vmargs"].split():
+    # As rendered: the profile's vmargs with the log4j2 configuration's path made absolute (scripts/server.py).
+    for option in server.props["vmargs"].split():
         assert option in java
+    assert f"-Dlog4j.configurationFile={REPO / 'config' / 'log4j2.xml'}" in java and "-Xmx1g" in java
 
     metrics = requests.get(f"{server.metrics_url}/metrics", timeout=10)  # Prometheus scrapes without a token
     assert metrics.status_code == 200 and "# TYPE" in metrics.text
