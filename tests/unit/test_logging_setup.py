@@ -34,6 +34,10 @@ def worker_log():
     handler = logging.StreamHandler(buffer)
     handler.setFormatter(logging.Formatter("%(message)s"))
     old_level = root.level
+    # Start without the filter even when handlers.base (which installs it at import) was imported by another test.
+    installed = [f for f in root.filters if isinstance(f, logging_setup.OneLineClientDecodeErrors)]
+    for existing in installed:
+        root.removeFilter(existing)
     root.addHandler(handler)
     root.setLevel(logging.INFO)
     yield buffer
@@ -41,6 +45,8 @@ def worker_log():
     root.setLevel(old_level)
     for existing in [f for f in root.filters if isinstance(f, logging_setup.OneLineClientDecodeErrors)]:
         root.removeFilter(existing)
+    for existing in installed:
+        root.addFilter(existing)
 
 
 def decode(content_type, value):
