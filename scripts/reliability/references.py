@@ -17,16 +17,21 @@ WORDS = ("model serving batch queue latency worker token cache tensor gradient k
          "engine market letter doctor planet circle silver ocean story paper little people travel history").split()
 
 
+def load_classifier(archive_path):
+    """The archived classifier weights as an fp32 model in eval mode."""
+    with zipfile.ZipFile(archive_path) as mar:
+        state_dict = torch.load(io.BytesIO(mar.read("classifier.pt")), map_location="cpu", weights_only=True)
+    from handlers.nets import MLPClassifier
+
+    return MLPClassifier.from_state_dict(state_dict).eval()
+
+
 class ClassifierReference:
     name = "classifier"
     min_similarity = None
 
     def __init__(self, archive_path, count, seed=0):
-        with zipfile.ZipFile(archive_path) as mar:
-            state_dict = torch.load(io.BytesIO(mar.read("classifier.pt")), map_location="cpu", weights_only=True)
-        from handlers.nets import MLPClassifier
-
-        model = MLPClassifier.from_state_dict(state_dict).eval()
+        model = load_classifier(archive_path)
         self.rows = torch.randn(count, model.layers[0].in_features, generator=torch.Generator().manual_seed(seed))
         with torch.inference_mode():
             self.expected = torch.softmax(model(self.rows), dim=-1)

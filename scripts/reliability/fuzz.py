@@ -1,0 +1,637 @@
+"""Whole-server fuzzing: thousands of generated requests per model, sent concurrently to a real TorchServe.
+
+    python -m scripts.reliability.fuzz --model classifier --requests 5000          # own server on free ports
+    python -m scripts.reliability.fuzz --model generator --running                 # against `make serve`
+    python -m scripts.reliability.fuzz --model minilm --seed 1 --case 17 [--send]  # show (and send) one case
+
+Requests come from a seeded grammar of valid and invalid bodies (scripts/reliability/fuzz_grammar.py): numeric
+extremes, odd content types and encodings, limits and just over them, deep nesting, duplicate keys, wrong types for
+every field, sampling parameters at their extremes. They are sent from many clients at once, so bad and good requests
+share batches. Every answer is checked:
+
+- strict JSON (NaN/Infinity tokens refused; a streamed answer is NDJSON, each line strict), except TorchServe's own
+  413 for a body over max_request_size;
+- a valid request gets 200 and the same answer as the in-process reference for that request alone (the archived
+  classifier weights; sentence-transformers for MiniLM; the generator's own handler, one request at a time, for
+  greedy and seeded requests);
+- an invalid request gets its own 4xx with a JSON ``message``, never a 5xx and never a 200;
+- no worker restarts (worker PIDs from the management API before and after).
+
+The suite runs this as its "fuzz" check (`python -m scripts.reliability --only fuzz`); `make test` runs a short
+seeded form (tests/integration/test_fuzz_server.py). Failing examples are printed with a command that reproduces
+each one. Exit code: 0 all passed, 1 a criterion failed, 2 usage error.
+"""
+
+import argparse
+import http.client
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+import zipfile
+from collections import Counter, defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import torch
+import yaml
+
+from scripts.reliability.fuzz_grammar import EITHER, ERROR, FLT_MAX, OK, Grammar, Limits
+
+REPO = Path(__file__).resolve().parents[2]
+HANDLER_CLASSES = {"classifier": ("handlers.classifier", "ClassifierHandler"),
+                   "minilm": ("handlers.embeddings", "EmbeddingHandler"),
+                   "generator": ("handlers.generator", "GeneratorHandler")}
+FUZZ_MODELS = tuple(HANDLER_CLASSES)
+NDJSON = "application/x-ndjson"
+
+# Failure classes, in the order the report lists them; each must be 0 for the check to pass.
+CLASSES = {
+    "not_strict_json": "answers that are not strict JSON",
+    "server_error_on_client_body": "5xx for an invalid or unusual body",
+    "good_failed": "valid requests not answered 200",
+    "wrong_answer": "200 answers that differ from the reference",
+    "bad_accepted": "invalid requests answered 200",
+    "error_without_message": "4xx without a JSON message",
+    "lost": "requests without an HTTP answer",
+}
+
+
+# ------------------------------------------------------------------------------------------------ strict JSON
+def _refuse_constant(token):
+    raise ValueError(f"non-standard JSON token {token}")
+
+
+def strict_json(payload):
+    """Parse bytes as strict JSON (UTF-8, no NaN/Infinity); raises ValueError."""
+    return json.loads(payload.decode("utf-8"), parse_constant=_refuse_constant)
+
+
+def strict_ndjson(payload):
+    """Each non-empty line strict JSON; returns the list of values."""
+    lines = [line for line in payload.decode("utf-8").split("\n") if line.strip()]
+    if not lines:
+        raise ValueError("empty stream")
+    return [json.loads(line, parse_constant=_refuse_constant) for line in lines]
+
+
+def media_type(content_type):
+    return (content_type or "").split(";")[0].strip().lower()
+
+
+def charset(content_type):
+    for part in (content_type or "").split(";")[1:]:
+        key, _, value = part.partition("=")
+        if key.strip().lower() == "charset":
+            return value.strip().strip('"').lower()
+    return None
+
+
+def meant_text(case):
+    """The body as text the way its sender meant it (BOM, then the charset parameter, then UTF-8); None if none."""
+    body = case.body
+    try:
+        if body.startswith((b"\xff\xfe", b"\xfe\xff")):
+            return body.decode("utf-16")
+        if body.startswith(b"\xef\xbb\xbf"):
+            return body.decode("utf-8-sig")
+        return body.decode(charset(case.content_type) or "utf-8")
+    except (UnicodeDecodeError, LookupError):
+        return None
+
+
+def meant_json(case):
+    text = meant_text(case)
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+
+
+# ------------------------------------------------------------------------------------------------ oracles
+def handler_limits(model, archive, max_request_size):
+    """The archive's handler: section with the handler's defaults filled in (as the worker validates it)."""
+    import importlib
+
+    from handlers.config import validate
+
+    module, name = HANDLER_CLASSES[model]
+    options = getattr(importlib.import_module(module), name).options
+    with zipfile.ZipFile(archive) as mar:
+        config = yaml.safe_load(mar.read("model-config.yaml")) or {}
+    return Limits(max_request_size=max_request_size, handler=validate(config.get("handler"), options))
+
+
+class ClassifierOracle:
+    """The archived weights in fp32, one request alone: what its answer must be, or that it must be refused."""
+
+    def __init__(self, archive, max_request_size):
+        from scripts.reliability.references import load_classifier
+
+        self.model = load_classifier(archive)
+        self.model64 = load_classifier(archive).double()  # how far from float32 overflow an input takes the model
+        self.limits = handler_limits("classifier", archive, max_request_size)
+        self.limits.features = self.model.layers[0].in_features
+        self.expected = {}
+
+    def exact(self, values):
+        """float64 logits, the largest pre-activation or logit (overflows float32 if > FLT_MAX), and the largest
+        sum of absolute terms (no partial sum of any order can exceed it)."""
+        first, second = self.model64.layers[0], self.model64.layers[2]
+        before = first(values)
+        mass = values.abs() @ first.weight.abs().T + first.bias.abs()
+        hidden = self.model64.layers[1](before)
+        logits = second(hidden)
+        mass = max(mass.max().item(), (hidden.abs() @ second.weight.abs().T + second.bias.abs()).max().item())
+        return logits, max(before.abs().max().item(), logits.abs().max().item()), mass
+
+    def rows(self, case):
+        body = meant_json(case)
+        inputs = body.get("inputs") if isinstance(body, dict) and set(body) == {"inputs"} else None
+        if not isinstance(inputs, list) or not inputs:
+            return None, None
+        single = not isinstance(inputs[0], list)
+        rows = [inputs] if single else inputs
+        if any(not isinstance(r, list) or len(r) != self.limits.features for r in rows):
+            return None, None
+        if any(type(v) not in (int, float) for r in rows for v in r):
+            return None, None
+        return rows, single
+
+    def prepare(self, cases):
+        for case in cases:
+            if case.expect == ERROR:
+                continue
+            rows, single = self.rows(case)
+            if rows is None:
+                continue
+            if any(abs(v) > 1e39 for r in rows for v in r):  # huge ints too: float32 cannot hold them
+                case.expect = ERROR
+                continue
+            values = torch.tensor(rows, dtype=torch.float64)
+            as_float32 = values.float()
+            if not torch.isfinite(as_float32).all():  # NaN/inf or beyond float32 after rounding
+                case.expect = ERROR
+                continue
+            with torch.inference_mode():
+                served = torch.softmax(self.model(as_float32), dim=-1)
+                logits, peak, mass = self.exact(values)
+            if peak > FLT_MAX * 1.001:
+                case.expect = ERROR  # the input overflows inside the model: a 4xx naming it, never NaN
+                continue
+            if mass > FLT_MAX / 10 or not torch.isfinite(served).all():
+                # A partial sum may pass float32's range: batched and single sums may land on either side of it.
+                case.expect = EITHER
+            # The exact answer (float64); fp32 serving is within 1e-4 of it wherever it does not overflow.
+            self.expected[case.index] = (torch.softmax(logits, dim=-1).float(), single)
+
+    def check(self, case, answer):
+        if case.index not in self.expected:
+            return "no valid request could be read from this body, yet it was answered 200"
+        probabilities, single = self.expected[case.index]
+        answers = [answer] if single else answer
+        if not isinstance(answers, list) or len(answers) != len(probabilities):
+            return f"expected {len(probabilities)} row answer(s), got {str(answer)[:120]}"
+        for row, (got, want) in enumerate(zip(answers, probabilities)):
+            try:
+                values = torch.tensor(got["probabilities"], dtype=torch.float32)
+                label = got["label"]
+            except (TypeError, KeyError, ValueError):
+                return f"row {row}: not a {{label, probabilities}} object: {str(got)[:120]}"
+            if values.shape != want.shape or not torch.allclose(values, want, atol=1e-4):
+                return f"row {row}: probabilities differ from the reference by {(values - want).abs().max():.2e}"
+            if label != int(want.argmax()) and want.max() - want.sort().values[-2] > 1e-4:
+                return f"row {row}: label {label}, reference {int(want.argmax())}"
+        return None
+
+
+class MiniLMOracle:
+    """sentence-transformers' encode() of each text (fp32), token counts from its tokenizer, the request limits."""
+
+    def __init__(self, archive, max_request_size):
+        from sentence_transformers import SentenceTransformer
+
+        from scripts.reliability.model_files import minilm_reference_dir
+
+        self.limits = handler_limits("minilm", archive, max_request_size)
+        self.model = SentenceTransformer(str(minilm_reference_dir()), device="cpu")
+        self.max_tokens = self.model.max_seq_length
+        self.expected = {}  # case index -> (shape, texts)
+        self.tokens, self.vectors = {}, {}
+
+    def request(self, case):
+        """(shape, texts, truncate) of a body as the API defines it, or None if it cannot be one."""
+        if media_type(case.content_type).startswith("text/"):
+            text = meant_text(case)
+            return ("text", [text], True) if text is not None else None
+        body = meant_json(case)
+        if not isinstance(body, dict):
+            return None
+        truncate = body.get("truncate", True)
+        if "text" in body and isinstance(body["text"], str):
+            return "text", [body["text"]], truncate
+        inputs = body.get("input")
+        if isinstance(inputs, str):
+            return "openai", [inputs], truncate
+        if isinstance(inputs, list) and inputs and all(isinstance(t, str) for t in inputs):
+            return "openai", inputs, truncate
+        return None
+
+    def token_count(self, text):
+        if text not in self.tokens:
+            self.tokens[text] = len(self.model.tokenizer(text, add_special_tokens=True, truncation=False)["input_ids"])
+        return self.tokens[text]
+
+    def prepare(self, cases):
+        limits = self.limits.handler
+        for case in cases:
+            if case.expect == ERROR:
+                continue
+            request = self.request(case)
+            if request is None:
+                continue
+            shape, texts, truncate = request
+            if any(len(text) > limits.get("max_text_chars", float("inf")) for text in texts) or \
+                    sum(map(len, texts)) > limits.get("max_request_chars", float("inf")):
+                case.expect = ERROR
+                continue
+            counts = [self.token_count(text) for text in texts]
+            if any(not text.strip() for text in texts) or (not truncate and max(counts) > self.max_tokens) or \
+                    sum(min(c, self.max_tokens) for c in counts) > limits.get("max_request_tokens", float("inf")):
+                case.expect = ERROR
+                continue
+            self.expected[case.index] = (shape, texts)
+        wanted = sorted({text for _, texts in self.expected.values() for text in texts} - set(self.vectors))
+        if wanted:
+            vectors = self.model.encode(wanted, batch_size=32, convert_to_tensor=True, normalize_embeddings=True)
+            self.vectors.update(zip(wanted, vectors.cpu()))
+
+    def check_row(self, got, text, where):
+        try:
+            vector = torch.tensor(got["embedding"], dtype=torch.float32)
+        except (TypeError, KeyError, ValueError):
+            return f"{where}: no embedding in {str(got)[:120]}"
+        want = self.vectors[text]
+        if vector.shape != want.shape:
+            return f"{where}: embedding has shape {tuple(vector.shape)}, expected {tuple(want.shape)}"
+        cosine = torch.nn.functional.cosine_similarity(vector, want, dim=0).item()
+        if not cosine >= 0.999:
+            return f"{where}: cosine {cosine:.4f} to the reference"
+        if got.get("truncated") is not (self.token_count(text) > self.max_tokens):
+            return f"{where}: truncated={got.get('truncated')!r} for a text of {self.token_count(text)} tokens"
+        return None
+
+    def check(self, case, answer):
+        if case.index not in self.expected:
+            return "no valid request could be read from this body, yet it was answered 200"
+        shape, texts = self.expected[case.index]
+        if not isinstance(answer, dict):
+            return f"answer is not an object: {str(answer)[:120]}"
+        if shape == "text":
+            return self.check_row(answer, texts[0], "embedding")
+        data = answer.get("data")
+        if answer.get("object") != "list" or not isinstance(data, list) or len(data) != len(texts):
+            return f"expected an OpenAI list of {len(texts)} embeddings, got {str(answer)[:120]}"
+        for index, (row, text) in enumerate(zip(data, texts)):
+            if not isinstance(row, dict) or row.get("index") != index:
+                return f"data[{index}] has index {row.get('index') if isinstance(row, dict) else row!r}"
+            problem = self.check_row(row, text, f"data[{index}]")
+            if problem:
+                return problem
+        tokens = sum(min(self.token_count(text), self.max_tokens) for text in texts)
+        if (answer.get("usage") or {}).get("prompt_tokens") != tokens:
+            return f"usage {answer.get('usage')} but the texts have {tokens} tokens"
+        return None
+
+
+class GeneratorOracle:
+    """The generator's own handler in-process, one request at a time: deterministic requests (greedy, or seeded)
+    must get exactly its answer from the batched server; the others get shape checks."""
+
+    def __init__(self, archive, max_request_size):
+        from scripts.bench_embeddings import unpack
+        from tests.unit.fake_context import make_context
+
+        from handlers.generator import GeneratorHandler
+
+        self.model_dir = unpack(archive, Path(tempfile.mkdtemp(prefix="fuzz-generator-")))
+        self.context = make_context(self.model_dir, "generator")
+        self.handler = GeneratorHandler()
+        self.handler.initialize(self.context)
+        handler_limits_ = self.handler.limits
+        self.limits = handler_limits("generator", archive, max_request_size)
+        self.limits.vocab_size = handler_limits_.vocab_size
+        self.limits.max_prompt_chars = handler_limits_.max_prompt_chars
+        self.limits.repeat_piece = self.repeat_piece()
+        self.references = {}  # canonical request -> (status, answer)
+        self.expected = {}  # case index -> canonical request, or None (sampling without a seed: shape checks)
+        self.requests = {}
+
+    def repeat_piece(self):
+        """A piece that encodes to exactly n tokens when repeated n times (to build prompts at the token limit)."""
+        n = self.limits.handler["max_prompt_tokens"]
+        for piece in (" a", "a", " the", "x", " x", "."):
+            if len(self.handler.tokenizer.encode(piece * n)) == n and \
+                    len(self.handler.tokenizer.encode(piece * (n + 1))) == n + 1:
+                return piece
+        raise RuntimeError("no single-token piece found to build prompts at the token limit")
+
+    def alone(self, body):
+        """(status, answer) of one request alone through the handler, in-process."""
+        from tests.unit.fake_context import set_requests
+
+        set_requests(self.context, [{"Content-Type": "application/json"}])
+        [response] = self.handler.handle([{"body": body}], self.context)
+        status = self.context.get_response_status(0)[0] or 200
+        return status, json.loads(response)
+
+    def prepare(self, cases):
+        for case in cases:
+            if case.expect == ERROR:
+                continue
+            body = meant_json(case)
+            if not isinstance(body, dict):
+                continue
+            self.requests[case.index] = body
+            sampling = body.get("temperature", 0) != 0
+            if sampling and "seed" not in body:
+                self.expected[case.index] = None
+                continue
+            key = json.dumps({k: v for k, v in body.items() if k != "stream"}, sort_keys=True)
+            if key not in self.references:
+                self.references[key] = self.alone({k: v for k, v in body.items() if k != "stream"})
+            status, _ = self.references[key]
+            if 400 <= status < 500:
+                case.expect = ERROR  # the handler refuses it alone; batched, it must be refused too
+            self.expected[case.index] = key
+
+    def check(self, case, answer):
+        if case.index not in self.expected:
+            return "no valid request could be read from this body, yet it was answered 200"
+        body = self.requests[case.index]
+        if not isinstance(answer, dict) or not isinstance(answer.get("text"), str):
+            return f"no text in {str(answer)[:160]}"
+        key = self.expected[case.index]
+        if key is None:  # unseeded sampling: only the shape can be checked
+            limit = body.get("max_new_tokens", self.limits.handler["default_max_new_tokens"])
+            count = answer.get("completion_tokens")
+            if not (isinstance(count, int) and 1 <= count <= limit) or answer.get("finish_reason") not in (
+                    "length", "stop") or not isinstance(answer.get("seed"), int):
+                return f"malformed sampled answer: {str(answer)[:160]}"
+            return None
+        status, want = self.references[key]
+        if status != 200:
+            return f"answered 200, but the request alone in-process gets {status} {str(want)[:120]}"
+        for field_name in ("text", "finish_reason", "prompt_tokens", "completion_tokens", "seed"):
+            if answer.get(field_name) != want.get(field_name):
+                return (f"{field_name} {str(answer.get(field_name))[:60]!r} differs from the request alone: "
+                        f"{str(want.get(field_name))[:60]!r}")
+        return None
+
+
+ORACLES = {"classifier": ClassifierOracle, "minilm": MiniLMOracle, "generator": GeneratorOracle}
+
+
+# ------------------------------------------------------------------------------------------------ sending
+@dataclass
+class Answer:
+    status: int  # 0: no HTTP answer
+    content_type: str
+    body: bytes
+    seconds: float
+    error: str = ""
+
+
+def sender(url, headers, timeout):
+    """post(case) -> Answer, with one keep-alive connection per thread."""
+    parts = urlsplit(url)
+    local = threading.local()
+
+    def post(case):
+        sent_headers = dict(headers)
+        if case.content_type is not None:
+            sent_headers["Content-Type"] = case.content_type
+        started = time.perf_counter()
+        for attempt in (1, 2):
+            connection = getattr(local, "connection", None)
+            if connection is None:
+                connection = local.connection = http.client.HTTPConnection(parts.hostname, parts.port,
+                                                                            timeout=timeout)
+            try:
+                try:
+                    connection.request("POST", parts.path, body=case.body, headers=sent_headers)
+                except OSError:
+                    if not case.oversize:
+                        raise
+                    # TorchServe may answer 413 and close before an over-size body is fully sent: read that answer.
+                response = connection.getresponse()
+                payload = response.read()
+                if response.getheader("Connection", "").lower() == "close":
+                    connection.close()
+                    local.connection = None
+                return Answer(response.status, response.getheader("Content-Type", ""), payload,
+                              time.perf_counter() - started)
+            except (OSError, http.client.HTTPException) as error:
+                connection.close()
+                local.connection = None
+                # A keep-alive connection the server closed between requests fails at once: retry on a fresh one.
+                if attempt == 2 or isinstance(error, TimeoutError):
+                    return Answer(0, "", b"", time.perf_counter() - started, f"{type(error).__name__}: {error}")
+        raise AssertionError("unreachable")
+
+    return post
+
+
+# ------------------------------------------------------------------------------------------------ judging
+def judge(case, answer, oracle):
+    """The failure class of one answer (a key of CLASSES) and why, or None when it is what the case requires."""
+    if answer.status == 0:
+        return "lost", answer.error
+    if case.oversize:  # TorchServe's own 413 (its body is not ours to check); anything else is a failure
+        if answer.status == 413:
+            return None
+        name = ("server_error_on_client_body" if answer.status >= 500 else
+                "bad_accepted" if answer.status == 200 else "error_without_message")
+        return name, f"a body over max_request_size got {answer.status}, not TorchServe's 413"
+    streamed = media_type(answer.content_type) == NDJSON
+    try:
+        values = strict_ndjson(answer.body) if streamed else [strict_json(answer.body)]
+    except (ValueError, UnicodeDecodeError) as error:
+        return "not_strict_json", f"{answer.status} {error}: {answer.body[:200]!r}"
+    if answer.status >= 500:
+        return ("good_failed" if case.expect == OK else "server_error_on_client_body",
+                f"{answer.status} {answer.body[:200]!r}")
+    if answer.status != 200:
+        if case.expect == OK:
+            return "good_failed", f"{answer.status} {answer.body[:200]!r}"
+        error = values[-1]
+        if not (isinstance(error, dict) and isinstance(error.get("message"), str) and error["message"].strip()):
+            return "error_without_message", f"{answer.status} {answer.body[:200]!r}"
+        return None
+    if case.expect == ERROR:
+        return "bad_accepted", f"200 {answer.body[:200]!r}"
+    result = values[0]
+    if streamed:  # pieces, then the final line: one answer as the non-streamed form would give it
+        if not all(isinstance(v, dict) and isinstance(v.get("text"), str) for v in values) or \
+                values[-1].get("done") is not True or any(v.get("done") for v in values[:-1]):
+            return "wrong_answer", f"malformed stream: {answer.body[:200]!r}"
+        result = {**values[-1], "text": "".join(v["text"] for v in values)}
+        result.pop("done")
+    problem = oracle.check(case, result)
+    return ("wrong_answer", problem) if problem else None
+
+
+def evaluate(cases, answers, oracle, url):
+    """Counts per failure class, a few reproducible examples of each, and what the campaign sent."""
+    counts = Counter({name: 0 for name in CLASSES})
+    examples = defaultdict(list)
+    productions = defaultdict(Counter)
+    for case, answer in zip(cases, answers):
+        productions[case.production][f"{case.expect}:{answer.status}"] += 1
+        verdict = judge(case, answer, oracle)
+        if verdict is None:
+            continue
+        name, why = verdict
+        counts[name] += 1
+        per_production = sum(1 for e in examples[name] if e["production"] == case.production)
+        if len(examples[name]) < 12 and per_production < 3:
+            examples[name].append({"case": case.index, "production": case.production, "expect": case.expect,
+                                   "status": answer.status, "why": str(why)[:400],
+                                   "content_type": case.content_type, "body": case.preview(),
+                                   "reproduce": case.reproducer(url)})
+    return counts, dict(examples), {name: dict(c) for name, c in sorted(productions.items())}
+
+
+# ------------------------------------------------------------------------------------------------ campaign
+def campaign(server, model, store, requests=5000, seed=0, clients=24, log=print):
+    """Fuzz one model on a running server; returns a scripts.reliability.checks.Row."""
+    from scripts.reliability.checks import Row, describe, worker_pids
+
+    started = time.perf_counter()
+    max_request_size = int(server.props.get("max_request_size", 6553500))
+    oracle = ORACLES[model](Path(store) / f"{model}.mar", max_request_size)
+    grammar = Grammar(model, oracle.limits, seed)
+    cases = grammar.cases(requests)
+    oracle.prepare(cases)
+    prepared = time.perf_counter()
+    url = f"{server.inference_url}/predictions/{model}"
+    pids_before = worker_pids(server, model)
+    post = sender(url, server.headers("inference"), timeout=180)
+    with ThreadPoolExecutor(max_workers=clients) as pool:
+        answers = list(pool.map(post, cases))
+    sent = time.perf_counter()
+    workers = describe(server, model)["workers"]
+    pids_after = sorted(worker["pid"] for worker in workers)
+    restarts = len(set(pids_before) - set(pids_after))
+    counts, examples, productions = evaluate(cases, answers, oracle, url)
+    expected = Counter(case.expect for case in cases)
+    statuses = Counter(answer.status for answer in answers)
+    passed = not any(counts.values()) and restarts == 0 and all(w.get("status") == "READY" for w in workers)
+    figure = (f"{len(cases)} requests ({expected[OK]} valid, {expected[ERROR]} invalid, {expected[EITHER]} either); "
+              + ", ".join(f"{counts[name]} {label}" for name, label in CLASSES.items())
+              + f"; worker restarts {restarts}")
+    details = {"model": model, "seed": seed, "requests": len(cases), "clients": clients,
+               "counts": dict(counts), "worker_restarts": restarts, "pids_before": pids_before,
+               "pids_after": pids_after, "statuses": {str(k): v for k, v in sorted(statuses.items())},
+               "expected": dict(expected), "productions": productions, "examples": examples,
+               "slowest_s": round(max(a.seconds for a in answers), 2) if answers else None,
+               "prepare_s": round(prepared - started, 1), "send_s": round(sent - prepared, 1)}
+    for name, items in examples.items():
+        for item in items:
+            log(f"  [{name}] case {item['case']} ({item['production']}, expected {item['expect']}): "
+                f"{item['status']} {item['why'][:200]}\n      body: {item['body'][:160]}\n"
+                f"      reproduce: {item['reproduce']}")
+    return Row(f"{model}: fuzz {len(cases)} generated requests ({clients} clients, seed {seed})", figure,
+               "0 non-strict JSON (TorchServe's 413 excepted), 0 5xx from client bodies, 0 valid requests failed or "
+               "wrong, 0 invalid accepted, every 4xx with a message, 0 worker restarts", passed, details)
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+def show_case(model, store, seed, index, server, send):
+    max_request_size = int(server.props.get("max_request_size", 6553500)) if server else 6553500
+    oracle = ORACLES[model](Path(store) / f"{model}.mar", max_request_size)
+    case = Grammar(model, oracle.limits, seed).case(index)
+    oracle.prepare([case])
+    url = f"{server.inference_url if server else 'http://127.0.0.1:8080'}/predictions/{model}"
+    print(f"case {index} of {model} (seed {seed}): {case.production}, expected {case.expect}, "
+          f"content type {case.content_type!r}, {len(case.body)} bytes\nbody: {case.preview(2000)}\n"
+          f"reproduce: {case.reproducer(url)}")
+    if not send:
+        return 0
+    answer = sender(url, server.headers("inference"), timeout=180)(case)
+    print(f"answer: {answer.status} {answer.content_type} {answer.body[:2000]!r} {answer.error}")
+    verdict = judge(case, answer, oracle)
+    print("verdict: as required" if verdict is None else f"verdict: {verdict[0]}: {verdict[1]}")
+    return 0 if verdict is None else 1
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m scripts.reliability.fuzz", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", action="append", choices=FUZZ_MODELS,
+                        help="model to fuzz (repeatable; default all three)")
+    parser.add_argument("--requests", type=int, default=5000, help="requests per model (5000)")
+    parser.add_argument("--seed", type=int, default=0, help="grammar seed: same seed, same requests (0)")
+    parser.add_argument("--clients", type=int, default=24, help="concurrent clients (24)")
+    parser.add_argument("--running", action="store_true",
+                        help="use the server `make serve` started (TS_PROFILE_CONFIG or config.properties; its "
+                             "tokens from .run/key_file.json) instead of starting one on free ports")
+    parser.add_argument("--case", type=int, help="only show case N (its body, expectation and a reproducer)")
+    parser.add_argument("--send", action="store_true", help="with --case: send it and judge the answer")
+    parser.add_argument("--out", type=Path, help="write the result rows as JSON here")
+    args = parser.parse_args(argv)
+    if args.send and args.case is None:
+        parser.error("--send needs --case")
+    if args.requests < 1 or args.clients < 1:
+        parser.error("--requests and --clients must be at least 1")
+    models = args.model or list(FUZZ_MODELS)
+    sys.path.insert(0, str(REPO))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from scripts import package
+    from scripts.reliability.checks import write_json
+    from scripts.server import dev_server, start_isolated
+
+    store = REPO / "model_store"
+    for model in models:
+        package.build(model, store, log=lambda *_: None)
+    server, own = None, False
+    if args.running or args.send:
+        server = dev_server(os.environ.get("TS_PROFILE_CONFIG", str(REPO / "config.properties")))
+        if not server.running():
+            print("error: no `make serve` server is running (start it, or drop --running)", file=sys.stderr)
+            return 2
+    if args.case is not None:
+        return show_case(models[0], store, args.seed, args.case, server, args.send)
+    if server is None:
+        from scripts.java_home import find_java_home
+
+        workdir = Path(tempfile.mkdtemp(prefix="fuzz-"))
+        print(f"starting TorchServe with {', '.join(models)} ...", flush=True)
+        server = start_isolated(REPO / "config.properties", workdir, store, str(find_java_home(verbose=False)),
+                                models)
+        own = True
+    rows = []
+    try:
+        for model in models:
+            row = campaign(server, model, store, args.requests, args.seed, args.clients)
+            print(f"[{'pass' if row.passed else 'FAIL'}] {row.check}: {row.figure}", flush=True)
+            rows.append(row)
+    finally:
+        if own:
+            server.stop()
+    if args.out:
+        write_json(args.out, rows)
+    return 0 if all(row.passed for row in rows) else 1
+
+
+if __name__ == "__main__":
+    from scripts.server import exit_on_sigterm
+
+    exit_on_sigterm()
+    sys.exit(main())

@@ -1,0 +1,589 @@
+"""The whole-server fuzzer's request grammar: seeded, reproducible request bodies per model, valid and invalid.
+
+Every case is drawn from ``random.Random(f"{seed}:{model}:{index}")``, so ``(seed, model, index)`` rebuilds it exactly
+(``python -m scripts.reliability.fuzz --model M --seed S --case I``). The first cases of a campaign walk every
+production once, so even a short run covers each kind of body; the rest are drawn by weight.
+
+A case says what the server must do with it:
+
+- ``OK``: a valid request. It must be answered 200 and its answer must equal the in-process reference
+  (the fuzzer's oracle may still turn it into ``ERROR``, e.g. a text over a limit the oracle can measure).
+- ``ERROR``: an invalid request. It must get its own 4xx with a strict-JSON body whose ``message`` names the problem
+  (``oversize``: over ``max_request_size``, where TorchServe itself answers 413 before any handler sees it).
+- ``EITHER``: a request a reasonable server may accept or refuse (e.g. JSON sent as text/plain, a UTF-8 BOM, a
+  temperature of 1e-40): a 4xx with a message is fine, and so is a 200 — but then its answer must be right.
+
+Bodies are written by :func:`dumps`, which can place literal text (``NaN``, ``1e400``, a 5000-digit integer) and
+duplicate keys where the standard encoder cannot.
+"""
+
+import json
+import random
+import string
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+OK, ERROR, EITHER = "ok", "error", "either"
+FLT_MAX = 3.4028234663852886e38  # the largest finite float32
+JSON = "application/json"
+
+
+class Raw(str):
+    """Literal JSON text placed as is (a number spelled ``1E-45``, ``NaN``, ``1e400``, a huge integer)."""
+
+
+class Pairs(list):
+    """A JSON object as (key, value) pairs: keys may repeat (Python's parser keeps the last one, as TorchServe's)."""
+
+
+def dumps(value, style=(", ", ": "), ascii_only=True):
+    """JSON text for ``value``, honouring :class:`Raw` and :class:`Pairs`; ``style`` = (item, key) separators."""
+    item, colon = style
+
+    def write(node):
+        if isinstance(node, Raw):
+            return str(node)
+        if isinstance(node, (Pairs, dict)):
+            pairs = node if isinstance(node, Pairs) else node.items()
+            return "{" + item.join(json.dumps(k, ensure_ascii=ascii_only) + colon + write(v) for k, v in pairs) + "}"
+        if isinstance(node, (list, tuple)):
+            return "[" + item.join(write(v) for v in node) + "]"
+        return json.dumps(node, ensure_ascii=ascii_only)
+
+    return write(value)
+
+
+def encode(text):
+    """UTF-8 bytes of a body; a lone surrogate in the text becomes its (invalid) 3-byte form instead of failing."""
+    return text.encode("utf-8", "surrogatepass")
+
+
+@dataclass
+class Case:
+    model: str
+    seed: int
+    index: int
+    production: str
+    body: bytes
+    content_type: Optional[str]  # None: no Content-Type header at all
+    expect: str  # OK, ERROR or EITHER (see the module docstring)
+    query: Any = None  # what the oracle needs to check a 200 answer (model-specific)
+    oversize: bool = False  # longer than max_request_size: TorchServe's own 413
+
+    def reproducer(self, url):
+        """A shell command that sends exactly this body (curl for small ones, the fuzzer's CLI for big ones)."""
+        header = f" -H 'Content-Type: {self.content_type}'" if self.content_type is not None else ""
+        if len(self.body) <= 400:
+            data = self.body.hex()
+            return (f"python3 -c \"import sys; sys.stdout.buffer.write(bytes.fromhex('{data}'))\" | "
+                    f"curl -s -X POST {url}{header} --data-binary @-")
+        return (f"python -m scripts.reliability.fuzz --model {self.model} --seed {self.seed} --case {self.index} "
+                f"--send   # {len(self.body)} bytes")
+
+    def preview(self, width=160):
+        text = self.body[:width].decode("utf-8", "backslashreplace")
+        return text + (f"... ({len(self.body)} bytes)" if len(self.body) > width else "")
+
+
+@dataclass
+class Limits:
+    """What the served configuration allows, read from the archive's model-config.yaml and the server properties."""
+
+    max_request_size: int
+    handler: Dict[str, Any] = field(default_factory=dict)  # the handler: section with defaults filled in
+    features: int = 128  # classifier
+    vocab_size: int = 0  # generator
+    max_prompt_chars: int = 0  # generator: longer prompts cannot fit max_prompt_tokens
+    repeat_piece: str = " a"  # generator: a piece that is one token however often it repeats
+
+
+# ------------------------------------------------------------------------------------------------ shared pieces
+WORDS = ("serve model batch token cache queue worker latency river mountain coffee window garden library quiet "
+         "winter summer planet ocean story paper music market letter engine signal").split()
+ODD_TEXTS = [
+    "naïve café déjà vu — “quotes” and ‘apostrophes’",
+    "日本語のテキストと中文文本",
+    "emoji 😀👍🏽 family 👨‍👩‍👧 flags 🇫🇷",
+    "עברית ומילים בערבית العربية",
+    "combining e\u0301 and zero\u200bwidth joiner\u200d here",
+    "tabs\tand\nnewlines\r\nmixed",
+    "NUL inside \u0000 a text",
+    "\u200b",  # zero-width space only: not whitespace for Python's strip
+    "math ∑∫√∞ ≤ ≥ ≠ and arrows → ← ↑",
+    "a",
+    "x" * 600,
+    "1234567890 " * 40,
+    "Ω≈ç√∫˜µ≤≥÷ åß∂ƒ©˙∆˚¬…æ",
+    "\U0001d573\U0001d58d\U0001d58a \U0001f600",  # astral plane letters
+]
+
+
+def sentence(rng, words=None):
+    count = words if words is not None else rng.choice([1, 3, 6, 10, 16, 40, 120, 300])
+    return " ".join(rng.choice(WORDS) for _ in range(count))
+
+
+def text_pool(seed, size):
+    """Texts the good requests draw from (references are computed once per text)."""
+    rng = random.Random(f"{seed}:texts")
+    texts = list(ODD_TEXTS)
+    while len(texts) < size:
+        texts.append(f"{sentence(rng)} {len(texts)}")
+    return texts[:size]
+
+
+def style(rng):
+    return rng.choice([(", ", ": "), (",", ":"), (" ,\n\t", " :  "), (",\r\n", ":")])
+
+
+def json_case(rng, value, content_type=JSON):
+    return encode(dumps(value, style(rng), ascii_only=rng.random() < 0.5)), content_type
+
+
+def wrong_values(rng):
+    """A value of some JSON type, for 'wrong type' productions."""
+    return rng.choice([None, True, False, 0, -1, 1.5, "", "text", [], [1, 2], {}, {"a": 1}, Raw("1e400"),
+                       Raw("NaN"), Raw("-Infinity"), Raw("1" + "0" * 400), [[[]]], "\u0000"])
+
+
+def deep(depth, opener="["):
+    closer = {"[": "]", "{": "}"}[opener]
+    if opener == "{":
+        return '{"a": ' * depth + "1" + "}" * depth
+    return opener * depth + closer * depth
+
+
+# Generic malformations of a good body, the same for every model: (name, make(rng, good_bytes) -> (body, ct), expect)
+def _truncated(rng, good):
+    return good[:rng.randrange(1, max(2, len(good)))], JSON
+
+
+def _garbage_after(rng, good):
+    return good + rng.choice([b"}", b"]", b" xyz", b"\x00", b",{}", b"\n{\"a\":1}"]), JSON
+
+
+def _bytes(rng, _good):
+    body = bytes(rng.randrange(256) for _ in range(rng.choice([1, 7, 64, 1000])))
+    content_type = rng.choice([JSON, "application/octet-stream", "text/plain", None])
+    if content_type == "text/plain":  # valid UTF-8 sent as text is a valid text for minilm: keep one bad byte
+        body = b"\xff" + body
+    return body, content_type
+
+
+GENERIC = [
+    ("empty body", lambda rng, good: (b"", rng.choice([JSON, "text/plain", None])), ERROR),
+    ("whitespace body", lambda rng, good: (rng.choice([b" ", b"\n\t  \r\n", b" " * 10000]), JSON), ERROR),
+    ("truncated json", _truncated, ERROR),
+    ("garbage after json", _garbage_after, ERROR),
+    ("random bytes", _bytes, ERROR),
+    ("deep nesting", lambda rng, good: (deep(rng.choice([50, 1000, 5000, 100000]), rng.choice("[{")).encode(),
+                                        JSON), ERROR),
+    ("top-level scalar", lambda rng, good: (rng.choice([b"null", b"true", b"0", b"-0.0", b"1e400", b"NaN",
+                                                        b"\"text\"", b"[]", b"[{}]"]), JSON), ERROR),
+    ("overlong utf-8", lambda rng, good: (good.replace(b"{", b"{\"\xc0\xaf\": 1, ", 1), JSON), ERROR),
+    ("utf-8 encoded surrogate", lambda rng, good: (good.replace(b"{", b"{\"\xed\xa0\x80\": 1, ", 1), JSON), ERROR),
+    ("nul byte", lambda rng, good: (good.replace(b"{", b"{\x00", 1), JSON), ERROR),
+    ("utf-16 with BOM", lambda rng, good: (good.decode("utf-8").encode(rng.choice(["utf-16", "utf-16-be"])),
+                                           rng.choice([JSON, "application/json; charset=utf-16"])), EITHER),
+    ("utf-8 BOM", lambda rng, good: (b"\xef\xbb\xbf" + good, JSON), EITHER),
+    ("form content type", lambda rng, good: (good, rng.choice(["application/x-www-form-urlencoded",
+                                                               "multipart/form-data; boundary=xyz"])), ERROR),
+    ("other content type", lambda rng, good: (good, rng.choice(["application/octet-stream", None, "application/xml",
+                                                                "image/png", "application/json-patch+json"])), EITHER),
+    ("json content type variants", lambda rng, good: (good, rng.choice([
+        "application/json; charset=utf-8", "application/json;charset=UTF-8", "APPLICATION/JSON",
+        "application/json; charset=latin-1"])), EITHER),
+]
+
+
+# ------------------------------------------------------------------------------------------------ classifier
+EXTREMES = [FLT_MAX, -FLT_MAX, Raw("3.4028235e38"), Raw("-3.4028235e+38"), 3.3e38, -3.3e38, 3e38, 2.9e38, 1e38,
+            -1e38, 1e30, 2 ** 100, -(2 ** 100), 1.17549435e-38, Raw("1E-45"), 1e-300, 5e-324, Raw("-0.0"), 0, -0.0]
+BEYOND_FLOAT32 = [3.5e38, -3.5e38, Raw("3.4028236e38"), 1e39, -1e39, 1e300, Raw("1e309"), Raw("-1e400"),
+                  10 ** 39, -(10 ** 39), Raw("1" + "0" * 400), Raw("1.0e99999")]
+NON_FINITE = [Raw("NaN"), Raw("Infinity"), Raw("-Infinity"), Raw("nan"), Raw("inf")]
+TINY = [Raw("1e-45"), 1e-300, 5e-324, 2.2250738585072014e-308, 1.4e-45, Raw("4.9406564584124654e-324"), -1e-310]
+
+
+def number(rng):
+    """A value from the normal range, written in one of several literal forms."""
+    value = rng.gauss(0, 1.5)
+    form = rng.random()
+    if form < 0.6:
+        return value
+    if form < 0.7:
+        return rng.randint(-5, 5)
+    if form < 0.8:
+        return Raw(f"{value:.3E}")
+    if form < 0.9:
+        return rng.choice(TINY)
+    return Raw(repr(round(value, 2)))
+
+
+def classifier_row(rng, features, specials=(), share=0.0):
+    row = [number(rng) for _ in range(features)]
+    if specials:
+        for position in rng.sample(range(features), max(1, int(share * features))):
+            row[position] = rng.choice(specials)
+    return row
+
+
+def classifier_body(rng, limits, rows=None, specials=(), share=0.0):
+    features = limits.features
+    count = rows if rows is not None else rng.choice([0, 0, 0, 1, 2, 3, 5, 8, 16])
+    if count == 0:
+        return {"inputs": classifier_row(rng, features, specials, share)}
+    return {"inputs": [classifier_row(rng, features, specials, share) for _ in range(count)]}
+
+
+def classifier_productions(limits):
+    features, max_rows = limits.features, limits.handler["max_rows"]
+
+    def good(rng):
+        return (*json_case(rng, classifier_body(rng, limits)), OK)
+
+    def at_max_rows(rng):
+        return (*json_case(rng, classifier_body(rng, limits, rows=max_rows)), OK)
+
+    def extremes(rng):  # finite float32 values, some huge: the oracle decides from the model what must happen
+        share = rng.choice([0.01, 0.1, 1.0])
+        return (*json_case(rng, classifier_body(rng, limits, specials=EXTREMES, share=share)), OK)
+
+    def large_but_safe(rng):  # big and tiny finite values the model computes without overflow: must be served
+        specials = [1e30, -1e30, 2 ** 100, -(2 ** 90), 1e20, Raw("1.17549435e-38"), Raw("1E-45"), 5e-324, Raw("-0.0")]
+        return (*json_case(rng, classifier_body(rng, limits, specials=specials, share=rng.choice([0.05, 0.3]))), OK)
+
+    def issue_repro(rng):  # issue 11 #2: [1e38]*128, [2.9e38]*128, random +-2.9e38
+        value = rng.choice([1e38, 2.9e38, 3.3e38, FLT_MAX])
+        row = [value] * features if rng.random() < 0.5 else [rng.choice([value, -value]) for _ in range(features)]
+        return (*json_case(rng, {"inputs": row}), OK)
+
+    def beyond(rng):
+        return (*json_case(rng, classifier_body(rng, limits, specials=BEYOND_FLOAT32, share=0.01)), ERROR)
+
+    def non_finite(rng):
+        return (*json_case(rng, classifier_body(rng, limits, specials=NON_FINITE, share=0.01)), ERROR)
+
+    def wrong_count(rng):
+        count = rng.choice([0, 1, features - 1, features + 1, 2 * features, rng.randrange(0, 3 * features)])
+        count = count if count != features else features + 1
+        row = [number(rng) for _ in range(count)]
+        return (*json_case(rng, {"inputs": row if rng.random() < 0.5 else [row]}), ERROR)
+
+    def too_many_rows(rng):
+        rows = rng.choice([max_rows + 1, max_rows + 2, 2 * max_rows])
+        return (*json_case(rng, {"inputs": [[0.5] * features] * rows}), ERROR)
+
+    def wrong_type_inputs(rng):
+        value = rng.choice([None, True, 0, 3.5, "1,2,3", "", {}, {"a": [1]}, [], [[]], [[[0.5] * features]]])
+        return (*json_case(rng, {"inputs": value}), ERROR)
+
+    def wrong_type_element(rng):
+        row = classifier_row(rng, features)
+        row[rng.randrange(features)] = rng.choice([None, True, False, "1", "", [1], {"v": 1}, [], Raw("null")])
+        return (*json_case(rng, {"inputs": row if rng.random() < 0.5 else [classifier_row(rng, features), row]}),
+                ERROR)
+
+    def ragged(rng):
+        rows = [classifier_row(rng, features), classifier_row(rng, features)[:rng.randrange(features)]]
+        rng.shuffle(rows)
+        return (*json_case(rng, {"inputs": rows}), ERROR)
+
+    def row_not_list(rng):
+        return (*json_case(rng, {"inputs": [classifier_row(rng, features), rng.choice([5, "row", None, {}])]}),
+                ERROR)
+
+    def unknown_field(rng):
+        body = classifier_body(rng, limits)
+        body[rng.choice(["input", "temperature", "Inputs", "", "inputs "])] = wrong_values(rng)
+        return (*json_case(rng, body), ERROR)
+
+    def missing_inputs(rng):
+        return (*json_case(rng, rng.choice([{}, {"input": [0.5] * features}, {"data": [[0.5] * features]}])), ERROR)
+
+    def duplicate_keys(rng):  # the last key wins in Python's parser; a server may also refuse duplicates
+        good_rows = classifier_body(rng, limits)["inputs"]
+        bad = rng.choice([None, "x", [1, 2], []])
+        if rng.random() < 0.5:
+            return (*json_case(rng, Pairs([("inputs", bad), ("inputs", good_rows)])), EITHER)
+        return (*json_case(rng, Pairs([("inputs", good_rows), ("inputs", bad)])), ERROR)
+
+    def max_body(rng):  # exactly max_request_size bytes: still served
+        body = dumps({"inputs": [0.25] * features}).encode()
+        return body + b" " * (limits.max_request_size - len(body)), JSON, OK
+
+    def over_max_body(rng):
+        body = dumps({"inputs": [0.25] * features}).encode()
+        return body + b" " * (limits.max_request_size + rng.choice([1, 1000]) - len(body)), JSON, ERROR
+
+    weighted = [
+        (good, 30), (at_max_rows, 2), (extremes, 8), (large_but_safe, 4), (issue_repro, 3), (beyond, 6),
+        (non_finite, 4),
+        (wrong_count, 5), (too_many_rows, 2), (wrong_type_inputs, 4), (wrong_type_element, 5), (ragged, 2),
+        (row_not_list, 2), (unknown_field, 3), (missing_inputs, 2), (duplicate_keys, 3), (max_body, 0.1),
+        (over_max_body, 0.1),
+    ]
+    return weighted, lambda rng: json_case(rng, classifier_body(rng, limits))[0]
+
+
+# ------------------------------------------------------------------------------------------------ minilm
+def minilm_productions(limits, texts):
+    handler = limits.handler
+    max_inputs = handler["max_inputs"]
+    text_limit = handler.get("max_text_chars")
+
+    def pick(rng):
+        return rng.choice(texts)
+
+    def good_text(rng):
+        body = {"text": pick(rng)}
+        if rng.random() < 0.3:
+            body["truncate"] = rng.random() < 0.5
+        return (*json_case(rng, body), OK)
+
+    def good_openai(rng):
+        count = rng.choice([0, 1, 2, 3, 8])
+        body = {"input": pick(rng) if count == 0 else [pick(rng) for _ in range(count)]}
+        for key, value in (("model", "all-MiniLM-L6-v2"), ("user", "fuzzer"), ("encoding_format", "float"),
+                           ("dimensions", 384), ("truncate", True)):
+            if rng.random() < 0.2:
+                body[key] = value
+        return (*json_case(rng, body), OK)
+
+    def max_inputs_list(rng):
+        return (*json_case(rng, {"input": [f"short text {i}" for i in range(max_inputs)]}), OK)
+
+    def plain_text(rng):
+        content_type = rng.choice(["text/plain", "text/plain; charset=utf-8", "text/plain;charset=UTF-8",
+                                   "text/markdown", "TEXT/PLAIN"])
+        return encode(pick(rng)), content_type, OK
+
+    def plain_other_charset(rng):  # a charset we may or may not honour: a 200 must embed the text as meant
+        text = rng.choice(["naïve façade", "café crème", "Grüße aus Köln"])  # Latin-1 can spell these
+        charset = rng.choice(["latin-1", "utf-16"])
+        return text.encode(charset), f"text/plain; charset={charset}", EITHER
+
+    def token_boundary(rng):  # around the 256-token limit ([CLS] + n words + [SEP]), truncate true and false
+        body = {"text": " ".join(["word"] * rng.choice([253, 254, 255, 256, 300])), "truncate": rng.random() < 0.7}
+        return (*json_case(rng, body), OK)  # the oracle counts tokens and expects 400 for truncate false + long
+
+    def char_boundary(rng):  # at and just over the character limit (the oracle knows which one must fail)
+        limit = text_limit or 20000
+        length = rng.choice([limit, limit + 1])
+        text = ("word " * (length // 5 + 1))[:length - 1] + "x"
+        if rng.random() < 0.5:
+            return encode(text), "text/plain", OK
+        return (*json_case(rng, {"input": [text, "short"]}), OK)
+
+    def max_body_text(rng):  # a text/plain body of exactly max_request_size bytes
+        size = limits.max_request_size
+        return ("word " * (size // 5 + 1)).encode()[:size], "text/plain", OK
+
+    def over_max_body(rng):
+        return b"x" * (limits.max_request_size + rng.choice([1, 1000])), rng.choice(["text/plain", JSON]), ERROR
+
+    def empty_text(rng):
+        value = rng.choice(["", " ", "\t\n", "\u3000", "\u00a0 \u2003", "\r\n"])
+        if rng.random() < 0.3:
+            return encode(value), "text/plain", ERROR
+        return (*json_case(rng, rng.choice([{"text": value}, {"input": value}, {"input": ["ok", value]}])), ERROR)
+
+    def wrong_types(rng):
+        field_name = rng.choice(["text", "input", "truncate", "model", "user", "encoding_format", "dimensions"])
+        value = wrong_values(rng)
+        if field_name == "truncate" and isinstance(value, bool):
+            value = "yes"
+        if field_name in ("text", "input") and isinstance(value, str) and value.strip():
+            value = 5
+        if field_name in ("model", "user") and isinstance(value, str):  # any string is fine there
+            value = rng.choice([5, None, ["m"], {"name": "m"}])
+        if field_name == "input" and value == [1, 2]:
+            value = [[101, 102]]
+        body = {"text": "hello"} if field_name in ("text", "truncate") else {"input": "hello"}
+        body[field_name] = value
+        if field_name == "encoding_format":
+            body[field_name] = rng.choice(["base64", "FLOAT", None, 1])
+        if field_name == "dimensions":
+            body[field_name] = rng.choice([128, 383, 385, 384.0, True, "384", None, 0, -384, 10 ** 30])
+        return (*json_case(rng, body), ERROR)
+
+    def too_many_inputs(rng):
+        return (*json_case(rng, {"input": ["x"] * rng.choice([max_inputs + 1, 10 * max_inputs])}), ERROR)
+
+    def text_and_input(rng):
+        return (*json_case(rng, {"text": "a", "input": "b"}), ERROR)
+
+    def unknown_field(rng):
+        body = rng.choice([{"text": "a"}, {"input": ["a"]}])
+        body[rng.choice(["normalize", "pooling", "Text", "", "texts"])] = wrong_values(rng)
+        return (*json_case(rng, body), ERROR)
+
+    def lone_surrogate(rng):
+        where = rng.choice(["\ud800", "\udfff", "a\ud83d", "\ude00b"])
+        body = rng.choice([{"text": f"abc {where} def"}, {"input": ["fine", f"x{where}"]}])
+        return encode(dumps(body, ascii_only=True)), JSON, ERROR
+
+    def surrogate_pair(rng):  # a valid escaped pair is one astral character
+        return encode(dumps({"text": "smile \ud83d\ude00 please"}, ascii_only=True)), JSON, OK
+
+    def invalid_utf8_text(rng):
+        junk = rng.choice([b"\xff", b"\xc0\xaf", b"\xed\xa0\x80", b"\xe2\x82", b"\x80abc", b"\xf5\x80\x80\x80"])
+        return b"hello " + junk + b" world", rng.choice(["text/plain", "text/plain; charset=utf-8"]), ERROR
+
+    def nul_text(rng):
+        return b"before \x00 after", "text/plain", OK
+
+    def duplicate_keys(rng):
+        if rng.random() < 0.5:
+            return (*json_case(rng, Pairs([("text", 5), ("text", pick(rng))])), EITHER)
+        return (*json_case(rng, Pairs([("text", pick(rng)), ("text", None)])), ERROR)
+
+    weighted = [
+        (good_text, 22), (good_openai, 12), (max_inputs_list, 1), (plain_text, 10), (plain_other_charset, 2),
+        (token_boundary, 3), (char_boundary, 1), (max_body_text, 0.1), (over_max_body, 0.2), (empty_text, 4),
+        (wrong_types, 10), (too_many_inputs, 2), (text_and_input, 1), (unknown_field, 3), (lone_surrogate, 3),
+        (surrogate_pair, 1), (invalid_utf8_text, 3), (nul_text, 1), (duplicate_keys, 2),
+    ]
+    return weighted, lambda rng: json_case(rng, {"text": pick(rng)})[0]
+
+
+# ------------------------------------------------------------------------------------------------ generator
+TINY_TEMPERATURES = [1e-40, 1e-300, 5e-324, 1.4e-45, Raw("1e-45"), 1e-30, 1e-8]
+MAX_SEED = 2 ** 63 - 1
+
+
+def generator_productions(limits, prompts):
+    handler = limits.handler
+    max_new, max_prompt, max_temperature = handler["max_new_tokens"], handler["max_prompt_tokens"], \
+        handler["max_temperature"]
+    vocab = limits.vocab_size
+
+    def settings(rng, body):
+        body["max_new_tokens"] = rng.choice([None, 1, 2, 3, 4, 6, 8, 12, 16, 16, 16])
+        if rng.random() < 0.01:
+            body["max_new_tokens"] = rng.choice([max_new, max_new - 1, 64])
+        body["temperature"] = rng.choice([None, 0, 0, Raw("-0.0"), 0.7, 1, 1.3, max_temperature, 1e-3])
+        body["top_k"] = rng.choice([None, 0, 1, 2, 40, vocab - 1, vocab])
+        body["seed"] = rng.choice([None, 0, 1, MAX_SEED, rng.randrange(MAX_SEED)])
+        body["stream"] = rng.choice([None, True, False])
+        return {k: v for k, v in body.items() if v is not None}
+
+    def good(rng):
+        return (*json_case(rng, settings(rng, {"prompt": rng.choice(prompts)})), OK)
+
+    def tiny_temperature(rng):  # issue 11 #1: must not fail the request (nor, above all, its batch-mates)
+        body = settings(rng, {"prompt": rng.choice(prompts)})
+        body["temperature"] = rng.choice(TINY_TEMPERATURES)
+        return (*json_case(rng, body), EITHER)
+
+    def prompt_at_limit(rng):
+        count = rng.choice([max_prompt, max_prompt - 1])
+        body = {"prompt": limits.repeat_piece * count, "max_new_tokens": rng.choice([1, 4])}
+        return (*json_case(rng, body), OK)
+
+    def prompt_over_limit(rng):
+        count = rng.choice([max_prompt + 1, 2 * max_prompt])
+        return (*json_case(rng, {"prompt": limits.repeat_piece * count, "max_new_tokens": 1}), ERROR)
+
+    def prompt_over_chars(rng):
+        return (*json_case(rng, {"prompt": "x" * (limits.max_prompt_chars + rng.choice([1, 1000]))}), ERROR)
+
+    def bad_field(rng):
+        body = {"prompt": rng.choice(prompts), "max_new_tokens": 2}
+        name, value = rng.choice([
+            ("max_new_tokens", rng.choice([0, -1, max_new + 1, 10 ** 30, 2.5, Raw("1e2"), "4", True, None, []])),
+            ("temperature", rng.choice([-1e-9, -1, max_temperature * 1.000001, 1e308, Raw("NaN"), Raw("Infinity"),
+                                        Raw("-Infinity"), Raw("1e309"), Raw("1" + "0" * 400), "0.5", True, None])),
+            ("top_k", rng.choice([-1, vocab + 1, 10 ** 20, 1.5, "5", True, None])),
+            ("seed", rng.choice([-1, MAX_SEED + 1, 2 ** 64, 2 ** 64 + 1, 1.0, "42", True, None, Raw("1e18")])),
+            ("stream", rng.choice(["true", 1, 0, None, "yes", []])),
+            ("prompt", rng.choice([None, 5, ["a", "b"], {"text": "a"}, "", True])),
+        ])
+        body[name] = value
+        return (*json_case(rng, body), ERROR)
+
+    def unknown_field(rng):
+        body = {"prompt": "hi"}
+        body[rng.choice(["max_tokens", "n", "stop", "top_p", "Prompt", ""])] = wrong_values(rng)
+        return (*json_case(rng, body), ERROR)
+
+    def missing_prompt(rng):
+        return (*json_case(rng, rng.choice([{}, {"max_new_tokens": 3}, {"text": "hi"}])), ERROR)
+
+    def lone_surrogate(rng):
+        surrogate = rng.choice(["\ud800", "\udbff", "\udc00"])
+        body = {"prompt": f"a {surrogate} b", "max_new_tokens": 2}
+        return encode(dumps(body, ascii_only=True)), JSON, ERROR
+
+    def odd_prompt(rng):  # valid but unusual prompts: whitespace, NUL, astral characters, control characters
+        prompt = rng.choice([" ", "\n", "\u0000", "\U0001f600", "\x7f\x1b[0m", "\u200b", "\ufeff"])
+        return (*json_case(rng, {"prompt": prompt, "max_new_tokens": rng.choice([1, 3]), "seed": 7,
+                                 "temperature": rng.choice([0, 1])}), OK)
+
+    def duplicate_keys(rng):
+        if rng.random() < 0.5:
+            return (*json_case(rng, Pairs([("prompt", None), ("prompt", rng.choice(prompts)),
+                                           ("max_new_tokens", 2)])), EITHER)
+        return (*json_case(rng, Pairs([("prompt", "hi"), ("max_new_tokens", 2), ("max_new_tokens", 0)])), ERROR)
+
+    def over_max_body(rng):
+        body = encode(dumps({"prompt": "hi"}))
+        return body + b" " * (limits.max_request_size + 1 - len(body)), JSON, ERROR
+
+    weighted = [
+        (good, 40), (tiny_temperature, 6), (prompt_at_limit, 1), (prompt_over_limit, 1), (prompt_over_chars, 1),
+        (bad_field, 20), (unknown_field, 3), (missing_prompt, 2), (lone_surrogate, 2), (odd_prompt, 2),
+        (duplicate_keys, 2), (over_max_body, 0.1),
+    ]
+    return weighted, lambda rng: json_case(rng, {"prompt": rng.choice(prompts), "max_new_tokens": 2})[0]
+
+
+def prompt_pool(seed, size):
+    rng = random.Random(f"{seed}:prompts")
+    prompts = ["Once upon a time", "hi", "The quick brown fox", "naïve café", "日本語", "emoji 😀",
+               "".join(rng.choice(string.printable) for _ in range(40))]
+    while len(prompts) < size:
+        prompts.append(sentence(rng, rng.choice([1, 2, 5, 12, 30])))
+    return prompts[:size]
+
+
+# ------------------------------------------------------------------------------------------------ campaign
+class Grammar:
+    """All productions of one model; ``case(index)`` is a pure function of (seed, model, index)."""
+
+    def __init__(self, model, limits, seed, pool_size=200):
+        self.model, self.limits, self.seed = model, limits, seed
+        if model == "classifier":
+            weighted, self.good_body = classifier_productions(limits)
+        elif model == "minilm":
+            weighted, self.good_body = minilm_productions(limits, text_pool(seed, pool_size))
+        elif model == "generator":
+            weighted, self.good_body = generator_productions(limits, prompt_pool(seed, pool_size))
+        else:
+            raise ValueError(f"no request grammar for model {model!r}")
+        generic = [(self._generic(name, make, expect), 1.0) for name, make, expect in GENERIC]
+        self.productions: List[Tuple[Callable, float]] = weighted + generic
+
+    def _generic(self, name, make, expect):
+        def production(rng):
+            body, content_type = make(rng, self.good_body(rng))
+            return body, content_type, expect
+
+        production.__name__ = name.replace(" ", "_")
+        return production
+
+    def case(self, index):
+        rng = random.Random(f"{self.seed}:{self.model}:{index}")
+        if index < len(self.productions):  # the first cases walk every production once
+            production = self.productions[index][0]
+        else:
+            production = rng.choices([p for p, _ in self.productions], [w for _, w in self.productions])[0]
+        body, content_type, expect = production(rng)
+        case = Case(self.model, self.seed, index, production.__name__, body, content_type, expect)
+        case.oversize = len(body) > self.limits.max_request_size
+        if case.oversize:
+            case.expect = ERROR
+        return case
+
+    def cases(self, count):
+        return [self.case(index) for index in range(count)]

@@ -1,0 +1,133 @@
+"""The fuzzer's verdicts can fail: each fabricated bad answer lands in its failure class, good answers pass, and the
+grammar is reproducible from its seed."""
+
+import json
+
+import pytest
+
+from scripts.reliability import fuzz
+from scripts.reliability.fuzz_grammar import EITHER, ERROR, OK, Case, Grammar, Limits, Pairs, Raw, dumps
+
+
+class FakeOracle:
+    """Accepts an answer iff it equals `wanted`; records what it was shown."""
+
+    def __init__(self, wanted):
+        self.wanted, self.seen = wanted, []
+
+    def check(self, case, answer):
+        self.seen.append(answer)
+        return None if answer == self.wanted else f"got {answer!r}"
+
+
+def case(expect, body=b"{}", oversize=False, content_type="application/json"):
+    return Case("classifier", 0, 7, "test", body, content_type, expect, oversize=oversize)
+
+
+def answer(status, body, content_type="application/json"):
+    payload = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return fuzz.Answer(status, content_type, payload, 0.01)
+
+
+ERROR_BODY = {"code": 400, "type": "InvalidRequest", "message": "'inputs' has 3 values; expected 128"}
+
+
+@pytest.mark.parametrize("the_case, the_answer, verdict", [
+    (case(OK), answer(200, b'{"label": 1, "probabilities": [NaN]}'), "not_strict_json"),
+    (case(OK), answer(200, b'{"x": Infinity}'), "not_strict_json"),
+    (case(OK), answer(200, b'{"x": 1'), "not_strict_json"),
+    (case(ERROR), answer(200, b"\xff\xfe"), "not_strict_json"),
+    (case(ERROR), answer(500, {"code": 500, "message": "inference failed"}), "server_error_on_client_body"),
+    (case(EITHER), answer(503, {"code": 503, "message": "Prediction failed"}), "server_error_on_client_body"),
+    (case(OK), answer(500, {"code": 500, "message": "inference failed: RuntimeError"}), "good_failed"),
+    (case(OK), answer(400, ERROR_BODY), "good_failed"),
+    (case(OK), answer(200, {"label": 2}), "wrong_answer"),
+    (case(ERROR), answer(200, {"label": 1}), "bad_accepted"),
+    (case(ERROR), answer(400, {"code": 400}), "error_without_message"),
+    (case(ERROR), answer(400, {"code": 400, "message": "  "}), "error_without_message"),
+    (case(ERROR), answer(400, [1, 2]), "error_without_message"),
+    (case(ERROR, oversize=True), answer(400, ERROR_BODY), "error_without_message"),
+    (case(ERROR, oversize=True), answer(200, {"label": 1}), "bad_accepted"),
+    (case(OK), fuzz.Answer(0, "", b"", 60.0, "TimeoutError"), "lost"),
+])
+def test_bad_answers_fail(the_case, the_answer, verdict):
+    result = fuzz.judge(the_case, the_answer, FakeOracle({"label": 1}))
+    assert result is not None and result[0] == verdict, result
+
+
+@pytest.mark.parametrize("the_case, the_answer", [
+    (case(OK), answer(200, {"label": 1})),
+    (case(EITHER), answer(200, {"label": 1})),
+    (case(EITHER), answer(422, {"code": 422, "message": "the input overflows float32 inside the model"})),
+    (case(ERROR), answer(415, {"code": 415, "message": "form fields"})),
+    (case(ERROR, oversize=True), answer(413, b"<html>not ours to check</html>", "text/html")),
+])
+def test_right_answers_pass(the_case, the_answer):
+    assert fuzz.judge(the_case, the_answer, FakeOracle({"label": 1})) is None
+
+
+def test_a_stream_is_strict_ndjson_and_is_judged_as_one_answer():
+    oracle = FakeOracle({"text": "ab", "finish_reason": "length"})
+    lines = b'{"text": "a", "done": false}\n{"text": "b", "done": true, "finish_reason": "length"}\n'
+    assert fuzz.judge(case(OK), answer(200, lines, fuzz.NDJSON), oracle) is None
+    assert oracle.seen == [{"text": "ab", "finish_reason": "length"}]
+    bad_line = b'{"text": "a", "done": false}\n{"text": "b", "done": true, "score": NaN}\n'
+    assert fuzz.judge(case(OK), answer(200, bad_line, fuzz.NDJSON), oracle)[0] == "not_strict_json"
+    unfinished = b'{"text": "a", "done": false}\n'
+    assert fuzz.judge(case(OK), answer(200, unfinished, fuzz.NDJSON), oracle)[0] == "wrong_answer"
+
+
+def test_evaluate_counts_every_class_and_keeps_reproducers():
+    cases = [case(OK), case(ERROR), case(OK)]
+    answers = [answer(200, {"label": 1}), answer(500, {"message": "boom"}), answer(200, b"[NaN]")]
+    counts, examples, productions = fuzz.evaluate(cases, answers, FakeOracle({"label": 1}), "http://h/predictions/m")
+    assert counts["server_error_on_client_body"] == 1 and counts["not_strict_json"] == 1
+    assert sum(counts.values()) == 2 and set(counts) == set(fuzz.CLASSES)
+    assert "curl" in examples["not_strict_json"][0]["reproduce"]
+    assert productions["test"] == {"ok:200": 2, "error:500": 1}
+
+
+def test_dumps_writes_what_the_standard_encoder_cannot():
+    text = dumps(Pairs([("a", Raw("NaN")), ("a", [Raw("1e400"), -0.0])]), style=(",", ":"))
+    assert text == '{"a":NaN,"a":[1e400,-0.0]}'
+    with pytest.raises(ValueError):
+        fuzz.strict_json(text.encode())
+
+
+def test_grammar_is_reproducible_and_walks_every_production():
+    limits = Limits(max_request_size=4096, handler={"max_rows": 4})
+    first, again = Grammar("classifier", limits, seed=3), Grammar("classifier", limits, seed=3)
+    count = len(first.productions) + 50
+    cases = first.cases(count)
+    assert [(c.body, c.content_type, c.expect) for c in cases] == \
+        [(c.body, c.content_type, c.expect) for c in again.cases(count)]
+    assert again.case(count - 1).body == cases[-1].body  # one case alone: the reproducer's path
+    walked = {c.production for c in cases[:len(first.productions)]}
+    assert len(walked) == len(first.productions)
+    assert any(c.oversize and c.expect == ERROR for c in cases)
+    assert Grammar("classifier", limits, seed=4).case(count - 1).body != cases[-1].body
+
+
+def test_classifier_oracle_expects_overflow_to_be_refused(model_store):
+    oracle = fuzz.ClassifierOracle(model_store / "classifier.mar", 6553500)
+    normal = case(OK, json.dumps({"inputs": [0.1] * 128}).encode())
+    overflow = case(OK, json.dumps({"inputs": [3e38] * 128}).encode())
+    beyond = case(OK, json.dumps({"inputs": [1e39] + [0.0] * 127}).encode())
+    for index, item in enumerate((normal, overflow, beyond)):
+        item.index = index
+    oracle.prepare([normal, overflow, beyond])
+    assert (normal.expect, overflow.expect, beyond.expect) == (OK, ERROR, ERROR)
+    assert oracle.check(normal, {"label": 0, "probabilities": [0.1] * 10}) is not None
+
+
+@pytest.mark.parametrize("model, handler", [
+    ("classifier", {"max_rows": 64}),
+    ("minilm", {"max_inputs": 64, "max_text_chars": 20000}),
+    ("generator", {"max_new_tokens": 256, "max_prompt_tokens": 256, "max_temperature": 5.0}),
+])
+def test_every_production_builds_its_bodies(model, handler):
+    """A thousand draws per grammar without a production failing to build its body (a campaign would stop)."""
+    limits = Limits(max_request_size=70000, handler=handler, vocab_size=512, max_prompt_chars=3584)
+    cases = Grammar(model, limits, seed=5).cases(1000)
+    assert {c.expect for c in cases} == {OK, ERROR, EITHER}
+    assert all(isinstance(c.body, bytes) for c in cases)
