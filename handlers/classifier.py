@@ -11,7 +11,7 @@ import torch
 
 from handlers.base import ServingHandler, json_body
 from handlers.config import COMMON_OPTIONS, Option
-from handlers.errors import RequestError, shown
+from handlers.errors import RequestError, shown, too_large
 from handlers.nets import MLPClassifier
 
 ALLOWED_FIELDS = {"inputs"}
@@ -67,7 +67,7 @@ class ClassifierHandler(ServingHandler):
         single = not isinstance(inputs[0], list)
         rows = [inputs] if single else inputs
         if len(rows) > self.config["max_rows"]:
-            raise RequestError(f"'inputs' has {len(rows)} rows; at most {self.config['max_rows']} are allowed")
+            raise too_large(f"'inputs' has {len(rows)} rows; handler.max_rows is {self.config['max_rows']}")
         for number, row in enumerate(rows):
             where = "'inputs'" if single else f"'inputs'[{number}]"
             if not isinstance(row, list):

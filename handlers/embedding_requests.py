@@ -10,16 +10,29 @@ Accepted bodies (see the README section "embeddings"):
 ``model`` and ``user`` are accepted and ignored (the URL picks the model). Fields that would change the answer and
 that we cannot honour are refused instead of silently ignored: ``encoding_format`` other than ``"float"``,
 ``dimensions`` other than the model's own, token-id arrays, and any field not listed above.
+
+Size limits (``handler:`` config, :class:`EmbeddingLimits`) are checked here, before any text reaches the tokenizer:
+the tokenizer reads a whole text even though only its first 256 tokens are kept, so its cost grows with characters.
+Each refusal is a 413 whose message names the limit key and its value.
 """
 
 from dataclasses import dataclass
 from typing import List
 
-from handlers.base import decode_json, to_json
-from handlers.errors import RequestError
+from handlers.base import decode_json
+from handlers.errors import RequestError, too_large
 
 TEXT_FIELDS = {"text", "truncate"}
 OPENAI_FIELDS = {"input", "model", "encoding_format", "dimensions", "user", "truncate"}
+
+
+@dataclass(frozen=True)
+class EmbeddingLimits:
+    """What one request may cost before tokenizing (tokens after truncation are checked by the handler)."""
+
+    max_inputs: int  # texts in one 'input' list
+    max_text_chars: int  # characters (code points) of one text
+    max_request_chars: int  # characters of all the request's texts together
 
 
 @dataclass
@@ -30,10 +43,12 @@ class EmbeddingRequest:
     truncate: bool  # False: a text over the token limit is an error instead of being cut
 
 
-def check_text(value, where):
+def check_text(value, where, max_chars):
     if not isinstance(value, str):
         hint = ": token-id arrays are not supported, send text" if isinstance(value, (int, list)) else ""
         raise RequestError(f"{where} is {type(value).__name__}, not a string{hint}")
+    if len(value) > max_chars:  # first: the checks below copy or scan the whole text
+        raise too_large(f"{where} has {len(value)} characters; handler.max_text_chars is {max_chars}")
     if not value.strip():
         raise RequestError(f"{where} is empty (or only whitespace)")
     try:
@@ -43,8 +58,17 @@ def check_text(value, where):
     return value
 
 
-def parse_embedding_request(body, content_type, dimension, max_inputs):
+def parse_embedding_request(body, content_type, dimension, limits):
     """Validate one request body (as TorchServe hands it over) into an :class:`EmbeddingRequest`."""
+    request = parse_body(body, content_type, dimension, limits)
+    chars = sum(len(text) for text in request.texts)
+    if chars > limits.max_request_chars:
+        raise too_large(f"the request's texts have {chars} characters together; handler.max_request_chars is "
+                        f"{limits.max_request_chars}")
+    return request
+
+
+def parse_body(body, content_type, dimension, limits):
     if isinstance(body, (bytes, bytearray)):
         if content_type.startswith("text/"):
             try:
@@ -60,7 +84,7 @@ def parse_embedding_request(body, content_type, dimension, max_inputs):
     if isinstance(body, str) and content_type == "application/json":  # TorchServe parsed a bare JSON string
         raise RequestError("body must be a JSON object with 'text' or 'input' (or send text/plain)")
     if isinstance(body, str):
-        return EmbeddingRequest([check_text(body, "body")], ["body"], "text", True)
+        return EmbeddingRequest([check_text(body, "body", limits.max_text_chars)], ["body"], "text", True)
     if not isinstance(body, dict):
         raise RequestError(f"body must be a JSON object with 'text' or 'input', got {type(body).__name__}")
     if "text" in body and "input" in body:
@@ -75,18 +99,21 @@ def parse_embedding_request(body, content_type, dimension, max_inputs):
     if not isinstance(truncate, bool):
         raise RequestError(f"'truncate' must be true or false, got {truncate!r}")
     if shape == "text":
-        return EmbeddingRequest([check_text(body["text"], "'text'")], ["'text'"], shape, truncate)
+        return EmbeddingRequest([check_text(body["text"], "'text'", limits.max_text_chars)], ["'text'"], shape,
+                                truncate)
 
     check_openai_options(body, dimension)
     inputs = body["input"]
     if isinstance(inputs, str):
-        return EmbeddingRequest([check_text(inputs, "'input'")], ["'input'"], shape, truncate)
+        return EmbeddingRequest([check_text(inputs, "'input'", limits.max_text_chars)], ["'input'"], shape, truncate)
     if not isinstance(inputs, list) or not inputs:
         raise RequestError("'input' must be a string or a non-empty list of strings")
-    if len(inputs) > max_inputs:
-        raise RequestError(f"'input' has {len(inputs)} items; at most {max_inputs} are allowed per request")
+    if len(inputs) > limits.max_inputs:
+        raise too_large(f"'input' has {len(inputs)} items; at most {limits.max_inputs} are allowed per request "
+                        f"(handler.max_inputs)")
     names = [f"'input'[{i}]" for i in range(len(inputs))]
-    return EmbeddingRequest([check_text(item, name) for item, name in zip(inputs, names)], names, shape, truncate)
+    texts = [check_text(item, name, limits.max_text_chars) for item, name in zip(inputs, names)]
+    return EmbeddingRequest(texts, names, shape, truncate)
 
 
 def check_openai_options(body, dimension):
@@ -101,12 +128,12 @@ def check_openai_options(body, dimension):
 
 
 def format_response(request, rows, model_name):
-    """The JSON answer to one request; ``rows`` are its CachedEmbedding-like entries in input order."""
+    """The answer to one request (the base serializes it); ``rows`` are its CachedEmbedding-like entries in order."""
     if request.shape == "text":
         [row] = rows
-        return to_json({"embedding": row.embedding.tolist(), "truncated": row.truncated})
+        return {"embedding": row.embedding.tolist(), "truncated": row.truncated}
     tokens = sum(row.tokens for row in rows)
     data = [{"object": "embedding", "index": index, "embedding": row.embedding.tolist(), "truncated": row.truncated}
             for index, row in enumerate(rows)]
-    return to_json({"object": "list", "data": data, "model": model_name,
-                    "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+    return {"object": "list", "data": data, "model": model_name,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}

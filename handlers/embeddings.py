@@ -6,17 +6,18 @@ answer every request with exactly its own rows, in order. Request shapes and val
 The model (encoder + mean pooling + L2 normalisation): handlers/sentence_encoder.py.
 """
 
+import hashlib
 import logging
 import os
 import torch
 
-from handlers import runtime
+from handlers import memory, runtime
 from handlers.base import ServingHandler
 from handlers.config import COMMON_OPTIONS, ConfigError, Option
 from handlers.embedding_batch import EmbeddingBatch
 from handlers.embedding_cache import CachedEmbedding, EmbeddingCache
-from handlers.embedding_requests import format_response, parse_embedding_request
-from handlers.errors import RequestError
+from handlers.embedding_requests import EmbeddingLimits, format_response, parse_embedding_request
+from handlers.errors import RequestError, too_large
 from handlers.length_buckets import check_buckets, padded_tokens, plan_forward_groups
 from handlers.sentence_encoder import (check_pooling, load_sentence_encoder, load_tokenizer, max_sequence_tokens,
                                        read_json)
@@ -28,10 +29,18 @@ class EmbeddingHandler(ServingHandler):
     options = {
         **COMMON_OPTIONS,
         "max_inputs": Option(int, 64, minimum=1, maximum=4096, help="texts one request may carry ('input' list)"),
+        # Cost bounds per request (the README's Reliability section has the measured worst case at these values).
+        "max_text_chars": Option(int, 20000, minimum=1, help="characters one text may have; checked before "
+                                 "tokenizing, which reads the whole text even when it is truncated"),
+        "max_request_chars": Option(int, 50000, minimum=1, help="characters of all texts of one request"),
+        "max_request_tokens": Option(int, 1024, minimum=1, help="tokens of one request after truncation "
+                                     "(usage.prompt_tokens); bounds its forward passes"),
         "cache_size": Option(int, 4096, minimum=0, help="embeddings kept in the worker's LRU cache; 0 disables it"),
         "length_buckets": Option(list, [16, 32, 64, 128, 256],
                                  help="token lengths rows are padded to; the last must be the model's limit"),
         "max_forward_tokens": Option(int, 8192, minimum=256, help="padded tokens one forward pass may hold"),
+        "release_memory_tokens": Option(int, 512, minimum=0, help="after a batch of at least this many padded "
+                                        "tokens, return freed heap memory to the OS (~2 ms); 0 = never"),
         "reference_sentences": Option(str, "reference_sentences.json", help="accuracy-gate sentences in the archive"),
         "aot_package": Option(str, "minilm.pt2", help="AOTInductor package in the archive, for compile: aot"),
     }
@@ -47,6 +56,12 @@ class EmbeddingHandler(ServingHandler):
             raise ConfigError(f"handler.length_buckets: {error}") from None
         if self.config["max_forward_tokens"] < self.max_tokens:
             raise ConfigError(f"handler.max_forward_tokens must hold one {self.max_tokens}-token row")
+        if self.config["max_request_chars"] < self.config["max_text_chars"]:
+            raise ConfigError(f"handler.max_request_chars ({self.config['max_request_chars']}) is below "
+                              f"handler.max_text_chars ({self.config['max_text_chars']}): no request could carry "
+                              f"the longest text allowed")
+        self.limits = EmbeddingLimits(self.config["max_inputs"], self.config["max_text_chars"],
+                                      self.config["max_request_chars"])
         self.tokenizer = load_tokenizer(model_dir, self.max_tokens)
         self.pad_id = self.tokenizer.token_to_id("[PAD]") or 0
         self.cache = EmbeddingCache(self.config["cache_size"])
@@ -121,19 +136,24 @@ class EmbeddingHandler(ServingHandler):
 
     def describe(self):
         return {**super().describe(), "max_tokens": self.max_tokens, "length_buckets": self.buckets,
-                "cache_size": self.config["cache_size"], "cached": len(self.cache), "dimension": self.dimension}
+                "cache_size": self.config["cache_size"], "cached": len(self.cache), "dimension": self.dimension,
+                "limits": {key: self.config[key] for key in ("max_inputs", "max_text_chars", "max_request_chars",
+                                                             "max_request_tokens")}}
 
     # ----------------------------------------------------------------------------------------------- per request
     def parse_request(self, body, request):
-        return parse_embedding_request(body, request.content_type, self.dimension, self.config["max_inputs"])
+        return parse_embedding_request(body, request.content_type, self.dimension, self.limits)
 
     def cache_key(self, text):
-        return (text, self.model_version, self.precision, self.max_tokens)
+        # A digest, not the text: a full cache of max_text_chars texts would hold up to 4 bytes x 20,000 characters
+        # x 4096 entries of keys (Python stores astral characters in 4 bytes each).
+        digest = hashlib.blake2b(text.encode("utf-8"), digest_size=16).digest()
+        return (digest, self.model_version, self.precision, self.max_tokens)
 
     # ----------------------------------------------------------------------------------------------- per batch
-    def run_stages(self, payloads, metrics):
+    def run_batch(self, payloads, metrics):
         self.batch_stats = None
-        results = super().run_stages(payloads, metrics)
+        results = super().run_batch(payloads, metrics)
         stats = self.batch_stats
         if stats is not None:
             metrics.record("BatchRows", stats["rows"])
@@ -141,6 +161,11 @@ class EmbeddingHandler(ServingHandler):
             metrics.record("CacheMisses", stats["misses"])
             if stats["real_tokens"]:
                 metrics.record("PaddingRatio", stats["padded_tokens"] / stats["real_tokens"])
+            threshold = self.config["release_memory_tokens"]
+            if threshold and stats["padded_tokens"] >= threshold:
+                # Otherwise the allocator keeps what this batch's activations and tokenizer buffers freed, and the
+                # worker's RSS ratchets up with every larger batch (see handlers/memory.py).
+                memory.release_free_memory()
         return results
 
     def preprocess(self, payloads):
@@ -164,14 +189,23 @@ class EmbeddingHandler(ServingHandler):
         encodings = self.tokenizer.encode_batch(misses) if misses else []
 
         needed = set()
+        max_request_tokens = self.config["max_request_tokens"]
         for number, (payload, keys) in enumerate(zip(payloads, batch.keys)):
+            tokens = 0
             for key, name in zip(keys, payload.names):
-                truncated = batch.known[key].truncated if key in batch.known else bool(
-                    encodings[miss_index[key]].overflowing)
+                if key in batch.known:
+                    truncated, tokens = batch.known[key].truncated, tokens + batch.known[key].tokens
+                else:
+                    encoding = encodings[miss_index[key]]
+                    truncated, tokens = bool(encoding.overflowing), tokens + len(encoding.ids)
                 if truncated and not payload.truncate:
                     batch.errors[number] = RequestError(
                         f"{name} is longer than the model's limit of {self.max_tokens} tokens and 'truncate' is false")
                     break
+            # Counted whether or not the rows are cached, so that acceptance never depends on the cache's state.
+            if batch.errors[number] is None and tokens > max_request_tokens:
+                batch.errors[number] = too_large(f"the request has {tokens} tokens after truncation; "
+                                                 f"handler.max_request_tokens is {max_request_tokens}")
             if batch.errors[number] is None:
                 needed.update(miss_index[key] for key in keys if key in miss_index)
 

@@ -34,6 +34,11 @@ class ServerError(RequestError):
         super().__init__(message, code=code, error_type=error_type)
 
 
+def too_large(message):
+    """A request over one of a model's size limits: 413, so a client can tell 'too big' from 'malformed'."""
+    return RequestError(message, code=413, error_type="RequestTooLarge")
+
+
 def shown(value, width=40):
     """A client's value for an error message, shortened so the message keeps what it says about it."""
     text = repr(value)

@@ -5,9 +5,11 @@
     python -m scripts.reliability --only soak --soak-minutes 10      # (make soak MINUTES=10)
 
 Checks: correctness under concurrency (every answer compared with that input's own in-process reference), the
-bad-input corpus (4xx + message, worker PIDs unchanged), overload at ~2x capacity (open loop: fast rejections,
-correct acceptances, normal service afterwards), SIGKILL of a worker under load, a request that hangs past
-responseTimeout, the production profile's security settings, unsafe model loading, and a memory soak.
+bad-input corpus (4xx + message, worker PIDs unchanged), log bytes per request (no tracebacks or repeated lines),
+overload at ~2x capacity (open loop: fast rejections, correct acceptances, normal service afterwards), SIGKILL of a
+worker under load, a request that hangs past responseTimeout, the production profile's security settings, unsafe model
+loading, a memory soak, and a fuzz campaign per model (generated valid and invalid requests sent concurrently:
+scripts/reliability/fuzz.py).
 The report (table + JSON + markdown) goes to loadtests/reports/reliability-<time>/. Exit code 1 if a check failed.
 """
 
@@ -23,14 +25,16 @@ from pathlib import Path
 import yaml
 
 from scripts import package
-from scripts.reliability import checks
+from scripts.reliability import checks, cost, fuzz
 from scripts.reliability.hang_handler import HANG_MARKER
+from scripts.reliability.logs import logs_check
 from scripts.reliability.references import Window, reference_for
 from scripts.reliability.soak import soak
 from scripts.server import start_isolated
 
 REPO = Path(__file__).resolve().parents[2]
-ALL_CHECKS = ("concurrency", "bad_input", "overload", "worker_kill", "hang", "security", "loading", "soak")
+ALL_CHECKS = ("concurrency", "bad_input", "logs", "overload", "worker_kill", "hang", "security", "loading", "soak",
+              "fuzz", "cost")
 HANG_TIMEOUT_S = 5
 
 
@@ -64,8 +68,13 @@ def run(args):
     from scripts.java_home import find_java_home
 
     java_home = str(find_java_home(verbose=False))
-    selected = set(args.only.split(",")) if args.only else set(ALL_CHECKS)
+    # --quick leaves the fuzzer out: `make test` runs its short form against the session server
+    # (tests/integration/test_fuzz_server.py).
+    selected = set(args.only.split(",")) if args.only else set(ALL_CHECKS) - ({"fuzz"} if args.quick else set())
     models = args.models.split(",")
+    fuzz_models = args.fuzz_models.split(",") if "fuzz" in selected else []
+    cost_models = list(cost.COST_MODELS) if "cost" in selected else []
+    extra = [model for model in dict.fromkeys(fuzz_models + cost_models) if model not in models]
     rows = []
     workdir = Path(tempfile.mkdtemp(prefix="reliability-"))
     started = []
@@ -75,10 +84,10 @@ def run(args):
         print(f"[{'pass' if row.passed else 'FAIL'}] {row.check}: {row.figure}", flush=True)
 
     try:
-        store = prepare_store(models, workdir)
+        store = prepare_store(models + extra, workdir)
         if "hang" in selected:
             build_hang_archive(store)
-        served = models + (["classifier-hang"] if "hang" in selected else [])
+        served = models + extra + (["classifier-hang"] if "hang" in selected else [])
         print(f"starting TorchServe with {', '.join(served)} ...", flush=True)
         server = start_isolated(REPO / "config.properties", workdir / "main", store, java_home, served)
         started.append(server)
@@ -96,9 +105,15 @@ def run(args):
                 add(checks.concurrency(server, next_window(args.requests), args.requests, args.clients))
             if "bad_input" in selected:
                 add(checks.bad_input(server, pool))
+            if "logs" in selected:  # log bytes per request, half good, half bad (scripts/reliability/logs.py)
+                add(logs_check(server, next_window(args.requests // 2), args.requests))
             capacity = 10.0
             if "overload" in selected or "soak" in selected:
-                capacity = checks.measure_capacity(server, next_window(0), args.capacity_seconds)
+                try:
+                    capacity = checks.measure_capacity(server, next_window(0), args.capacity_seconds)
+                except checks.CheckFailed as failure:
+                    add(failure.row)  # the load checks below are sized from it: report why, skip them
+                    continue
                 offset += int(capacity * args.capacity_seconds)
                 print(f"{model}: measured capacity ~{capacity:.0f} req/s (closed loop, 16 clients)", flush=True)
             if "overload" in selected and model in args.overload_models.split(","):
@@ -111,6 +126,10 @@ def run(args):
                 seconds = args.soak_minutes * 60
                 add(soak(server, next_window(0), seconds, rate, java_home=java_home,
                          warmup_seconds=min(60.0, seconds / 3)))
+        for model in cost_models:  # worst-case time and worker RSS of maximum-size requests (cost.py)
+            add(cost.cost_check(server, model, store, args.cost_requests))
+        for model in fuzz_models:  # generated valid and invalid requests (scripts/reliability/fuzz.py)
+            add(fuzz.campaign(server, model, store, args.fuzz_requests, args.fuzz_seed))
         if "hang" in selected:
             good = json.dumps({"inputs": [0.5] * 128}).encode()
             hanging = json.dumps({"inputs": [HANG_MARKER] + [0.5] * 127}).encode()
@@ -120,11 +139,14 @@ def run(args):
         if "security" in selected:
             production = REPO / "config" / "production.properties"
             if not production.exists():
-                print("security: config/production.properties not found; skipped", flush=True)
+                add(checks.Row("production profile: tokens, allowed_urls, request size",
+                               "not run: config/production.properties not found", "the production profile exists",
+                               False))
             else:
                 secure = start_isolated(production, workdir / "production", store, java_home, models[:1])
                 started.append(secure)
-                add(checks.security(secure, reference_for(models[0], store, 1).body(0), models[0]))
+                first = reference_for(models[0], store, 1)
+                add(checks.security(secure, first.body(0), models[0], lambda answer: first.matches(0, answer)))
         if "loading" in selected:
             add(checks.unsafe_loading())
     finally:
@@ -156,10 +178,16 @@ def main(argv=None):
     parser.add_argument("--overload-seconds", type=float, help="length of the overload phase (30)")
     parser.add_argument("--capacity-seconds", type=float, help="length of the capacity estimate (10)")
     parser.add_argument("--soak-minutes", type=float, help="length of the memory soak (2)")
+    parser.add_argument("--fuzz-models", default=",".join(fuzz.FUZZ_MODELS), help="models the fuzz check sends "
+                        "generated requests to (all three; served beside --models)")
+    parser.add_argument("--fuzz-requests", type=int, help="generated requests per model for the fuzz check (5000)")
+    parser.add_argument("--fuzz-seed", type=int, default=0, help="the fuzz grammar's seed (0)")
+    parser.add_argument("--cost-requests", type=int, help="maximum-size requests per model before the cost check "
+                        "reads worker RSS again (100)")
     parser.add_argument("--out", type=Path, help="report folder (default loadtests/reports/reliability-<time>)")
     args = parser.parse_args(argv)
     defaults = {"requests": (1000, 10000), "overload_seconds": (8, 30), "capacity_seconds": (4, 10),
-                "soak_minutes": (0.25, 2)}
+                "soak_minutes": (0.25, 2), "fuzz_requests": (300, 5000), "cost_requests": (30, 100)}
     for key, (quick, full) in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, quick if args.quick else full)

@@ -188,7 +188,6 @@ INVALID = {
     "invalid utf-8 plain text": ({"data": b"caf\xe9", "headers": {"Content-Type": "text/plain"}}, "not valid UTF-8"),
     "invalid json": ({"data": b'{"text": "unclosed', "headers": {"Content-Type": "application/json"}},
                      "not valid JSON"),
-    "too many inputs": ({"json": {"input": ["x"] * 65}}, "65 items; at most 64"),
     "base64 encoding": ({"json": {"input": "x", "encoding_format": "base64"}}, "'encoding_format' 'base64'"),
     "other dimensions": ({"json": {"input": "x", "dimensions": 128}}, "'dimensions' 128 is not supported"),
     "unknown field": ({"json": {"text": "x", "pooling": "cls"}}, "unknown field(s) ['pooling']"),
@@ -207,6 +206,60 @@ def test_invalid_request_gets_a_400_with_a_message_and_the_worker_keeps_serving(
     assert predict(MODEL, json={"text": f"still serving after {case} {RUN}"}).status_code == 200
 
 
+TOO_LARGE = {
+    # issue 11, repro 3: a 6 MB text/plain body used to cost ~10 s of tokenizing and double the worker's RSS; 6 MB is
+    # now over the frontend's max_request_size (1 MiB), and the handler refuses anything over its character limit
+    # before tokenizing.
+    "1 MB text/plain body": ({"data": b"x" * 1_000_000, "headers": {"Content-Type": "text/plain"}},
+                             "body has 1000000 characters; handler.max_text_chars is 20000"),
+    "text over max_text_chars": ({"json": {"text": "word " * 4001}},
+                                 "'text' has 20005 characters; handler.max_text_chars is 20000"),
+    "texts over max_request_chars": ({"json": {"input": ["a" * 20000, "b" * 20000, "c" * 10001]}},
+                                     "50001 characters together; handler.max_request_chars is 50000"),
+    "tokens over max_request_tokens": ({"json": {"input": [f"text {i} " + "word " * 300 for i in range(5)]}},
+                                       "1280 tokens after truncation; handler.max_request_tokens is 1024"),
+    "too many inputs": ({"json": {"input": ["x"] * 65}}, "65 items; at most 64 are allowed per request "
+                                                         "(handler.max_inputs)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TOO_LARGE))
+def test_a_request_over_a_size_limit_gets_413_naming_the_limit_and_the_worker_keeps_serving(predict, case):
+    """The handler's per-request 413 (context.set_response_status) reaches the client as 413 through TorchServe."""
+    kwargs, fragment = TOO_LARGE[case]
+    response = predict(MODEL, **kwargs)
+    assert response.status_code == 413, response.text[:300]
+    body = response.json()
+    assert body["code"] == 413 and body["type"] == "RequestTooLarge" and fragment in body["message"], body
+    assert predict(MODEL, json={"text": f"still serving after {case} {RUN}"}).status_code == 200
+
+
+def test_a_body_over_max_request_size_is_refused_by_the_frontend(predict):
+    """Issue 11, repro 3 as sent then: 6 MB never reaches a worker (TorchServe's own 413, before any parsing)."""
+    response = predict(MODEL, data=b"x" * 6_000_000, headers={"Content-Type": "text/plain"})
+    assert response.status_code == 413
+    assert predict(MODEL, json={"text": f"still serving after a 6 MB body {RUN}"}).status_code == 200
+
+
+def test_requests_at_the_size_limits_are_served(predict):
+    at_chars = predict(MODEL, json={"input": [f"{RUN} " + "a" * 19990, "b " * 10000, "c" * 10000]})
+    assert at_chars.status_code == 200, at_chars.text[:300]
+    at_tokens = predict(MODEL, json={"input": [f"text {i} {RUN} " + "word " * 300 for i in range(4)]})
+    assert at_tokens.status_code == 200, at_tokens.text[:300]
+    assert at_tokens.json()["usage"]["prompt_tokens"] == 1024
+    plain = predict(MODEL, data=f"{RUN} ".encode() + b"z" * 19980, headers={"Content-Type": "text/plain"})
+    assert plain.status_code == 200 and plain.json()["truncated"] is False
+
+
+def test_a_413_in_a_concurrent_burst_fails_alone(ts_server):
+    url = f"{ts_server.inference_url}/predictions/{MODEL}"
+    bodies = [{"text": f"good {i} {RUN}"} if i % 4 else {"text": "x" * 20001} for i in range(32)]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=32) as pool:
+        answers = list(pool.map(lambda body: requests.post(url, json=body, timeout=120), bodies))
+    assert [a.status_code for a in answers] == [413 if i % 4 == 0 else 200 for i in range(32)]
+    assert all(len(a.json()["embedding"]) == 384 for i, a in enumerate(answers) if i % 4)
+
+
 def test_a_bad_request_in_a_concurrent_burst_fails_alone(ts_server):
     url = f"{ts_server.inference_url}/predictions/{MODEL}"
     bodies = [{"text": f"good {i} {RUN}"} if i % 4 else {"text": ""} for i in range(32)]
@@ -220,6 +273,8 @@ def test_describe_shows_the_precision_the_gate_chose(ts_server):
     meta = response.json()[0]["customizedMetadata"]
     assert meta["precision"] in {"fp32", "bf16"} and meta["requested_precision"] == "auto"
     assert meta["precision_min_cosine"] >= 0.999 and meta["max_tokens"] == 256 and meta["dimension"] == 384
+    assert meta["limits"] == {"max_inputs": 64, "max_text_chars": 20000, "max_request_chars": 50000,
+                              "max_request_tokens": 1024}
 
 
 def test_prometheus_shows_padding_cache_and_stage_histograms_for_minilm(ts_server, predict):

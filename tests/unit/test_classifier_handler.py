@@ -78,7 +78,6 @@ BAD_BODIES = {
     "inf": ({"inputs": [float("inf")] + [0.0] * 127}, "finite"),
     "huge int": ({"inputs": [10 ** 400] + [0.0] * 127}, "finite"),
     "empty list": ({"inputs": []}, "non-empty"),
-    "too many rows": ({"inputs": [[0.0] * 128] * 65}, "65 rows; at most 64"),
     "inputs not a list": ({"inputs": "0,1,2"}, "non-empty list"),
 }
 
@@ -93,6 +92,14 @@ def test_invalid_request_gets_its_own_400_and_the_batch_survives(classifier, cas
     assert answers[1]["code"] == 400 and answers[1]["type"] == "InvalidRequest"
     assert fragment in answers[1]["message"]
     assert answers[0] == answers[2] and "label" in answers[0]
+
+
+def test_too_many_rows_is_a_413_naming_the_limit(classifier):
+    handler, context = classifier
+    good = {"inputs": [0.5] * 128}
+    answers = run(handler, context, [good, {"inputs": [[0.0] * 128] * 65}, good])
+    assert statuses(context, 3) == [200, 413, 200]
+    assert answers[1]["type"] == "RequestTooLarge" and "65 rows; handler.max_rows is 64" in answers[1]["message"]
 
 
 def test_bf16_passes_the_accuracy_gate_and_matches_fp32(unpacked_model):

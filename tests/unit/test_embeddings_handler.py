@@ -132,7 +132,16 @@ def test_cached_texts_skip_the_forward_pass_and_give_the_same_embedding(unpacked
 
 def test_the_cache_key_holds_model_version_precision_and_token_limit(minilm):
     handler, _ = minilm
-    assert handler.cache_key("text") == ("text", "1.0", "fp32", 256)
+    digest, *rest = handler.cache_key("text")
+    assert rest == ["1.0", "fp32", 256]
+    assert digest != handler.cache_key("text ")[0] and digest == handler.cache_key("te" + "xt")[0]
+
+
+def test_the_cache_keeps_a_fixed_size_digest_not_the_text(minilm):
+    """A cache full of maximum-length texts must not hold their characters (bounded worker memory)."""
+    handler, _ = minilm
+    long_text = "🙂" * handler.config["max_text_chars"]
+    assert len(handler.cache_key(long_text)[0]) == 16
 
 
 def test_a_cached_truncated_text_still_refuses_truncate_false(unpacked_model):
@@ -140,6 +149,56 @@ def test_a_cached_truncated_text_still_refuses_truncate_false(unpacked_model):
     run(handler, context, [{"text": LONG}])
     [answer] = run(handler, context, [{"text": LONG, "truncate": False}])
     assert statuses(context, 1) == [400] and "longer than" in answer["message"]
+
+
+def test_size_limits_refuse_one_request_with_413_and_serve_its_batch_mates(unpacked_model):
+    handler, context = load(unpacked_model("minilm"), max_text_chars=600, max_request_chars=1000,
+                            max_request_tokens=300, max_inputs=3)
+    bodies = [{"text": "ok " * 50}, {"text": "x" * 601}, {"input": ["y" * 600, "y" * 401]},
+              {"input": ["a " * 300, "c " * 200]}, {"input": ["a", "b", "c", "d"]}, "plain " * 120]
+    kinds = ["application/json"] * 5 + ["text/plain"]
+    answers = run(handler, context, bodies, kinds)
+    assert statuses(context, len(bodies)) == [200, 413, 413, 413, 413, 413]
+    expected = ["'text' has 601 characters; handler.max_text_chars is 600",
+                "have 1001 characters together; handler.max_request_chars is 1000",
+                "tokens after truncation; handler.max_request_tokens is 300",
+                "(handler.max_inputs)", "body has 720 characters; handler.max_text_chars is 600"]
+    for answer, fragment in zip(answers[1:], expected):
+        assert answer["type"] == "RequestTooLarge" and fragment in answer["message"], answer
+    assert handler.describe()["limits"] == {"max_inputs": 3, "max_text_chars": 600, "max_request_chars": 1000,
+                                            "max_request_tokens": 300}
+
+
+def test_the_token_limit_counts_cached_texts_too(unpacked_model):
+    """Whether a request is accepted must not depend on which of its texts happen to be cached."""
+    handler, context = load(unpacked_model("minilm"), max_request_tokens=300, cache_size=8)
+    run(handler, context, [{"text": LONG}])  # 256 tokens, now cached
+    [answer] = run(handler, context, [{"input": [LONG, "one two three four five six seven eight nine ten "
+                                                       "eleven twelve thirteen fourteen fifteen sixteen seventeen "
+                                                       "eighteen nineteen twenty " * 3]}])
+    assert statuses(context, 1) == [413] and "handler.max_request_tokens is 300" in answer["message"]
+    [answer] = run(handler, context, [{"input": [LONG, "a few more words"]}])
+    assert statuses(context, 1) == [200] and answer["usage"]["prompt_tokens"] <= 300
+
+
+def test_freed_memory_is_returned_after_a_large_batch_only(unpacked_model, monkeypatch):
+    from handlers import memory
+
+    calls = []
+    monkeypatch.setattr(memory, "release_free_memory", lambda: calls.append(1) or True)
+    handler, context = load(unpacked_model("minilm"), release_memory_tokens=512, cache_size=0)
+    run(handler, context, [{"text": "a short text"}])
+    assert calls == []
+    run(handler, context, [{"input": [LONG, "other " + LONG]}])  # 2 rows padded to 256 tokens
+    assert calls == [1]
+    handler, context = load(unpacked_model("minilm"), release_memory_tokens=0, cache_size=0, warmup=False)
+    run(handler, context, [{"input": [LONG, "other " + LONG]}])
+    assert calls == [1]  # 0 turns it off
+
+
+def test_a_char_limit_below_the_text_limit_is_a_config_error(unpacked_model):
+    with pytest.raises(ConfigError, match=r"handler.max_request_chars \(10\) is below handler.max_text_chars"):
+        load(unpacked_model("minilm"), max_text_chars=20, max_request_chars=10, warmup=False)
 
 
 def test_int8_fails_the_accuracy_gate_and_the_worker_serves_fp32(unpacked_model):

@@ -1,19 +1,18 @@
 """Embedding request validation and response shapes (handlers/embedding_requests.py), without a model."""
 
-import json
-
 import pytest
 import torch
 
 from handlers.embedding_cache import CachedEmbedding
-from handlers.embedding_requests import format_response, parse_embedding_request
+from handlers.embedding_requests import EmbeddingLimits, format_response, parse_embedding_request
 from handlers.errors import RequestError
 
 JSON = "application/json"
+LIMITS = EmbeddingLimits(max_inputs=4, max_text_chars=100, max_request_chars=250)
 
 
-def parse(body, content_type=JSON, max_inputs=4):
-    return parse_embedding_request(body, content_type, 384, max_inputs)
+def parse(body, content_type=JSON, limits=LIMITS):
+    return parse_embedding_request(body, content_type, 384, limits)
 
 
 def test_plain_text_body_is_one_text():
@@ -62,7 +61,6 @@ BAD = {
     "truncate not bool": ({"text": "a", "truncate": "no"}, JSON, "'truncate' must be true or false"),
     "empty input list": ({"input": []}, JSON, "non-empty list"),
     "input object": ({"input": {"a": 1}}, JSON, "non-empty list"),
-    "too many inputs": ({"input": ["a"] * 5}, JSON, "5 items; at most 4"),
     "non-string item": ({"input": ["a", 3]}, JSON, "'input'[1] is int, not a string"),
     "token id array": ({"input": [[101, 102]]}, JSON, "token-id arrays are not supported"),
     "empty item": ({"input": ["a", ""]}, JSON, "'input'[1] is empty"),
@@ -82,19 +80,50 @@ def test_invalid_request_is_refused_with_a_message_naming_the_problem(case):
     assert fragment in raised.value.message
 
 
+TOO_LARGE = {
+    "too many inputs": ({"input": ["a"] * 5}, JSON, "'input' has 5 items; at most 4 are allowed per request "
+                                                    "(handler.max_inputs)"),
+    "long text field": ({"text": "x" * 101}, JSON, "'text' has 101 characters; handler.max_text_chars is 100"),
+    "long input string": ({"input": "é" * 101}, JSON, "'input' has 101 characters; handler.max_text_chars is 100"),
+    "long list item": ({"input": ["a", "🙂" * 101]}, JSON,
+                       "'input'[1] has 101 characters; handler.max_text_chars is 100"),
+    "long plain text": ("y" * 101, "text/plain", "body has 101 characters; handler.max_text_chars is 100"),
+    "long plain text bytes": (("ü" * 101).encode(), "text/plain", "body has 101 characters"),
+    "long but only whitespace": ({"text": " " * 101}, JSON, "handler.max_text_chars is 100"),  # length first
+    "texts together too long": ({"input": ["z" * 100, "z" * 100, "z" * 51]}, JSON,
+                                "the request's texts have 251 characters together; handler.max_request_chars is 250"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TOO_LARGE))
+def test_a_request_over_a_size_limit_gets_413_naming_the_limit(case):
+    body, content_type, message = TOO_LARGE[case]
+    with pytest.raises(RequestError) as raised:
+        parse(body, content_type)
+    assert (raised.value.code, raised.value.error_type) == (413, "RequestTooLarge")
+    assert message in raised.value.message
+
+
+def test_requests_at_every_size_limit_are_accepted():
+    assert parse({"text": "x" * 100}).texts == ["x" * 100]
+    assert parse("🙂" * 100, "text/plain").texts == ["🙂" * 100]
+    assert len(parse({"input": ["z" * 100, "z" * 100, "z" * 50]}).texts) == 3
+    assert len(parse({"input": ["a"] * 4}).texts) == 4
+
+
 def row(values, tokens, truncated=False):
     return CachedEmbedding(torch.tensor(values, dtype=torch.float32), tokens, truncated)
 
 
 def test_text_response_has_the_embedding_and_the_truncation_flag():
-    answer = json.loads(format_response(parse({"text": "a"}), [row([0.6, 0.8], 3, True)], "minilm"))
+    answer = format_response(parse({"text": "a"}), [row([0.6, 0.8], 3, True)], "minilm")
     assert answer == {"embedding": [pytest.approx(0.6), pytest.approx(0.8)], "truncated": True}
 
 
 def test_openai_response_lists_rows_in_order_and_counts_tokens():
     request = parse({"input": ["a", "b", "c"]})
     rows = [row([1.0, 0.0], 4), row([0.0, 1.0], 7, True), row([0.6, 0.8], 3)]
-    answer = json.loads(format_response(request, rows, "minilm"))
+    answer = format_response(request, rows, "minilm")
     assert answer["object"] == "list" and answer["model"] == "minilm"
     assert [item["index"] for item in answer["data"]] == [0, 1, 2]
     assert all(item["object"] == "embedding" for item in answer["data"])
