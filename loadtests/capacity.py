@@ -28,14 +28,11 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional
+
+from loadtests import run as loadtest
+from scripts.ops.server import exit_on_sigterm
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from loadtests import auth  # noqa: E402
-from loadtests import run as loadtest  # noqa: E402
 
 REPORTS = REPO / "loadtests" / "reports"
 
@@ -44,16 +41,16 @@ REPORTS = REPO / "loadtests" / "reports"
 class Step:
     """One measured open-loop step."""
 
-    rate: float                     # offered (target) arrivals per second
-    p50_ms: Optional[float]
-    p99_ms: Optional[float]
+    rate: float  # offered (target) arrivals per second
+    p50_ms: float | None
+    p99_ms: float | None
     failures: int
     requests: int = 0
-    achieved_rate: Optional[float] = None   # the generator's actual start rate
-    throughput: Optional[float] = None      # completed requests per second
+    achieved_rate: float | None = None  # the generator's actual start rate
+    throughput: float | None = None  # completed requests per second
     unfinished: int = 0
-    late_share: float = 0.0                 # starts more than --late-ms behind schedule, as a share of all starts
-    not_started: int = 0                    # arrivals dropped at the generator's in-flight cap
+    late_share: float = 0.0  # starts more than --late-ms behind schedule, as a share of all starts
+    not_started: int = 0  # arrivals dropped at the generator's in-flight cap
     passed: bool = False
     reason: str = ""
     report_dir: str = ""
@@ -70,15 +67,67 @@ def judge(step, slo_ms, max_late_share=0.1):
     elif step.p99_ms > slo_ms:
         step.passed, step.reason = False, f"p99 {step.p99_ms:g} ms > SLO {slo_ms:g} ms"
     elif step.not_started or step.late_share > max_late_share:
-        step.passed, step.reason = False, (f"the load generator fell behind ({step.not_started} not started, "
-                                           f"{step.late_share:.0%} late): its limit, not the server's")
+        step.passed, step.reason = (
+            False,
+            (
+                f"the load generator fell behind ({step.not_started} not started, "
+                f"{step.late_share:.0%} late): its limit, not the server's"
+            ),
+        )
     else:
         step.passed, step.reason = True, "ok"
     return step
 
 
-def search(measure, slo_ms, start_rate, max_rate, growth=2.0, tolerance=0.1, max_steps=12, min_rate=0.5,
-           max_late_share=0.1, log=print):
+def grow_to_bracket(attempt, steps, start_rate, max_rate, growth, min_rate, max_steps):
+    """Phase 1: grow until a rate fails (or the cap / step budget is reached); on a first failure, shrink instead.
+
+    ``attempt(rate) -> passed`` appends to ``steps``. Returns (last good rate, first bad rate, why it stopped or "")."""
+    good, bad = None, None
+    rate = start_rate
+    while len(steps) < max_steps:
+        if attempt(rate):
+            good = rate
+            if bad is not None:
+                break
+            if rate >= max_rate:
+                return good, bad, f"reached --max-rate {max_rate:g}/s without missing the SLO"
+            rate = min(rate * growth, max_rate)
+        else:
+            bad = rate
+            if good is not None:
+                break
+            if rate / growth < min_rate:
+                return good, bad, f"even {rate:g}/s missed the SLO"
+            rate = rate / growth
+    return good, bad, ""
+
+
+def bisect_bracket(attempt, steps, good, bad, tolerance, max_steps):
+    """Phase 2: bisect (geometric midpoint) between the last good and the first bad rate."""
+    while len(steps) < max_steps:
+        if (bad - good) / good <= tolerance:
+            return good, bad, f"bracket within {tolerance:.0%}"
+        middle = (good * bad) ** 0.5
+        if attempt(middle):
+            good = middle
+        else:
+            bad = middle
+    return good, bad, ""
+
+
+def search(
+    measure,
+    slo_ms,
+    start_rate,
+    max_rate,
+    growth=2.0,
+    tolerance=0.1,
+    max_steps=12,
+    min_rate=0.5,
+    max_late_share=0.1,
+    log=print,
+):
     """Highest passing rate found by geometric growth then bisection. ``measure(rate) -> Step``.
 
     Returns ``{"capacity_rate", "steps", "bracket", "stopped_because"}``; capacity_rate is None when even the
@@ -91,57 +140,42 @@ def search(measure, slo_ms, start_rate, max_rate, growth=2.0, tolerance=0.1, max
     def attempt(rate):
         step = judge(measure(rate), slo_ms, max_late_share)
         steps.append(step)
-        log(f"  step {len(steps):2d}: {rate:8.2f}/s -> p50 {step.p50_ms} ms, p99 {step.p99_ms} ms, "
+        log(
+            f"  step {len(steps):2d}: {rate:8.2f}/s -> p50 {step.p50_ms} ms, p99 {step.p99_ms} ms, "
             f"{step.failures} failures, achieved {step.achieved_rate}/s: {'PASS' if step.passed else 'FAIL'} "
-            f"({step.reason})")
+            f"({step.reason})"
+        )
         return step.passed
 
-    good, bad = None, None
-    rate = start_rate
-    stopped = ""
-    # Phase 1: grow until a rate fails (or the cap / step budget is reached); on a first failure, shrink instead.
-    while len(steps) < max_steps:
-        if attempt(rate):
-            good = rate
-            if bad is not None:
-                break
-            if rate >= max_rate:
-                stopped = f"reached --max-rate {max_rate:g}/s without missing the SLO"
-                break
-            rate = min(rate * growth, max_rate)
-        else:
-            bad = rate
-            if good is not None:
-                break
-            if rate / growth < min_rate:
-                stopped = f"even {rate:g}/s missed the SLO"
-                break
-            rate = rate / growth
-    # Phase 2: bisect (geometric midpoint) between the last good and the first bad rate.
-    while not stopped and good is not None and bad is not None and len(steps) < max_steps:
-        if (bad - good) / good <= tolerance:
-            stopped = f"bracket within {tolerance:.0%}"
-            break
-        middle = (good * bad) ** 0.5
-        if attempt(middle):
-            good = middle
-        else:
-            bad = middle
+    good, bad, stopped = grow_to_bracket(attempt, steps, start_rate, max_rate, growth, min_rate, max_steps)
+    if not stopped and good is not None and bad is not None:
+        good, bad, stopped = bisect_bracket(attempt, steps, good, bad, tolerance, max_steps)
     if not stopped:
         stopped = f"step budget ({max_steps}) used" if len(steps) >= max_steps else f"bracket within {tolerance:.0%}"
-    return {"capacity_rate": round(good, 3) if good is not None else None, "steps": steps,
-            "bracket": [good, bad], "stopped_because": stopped}
+    return {
+        "capacity_rate": round(good, 3) if good is not None else None,
+        "steps": steps,
+        "bracket": [good, bad],
+        "stopped_because": stopped,
+    }
 
 
 def step_from_summary(rate, summary):
     open_loop = summary.get("open_loop") or {}
     started = open_loop.get("started") or 0
-    return Step(rate=rate, p50_ms=summary.get("p50_ms"), p99_ms=summary.get("p99_ms"),
-                failures=summary.get("failures", 0), requests=summary.get("requests", 0),
-                achieved_rate=open_loop.get("achieved_rate"), throughput=summary.get("rps"),
-                unfinished=open_loop.get("unfinished_at_stop") or 0,
-                late_share=round((open_loop.get("late_starts") or 0) / started, 4) if started else 0.0,
-                not_started=open_loop.get("not_started") or 0, report_dir=summary.get("report_dir", ""))
+    return Step(
+        rate=rate,
+        p50_ms=summary.get("p50_ms"),
+        p99_ms=summary.get("p99_ms"),
+        failures=summary.get("failures", 0),
+        requests=summary.get("requests", 0),
+        achieved_rate=open_loop.get("achieved_rate"),
+        throughput=summary.get("rps"),
+        unfinished=open_loop.get("unfinished_at_stop") or 0,
+        late_share=round((open_loop.get("late_starts") or 0) / started, 4) if started else 0.0,
+        not_started=open_loop.get("not_started") or 0,
+        report_dir=summary.get("report_dir", ""),
+    )
 
 
 def step_duration(rate, step_seconds, min_requests=0, max_step_seconds=None):
@@ -151,9 +185,21 @@ def step_duration(rate, step_seconds, min_requests=0, max_step_seconds=None):
     return min(seconds, max(step_seconds, max_step_seconds)) if max_step_seconds else seconds
 
 
-def measure_with_locust(host, model, out_dir, step_seconds, metrics_url=None, cooldown_seconds=2.0, workers=0,
-                        payload_seed=0, arrivals="poisson", log=print, min_requests=0, max_step_seconds=None,
-                        token=None):
+def measure_with_locust(
+    host,
+    model,
+    out_dir,
+    step_seconds,
+    metrics_url=None,
+    cooldown_seconds=2.0,
+    workers=0,
+    payload_seed=0,
+    arrivals="poisson",
+    log=print,
+    min_requests=0,
+    max_step_seconds=None,
+    token=None,
+):
     """A ``measure(rate)`` that runs one open-loop Locust step per call into out_dir/step-NN-<rate>/."""
     counter = {"n": 0}
 
@@ -162,8 +208,15 @@ def measure_with_locust(host, model, out_dir, step_seconds, metrics_url=None, co
         duration = round(step_duration(rate, step_seconds, min_requests, max_step_seconds), 1)
         # Each step its own payload seed: a step repeating the previous step's texts would be answered from the
         # worker's embedding cache and pass at rates fresh traffic cannot sustain.
-        settings = loadtest.settings_for(model, "open", rate=rate, duration=duration, workers=workers,
-                                         payload_seed=payload_seed + counter["n"], arrivals=arrivals)
+        settings = loadtest.settings_for(
+            model,
+            "open",
+            rate=rate,
+            duration=duration,
+            workers=workers,
+            payload_seed=payload_seed + counter["n"],
+            arrivals=arrivals,
+        )
         folder = Path(out_dir) / f"step-{counter['n']:02d}-{rate:.1f}"
         summary = loadtest.run(settings, host, metrics_url, folder, log=lambda *_: None, token=token)
         time.sleep(cooldown_seconds)  # let an overloaded server drain its queue before the next step
@@ -224,42 +277,100 @@ def render_markdown(result):
         "|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for step in sorted(result["steps"], key=lambda s: s["rate"]):
-        lines.append(f"| {step['rate']:.2f} | {step['achieved_rate']} | {step['throughput']} | {step['requests']} | "
-                     f"{step['failures']} | {step['p50_ms']} | {step['p99_ms']} | "
-                     f"{'pass' if step['passed'] else 'FAIL: ' + step['reason']} |")
-    lines += ["",
-              "Each step's full report (CSV, HTML, server-side figures, timeline) is in its step-NN-<rate>/ folder.",
-              ""]
+        lines.append(
+            f"| {step['rate']:.2f} | {step['achieved_rate']} | {step['throughput']} | {step['requests']} | "
+            f"{step['failures']} | {step['p50_ms']} | {step['p99_ms']} | "
+            f"{'pass' if step['passed'] else 'FAIL: ' + step['reason']} |"
+        )
+    lines += [
+        "",
+        "Each step's full report (CSV, HTML, server-side figures, timeline) is in its step-NN-<rate>/ folder.",
+        "",
+    ]
     return "\n".join(lines)
 
 
-def capacity(host, model, slo_ms, out_dir=None, metrics_url=None, start_rate=8.0, max_rate=4000.0, growth=2.0,
-             tolerance=0.1, max_steps=12, step_seconds=20.0, cooldown_seconds=2.0, workers=0, payload_seed=0,
-             arrivals="poisson", max_late_share=0.1, warmup_seconds=10.0, min_requests=0, max_step_seconds=None,
-             log=print, token=None):
+def capacity(
+    host,
+    model,
+    slo_ms,
+    out_dir=None,
+    metrics_url=None,
+    start_rate=8.0,
+    max_rate=4000.0,
+    growth=2.0,
+    tolerance=0.1,
+    max_steps=12,
+    step_seconds=20.0,
+    cooldown_seconds=2.0,
+    workers=0,
+    payload_seed=0,
+    arrivals="poisson",
+    max_late_share=0.1,
+    warmup_seconds=10.0,
+    min_requests=0,
+    max_step_seconds=None,
+    log=print,
+    token=None,
+):
     """Run the search against a server (sending `token` when given) and write the capacity report; returns the
     result dict."""
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir = Path(out_dir or REPORTS / f"capacity-{model}-{stamp}")
     out_dir.mkdir(parents=True, exist_ok=True)
     started_at = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
-    log(f"capacity search: {model} at p99 <= {slo_ms:g} ms, {step_seconds:g} s steps (>= {min_requests} requests) "
-        f"from {start_rate:g}/s -> {out_dir}")
+    log(
+        f"capacity search: {model} at p99 <= {slo_ms:g} ms, {step_seconds:g} s steps (>= {min_requests} requests) "
+        f"from {start_rate:g}/s -> {out_dir}"
+    )
     if warmup_seconds > 0:
         # A just-started server is slow for its first requests (lazy init, allocator, empty cache): an unmeasured
         # step first, with another payload seed so the measured steps do not hit what it cached.
         log(f"warm-up: {warmup_seconds:g} s at {start_rate:g}/s (not measured)")
-        measure_with_locust(host, model, out_dir / "warmup", warmup_seconds, metrics_url, cooldown_seconds, workers,
-                            payload_seed + 1000, arrivals, log, token=token)(start_rate)
-    measure = measure_with_locust(host, model, out_dir, step_seconds, metrics_url, cooldown_seconds, workers,
-                                  payload_seed, arrivals, log, min_requests, max_step_seconds, token=token)
-    found = search(measure, slo_ms, start_rate, max_rate, growth, tolerance, max_steps,
-                   max_late_share=max_late_share, log=log)
+        measure_with_locust(
+            host,
+            model,
+            out_dir / "warmup",
+            warmup_seconds,
+            metrics_url,
+            cooldown_seconds,
+            workers,
+            payload_seed + 1000,
+            arrivals,
+            log,
+            token=token,
+        )(start_rate)
+    measure = measure_with_locust(
+        host,
+        model,
+        out_dir,
+        step_seconds,
+        metrics_url,
+        cooldown_seconds,
+        workers,
+        payload_seed,
+        arrivals,
+        log,
+        min_requests,
+        max_step_seconds,
+        token=token,
+    )
+    found = search(
+        measure, slo_ms, start_rate, max_rate, growth, tolerance, max_steps, max_late_share=max_late_share, log=log
+    )
     result = {
-        "model": model, "slo_ms": slo_ms, "host": host, "started_at": started_at, "step_seconds": step_seconds,
-        "min_requests": min_requests, "max_step_seconds": max_step_seconds,
-        "arrivals": arrivals, "capacity_rate": found["capacity_rate"], "bracket": found["bracket"],
-        "stopped_because": found["stopped_because"], "steps": [asdict(step) for step in found["steps"]],
+        "model": model,
+        "slo_ms": slo_ms,
+        "host": host,
+        "started_at": started_at,
+        "step_seconds": step_seconds,
+        "min_requests": min_requests,
+        "max_step_seconds": max_step_seconds,
+        "arrivals": arrivals,
+        "capacity_rate": found["capacity_rate"],
+        "bracket": found["bracket"],
+        "stopped_because": found["stopped_because"],
+        "steps": [asdict(step) for step in found["steps"]],
     }
     passing = [step for step in found["steps"] if step.passed]
     result["at_capacity"] = asdict(max(passing, key=lambda step: step.rate)) if passing else None
@@ -267,90 +378,102 @@ def capacity(host, model, slo_ms, out_dir=None, metrics_url=None, start_rate=8.0
     result["at_start_rate"] = asdict(found["steps"][0]) if found["steps"] else None
     (out_dir / "capacity.json").write_text(json.dumps(result, indent=2) + "\n")
     (out_dir / "capacity.md").write_text(render_markdown(result))
-    plot_curve(found["steps"], slo_ms, out_dir / "capacity.png", f"{model}: latency vs offered load",
-               found["capacity_rate"])
+    plot_curve(
+        found["steps"], slo_ms, out_dir / "capacity.png", f"{model}: latency vs offered load", found["capacity_rate"]
+    )
     result["report_dir"] = str(out_dir)
     return result
 
 
+# The search's options: (flag, type, default, help, keyword of capacity() or None). Data, so the CLI, the tuner and
+# the comparison share one list and search_kwargs cannot forget one.
+SEARCH_OPTIONS = (
+    ("--slo-ms", float, 100.0, "p99 latency objective in ms (default 100)", None),
+    ("--start-rate", float, 8.0, "first offered rate, requests/s", "start_rate"),
+    ("--max-rate", float, 4000.0, "never offer more than this", "max_rate"),
+    ("--growth", float, 2.0, "rate factor between steps before bisection", "growth"),
+    ("--tolerance", float, 0.1, "stop bisecting when within this fraction", "tolerance"),
+    ("--max-steps", int, 12, "most steps per search", "max_steps"),
+    ("--step-seconds", float, 20.0, "shortest duration of a step", "step_seconds"),
+    (
+        "--min-requests",
+        int,
+        300,
+        "a step runs until about this many arrivals (p99 from >= 3 tail samples); 0 = off",
+        "min_requests",
+    ),
+    (
+        "--max-step-seconds",
+        float,
+        120.0,
+        "cap on a step's duration however few arrivals that gives (low rates)",
+        "max_step_seconds",
+    ),
+    (
+        "--warmup-seconds",
+        float,
+        10.0,
+        "unmeasured traffic at the start rate before the first step (0 = none)",
+        "warmup_seconds",
+    ),
+    ("--cooldown-seconds", float, 2.0, "pause between steps (queue drains)", "cooldown_seconds"),
+    ("--arrivals", str, "poisson", "arrival process: poisson or uniform", "arrivals"),
+    ("--payload-seed", int, 0, "seed of the payload mix", "payload_seed"),
+    ("--locust-workers", int, 0, "distributed Locust: N local worker processes", "workers"),
+    (
+        "--max-late-share",
+        float,
+        0.1,
+        "a step fails as generator-limited above this share of late starts",
+        "max_late_share",
+    ),
+)
+
+
 def add_search_arguments(parser):
-    parser.add_argument("--slo-ms", type=float, default=100.0, help="p99 latency objective in ms (default 100)")
-    parser.add_argument("--start-rate", type=float, default=8.0, help="first offered rate, requests/s")
-    parser.add_argument("--max-rate", type=float, default=4000.0, help="never offer more than this")
-    parser.add_argument("--growth", type=float, default=2.0, help="rate factor between steps before bisection")
-    parser.add_argument("--tolerance", type=float, default=0.1, help="stop bisecting when within this fraction")
-    parser.add_argument("--max-steps", type=int, default=12, help="most steps per search")
-    parser.add_argument("--step-seconds", type=float, default=20.0, help="shortest duration of a step")
-    parser.add_argument("--min-requests", type=int, default=300,
-                        help="a step runs until about this many arrivals (p99 from >= 3 tail samples); 0 = off")
-    parser.add_argument("--max-step-seconds", type=float, default=120.0,
-                        help="cap on a step's duration however few arrivals that gives (low rates)")
-    parser.add_argument("--warmup-seconds", type=float, default=10.0,
-                        help="unmeasured traffic at the start rate before the first step (0 = none)")
-    parser.add_argument("--cooldown-seconds", type=float, default=2.0, help="pause between steps (queue drains)")
-    parser.add_argument("--arrivals", default="poisson", choices=("poisson", "uniform"), help="arrival process")
-    parser.add_argument("--payload-seed", type=int, default=0, help="seed of the payload mix")
-    parser.add_argument("--locust-workers", type=int, default=0, help="distributed Locust: N local worker processes")
-    parser.add_argument("--max-late-share", type=float, default=0.1,
-                        help="a step fails as generator-limited above this share of late starts")
+    for flag, kind, default, text, _ in SEARCH_OPTIONS:
+        choices = ("poisson", "uniform") if flag == "--arrivals" else None
+        parser.add_argument(flag, type=kind, default=default, choices=choices, help=text)
 
 
 def search_kwargs(args):
-    return dict(start_rate=args.start_rate, max_rate=args.max_rate, growth=args.growth, tolerance=args.tolerance,
-                max_steps=args.max_steps, step_seconds=args.step_seconds, cooldown_seconds=args.cooldown_seconds,
-                arrivals=args.arrivals, payload_seed=args.payload_seed, workers=args.locust_workers,
-                max_late_share=args.max_late_share, warmup_seconds=args.warmup_seconds,
-                min_requests=args.min_requests, max_step_seconds=args.max_step_seconds)
+    """capacity()'s keywords from parsed SEARCH_OPTIONS."""
+    return {keyword: getattr(args, flag[2:].replace("-", "_")) for flag, _, _, _, keyword in SEARCH_OPTIONS if keyword}
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m loadtests.capacity", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtests.capacity", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", required=True, choices=sorted(loadtest.MODELS))
     add_search_arguments(parser)
-    parser.add_argument("--host", help="inference URL of a running server (nothing is started)")
-    parser.add_argument("--metrics-url", help="Prometheus endpoint for server-side figures per step")
-    parser.add_argument("--config", default=str(REPO / "config.properties"),
-                        help="properties of the server to use or start when --host is not given")
-    parser.add_argument("--out", help="report folder (default loadtests/reports/capacity-<model>-<time>)")
-    parser.add_argument("--json", action="store_true", help="print capacity.json")
-    auth.add_arguments(parser)
+    loadtest.add_server_arguments(parser, "capacity-<model>")
     args = parser.parse_args(argv)
     if args.slo_ms <= 0 or args.start_rate <= 0 or args.step_seconds <= 0 or args.min_requests < 0:
         parser.error("--slo-ms, --start-rate and --step-seconds must be positive, --min-requests not negative")
 
-    from loadtests import servers
-
     log = (lambda *_: None) if args.json else print
-    try:
-        if args.host:
-            token = loadtest.resolve_token(args, log)
-            loadtest.preflight(args.host, args.model, token=token)
-            result = capacity(args.host, args.model, args.slo_ms, args.out, args.metrics_url, log=log, token=token,
-                              **search_kwargs(args))
-        else:
-            with servers.development_server(args.config, log=log) as urls:
-                token = loadtest.resolve_token(args, log)  # after the start: a server started here writes it
-                loadtest.preflight(urls["inference"], args.model, token=token)
-                result = capacity(urls["inference"], args.model, args.slo_ms, args.out,
-                                  args.metrics_url or urls["metrics"], log=log, token=token, **search_kwargs(args))
-    except auth.TokenError as error:  # a named key file that cannot be used
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    except (RuntimeError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+    code, result = loadtest.run_cli(
+        args,
+        args.model,
+        lambda inference_url, metrics_url, token: capacity(
+            inference_url, args.model, args.slo_ms, args.out, metrics_url, log=log, token=token, **search_kwargs(args)
+        ),
+        log,
+    )
+    if result is None:
+        return code
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print(f"capacity of {args.model} at p99 <= {args.slo_ms:g} ms: {result['capacity_rate']} requests/s "
-              f"({result['stopped_because']})")
+        print(
+            f"capacity of {args.model} at p99 <= {args.slo_ms:g} ms: {result['capacity_rate']} requests/s "
+            f"({result['stopped_because']})"
+        )
         print(f"report: {result['report_dir']}/capacity.md")
     return 0
 
 
 if __name__ == "__main__":
-    from scripts.server import exit_on_sigterm
-
     exit_on_sigterm()
     sys.exit(main())

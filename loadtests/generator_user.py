@@ -1,6 +1,6 @@
 """Locust user for ``generator``: streamed generations timed to the first token and to the last.
 
-    locust -f loadtests/generator_user.py --headless -H http://127.0.0.1:8080 -u 4 -t 60s GeneratorUser
+    PYTHONPATH=. locust -f loadtests/generator_user.py --headless -H http://127.0.0.1:8080 -u 4 -t 60s GeneratorUser
 
 A streamed request is reported as two Locust entries, so that both get their own percentiles:
 
@@ -17,18 +17,12 @@ every request then carries ``Authorization: Bearer <key>``.
 import json
 import os
 import random
-import sys
 import time
-from pathlib import Path
 
 import requests
 from locust import HttpUser, constant, task
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from loadtests import auth  # noqa: E402
+from scripts.ops import auth
 
 FIRST_TOKEN = "generator stream: first token"
 TOTAL = "generator stream: total"
@@ -55,7 +49,7 @@ class GeneratorUser(HttpUser):
         # Streamed requests use their own session: Locust's client would record one entry per request (at the
         # response headers), where we want the first-token and total times as two entries of our own.
         self.stream_session = requests.Session()
-        token_headers = auth.headers(os.environ.get(auth.TOKEN_ENV))
+        token_headers = auth.bearer(os.environ.get(auth.TOKEN_ENV))
         self.stream_session.headers.update(token_headers)
         self.client.headers.update(token_headers)
 
@@ -63,14 +57,23 @@ class GeneratorUser(HttpUser):
         self.stream_session.close()
 
     def body(self, stream):
-        return {"prompt": self.rng.choice(self.prompts), "max_new_tokens": self.max_new_tokens,
-                "temperature": self.temperature, "top_k": self.top_k, "seed": self.rng.randrange(2 ** 31),
-                "stream": stream}
+        return {
+            "prompt": self.rng.choice(self.prompts),
+            "max_new_tokens": self.max_new_tokens,
+            "temperature": self.temperature,
+            "top_k": self.top_k,
+            "seed": self.rng.randrange(2**31),
+            "stream": stream,
+        }
 
     def report(self, name, started, length, error):
         self.environment.events.request.fire(
-            request_type="POST", name=name, response_time=(time.perf_counter() - started) * 1000.0,
-            response_length=length, exception=error, context={},
+            request_type="POST",
+            name=name,
+            response_time=(time.perf_counter() - started) * 1000.0,
+            response_length=length,
+            exception=error,
+            context={},
         )
 
     @task(3)
@@ -78,8 +81,9 @@ class GeneratorUser(HttpUser):
         started = time.perf_counter()
         first_token_reported, received, lines = False, 0, []
         try:
-            with self.stream_session.post(self.host + self.path, json=self.body(stream=True), stream=True,
-                                          timeout=120) as response:
+            with self.stream_session.post(
+                self.host + self.path, json=self.body(stream=True), stream=True, timeout=120
+            ) as response:
                 if response.status_code != 200:
                     raise RuntimeError(f"HTTP {response.status_code}: {response.text[:200]}")
                 for line in response.iter_lines():

@@ -1,8 +1,8 @@
 """Locust users for the served models. Run through ``python -m loadtests.run`` (which picks the profile), or directly:
 
-    locust -f loadtests/locustfile.py --headless -H http://127.0.0.1:8080 -u 4 -t 30s MinilmUser
-    locust -f loadtests/locustfile.py,loadtests/shapes/step.py --headless -H ... -u 16 ClassifierUser
-    locust -f loadtests/locustfile.py --headless -H ... -u 1 -t 30s --model minilm --rate 20 OpenLoopUser
+    PYTHONPATH=. locust -f loadtests/locustfile.py --headless -H http://127.0.0.1:8080 -u 4 -t 30s MinilmUser
+    PYTHONPATH=. locust -f loadtests/locustfile.py,loadtests/shapes/step.py --headless -H ... -u 16 ClassifierUser
+    PYTHONPATH=. locust -f loadtests/locustfile.py --headless -H ... -u 1 -t 30s --model minilm --rate 20 OpenLoopUser
 
 Closed-loop users (:class:`ClassifierUser`, :class:`MinilmUser`) send back to back (optionally with ``--think-ms``):
 the load they offer drops when the server slows down. :class:`OpenLoopUser` starts requests on a fixed arrival
@@ -19,7 +19,6 @@ exponential backoff and full jitter, as clients of this service should.
 
 import json
 import random
-import sys
 import time
 from pathlib import Path
 
@@ -28,14 +27,10 @@ from gevent.pool import Pool
 from locust import FastHttpUser, constant, events, task
 from locust.runners import MasterRunner, WorkerRunner
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from loadtests import auth  # noqa: E402
-from loadtests.openloop import OpenLoopCounters, arrival_offsets  # noqa: E402
-from loadtests.payloads import MODELS, traffic  # noqa: E402
-from loadtests.report import stats_snapshot  # noqa: E402
+from loadtests.openloop import OpenLoopCounters, arrival_offsets
+from loadtests.payloads import MODELS, traffic
+from loadtests.report import stats_snapshot
+from scripts.ops import auth
 
 TOKEN_REFUSED_MESSAGE = "Token Authorization failed (TorchServe): the inference token is missing, wrong or expired"
 QUEUE_FULL_MESSAGE = "503 queue full (TorchServe's job queue; its message says 'no worker'): retried with backoff"
@@ -54,21 +49,35 @@ def add_arguments(parser):
     group.add_argument("--rate", type=float, default=10.0, help="open loop: total target arrivals per second")
     group.add_argument("--open-loop-users", type=int, default=1, help="open loop: users sharing --rate (= -u)")
     group.add_argument("--arrivals", default="poisson", choices=("poisson", "uniform"), help="open loop: process")
-    group.add_argument("--max-in-flight", type=int, default=512,
-                       help="open loop: most open requests per user; an arrival beyond it is counted as not started")
+    group.add_argument(
+        "--max-in-flight",
+        type=int,
+        default=512,
+        help="open loop: most open requests per user; an arrival beyond it is counted as not started",
+    )
     group.add_argument("--late-ms", type=float, default=10.0, help="open loop: a start this late counts as late")
-    group.add_argument("--drain-seconds", type=float, default=5.0,
-                       help="open loop: at the end, wait this long for started requests to finish")
+    group.add_argument(
+        "--drain-seconds",
+        type=float,
+        default=5.0,
+        help="open loop: at the end, wait this long for started requests to finish",
+    )
     group.add_argument("--step-users", type=int, default=2, help="step profile: users added per step")
     group.add_argument("--step-seconds", type=float, default=10.0, help="step/spike profile: seconds per step/phase")
     group.add_argument("--spike-base-users", type=int, default=1, help="spike profile: users before/after the spike")
     group.add_argument("--open-loop-report", default="", help="open loop: write the generator's counters here (JSON)")
-    group.add_argument("--final-stats", default="",
-                       help="write Locust's final statistics here (JSON) once every user has stopped")
+    group.add_argument(
+        "--final-stats", default="", help="write Locust's final statistics here (JSON) once every user has stopped"
+    )
     # On the parser itself, not the group: only Locust's own parser knows is_secret (masked in the web UI).
-    parser.add_argument("--token", default="", env_var=auth.TOKEN_ENV, is_secret=True,
-                        help=f"inference token sent as 'Authorization: Bearer' (also ${auth.TOKEN_ENV}); none for a "
-                             "server without token authorization")
+    parser.add_argument(
+        "--token",
+        default="",
+        env_var=auth.TOKEN_ENV,
+        is_secret=True,
+        help=f"inference token sent as 'Authorization: Bearer' (also ${auth.TOKEN_ENV}); none for a "
+        "server without token authorization",
+    )
 
 
 @events.init.add_listener
@@ -81,14 +90,15 @@ def size_connection_pool(environment, **_):
 
 def send_checked(client, model_traffic, body, options, rng):
     """POST one body; judge the answer; on 503 retry with backoff (each 503 is reported as a failure)."""
-    headers = auth.headers(options.token)
+    headers = auth.bearer(options.token)
     for attempt in range(options.max_retries + 1):
-        with client.post(model_traffic.path, json=body, name=model_traffic.name, headers=headers,
-                         catch_response=True) as response:
+        with client.post(
+            model_traffic.path, json=body, name=model_traffic.name, headers=headers, catch_response=True
+        ) as response:
             if response.status_code == 503:
                 response.failure(QUEUE_FULL_MESSAGE)
                 if attempt < options.max_retries:
-                    gevent.sleep(rng.uniform(0, options.retry_base_ms * 2 ** attempt) / 1000.0)
+                    gevent.sleep(rng.uniform(0, options.retry_base_ms * 2**attempt) / 1000.0)
                     continue
                 return
             if auth.refused(response.status_code, response.text):
@@ -195,8 +205,9 @@ class OpenLoopUser(FastHttpUser):
             gevent.sleep(delay)
         now = time.perf_counter()
         can_start = not self.in_flight.full()
-        OPEN_LOOP.record(now - due, can_start, options.late_ms / 1000.0, user=self.stream,
-                         elapsed=now - self.started_at)
+        OPEN_LOOP.record(
+            now - due, can_start, options.late_ms / 1000.0, user=self.stream, elapsed=now - self.started_at
+        )
         if can_start:
             self.in_flight.spawn(self.send_one, self.payloads.next(), options)
 

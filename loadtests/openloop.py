@@ -36,11 +36,11 @@ def arrival_offsets(rate, process="poisson", seed=0):
 class OpenLoopCounters:
     """What the generator did with its arrivals (summed over users and Locust workers)."""
 
-    scheduled: int = 0      # arrivals whose time came
-    started: int = 0        # requests started (on time or late)
-    late: int = 0           # started more than the tolerance after their due time (the generator was busy)
-    not_started: int = 0    # dropped because max_in_flight requests were already open
-    completed: int = 0      # started requests that finished (answered, failed or gave up retrying)
+    scheduled: int = 0  # arrivals whose time came
+    started: int = 0  # requests started (on time or late)
+    late: int = 0  # started more than the tolerance after their due time (the generator was busy)
+    not_started: int = 0  # dropped because max_in_flight requests were already open
+    completed: int = 0  # started requests that finished (answered, failed or gave up retrying)
     max_lag_ms: float = 0.0  # worst start delay behind schedule
     # Per open-loop user: [requests started, seconds its schedule ran] (absolute values, not deltas), so the
     # achieved rate is the sum of the users' own rates even when they started at different moments.

@@ -13,47 +13,25 @@ A check returns ``None`` for a good response body or a short reason, which the l
 
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
+
+from scripts.ops.payloads import sentence
 
 CLASSIFIER_FEATURES = 128
 CLASSIFIER_CLASSES = 10
 MINILM_DIMENSIONS = 384
 
 # (share of requests, fewest words, most words). Common English words are about one WordPiece token each, so the
-# last band (257-400 words) exceeds MiniLM's 256-token window.
+# last band (257-400 words, scripts/ops/payloads.py's WORDS) exceeds MiniLM's 256-token window.
 MINILM_LENGTH_MIX = (
-    (0.60, 3, 16),     # queries, titles, short sentences
-    (0.25, 17, 64),    # sentences and short paragraphs
-    (0.10, 65, 200),   # paragraphs
+    (0.60, 3, 16),  # queries, titles, short sentences
+    (0.25, 17, 64),  # sentences and short paragraphs
+    (0.10, 65, 200),  # paragraphs
     (0.05, 257, 400),  # documents longer than the model's window
 )
-MINILM_REPEAT_SHARE = 0.2   # share of requests drawn from the popular set
-MINILM_POPULAR_COUNT = 50   # size of the popular set; picked with Zipf-like weights (a few sentences dominate)
-
-# A small vocabulary of common English words: realistic token counts without shipping a corpus.
-WORDS = """
-the of and to in is that for it as was with be by on not he this are or his from at which but have an they
-you were her she there one all we their has been if more when will would who so no time people year way day
-man thing woman life child world school state family student group country problem hand part place case week
-company system program question work government number night point home water room mother area money story
-fact month lot right study book eye job word business issue side kind head house service friend father power
-hour game line end member law car city community name president team minute idea kid body information back
-parent face others level office door health person art war history party result change morning reason research
-girl guy moment air teacher force education foot boy age policy process music market sense nation plan college
-interest death experience effect use class control care field development role effort rate heart drug show
-leader light voice wife police mind price report decision son view relationship town road arm difference value
-building action model season society tax director position player record paper space ground form event official
-matter center couple site project activity star table need court oil situation cost industry figure street
-image phone data picture practice piece land product doctor wall patient worker news test movie north love
-support technology step baby computer type attention film tree source organization hair window evidence
-population truth song energy network machine learning serving latency throughput request batch queue model
-""".split()
-
-
-def _sentence(rng, words):
-    text = " ".join(rng.choice(WORDS) for _ in range(words))
-    return text[0].upper() + text[1:] + "."
+MINILM_REPEAT_SHARE = 0.2  # share of requests drawn from the popular set
+MINILM_POPULAR_COUNT = 50  # size of the popular set; picked with Zipf-like weights (a few sentences dominate)
 
 
 def _sentence_words(rng):
@@ -70,14 +48,14 @@ class MinilmPayloads:
 
     def __init__(self, seed=0, stream=0):
         popular_rng = random.Random(f"minilm-popular-{seed}")
-        self.popular = [_sentence(popular_rng, _sentence_words(popular_rng)) for _ in range(MINILM_POPULAR_COUNT)]
+        self.popular = [sentence(popular_rng, _sentence_words(popular_rng)) for _ in range(MINILM_POPULAR_COUNT)]
         self.popular_weights = [1.0 / (rank + 1) for rank in range(MINILM_POPULAR_COUNT)]
         self.rng = random.Random(f"minilm-{seed}-{stream}")
 
     def next_text(self):
         if self.rng.random() < MINILM_REPEAT_SHARE:
             return self.rng.choices(self.popular, weights=self.popular_weights)[0]
-        return _sentence(self.rng, _sentence_words(self.rng))
+        return sentence(self.rng, _sentence_words(self.rng))
 
     def next(self):
         return {"text": self.next_text()}
@@ -97,11 +75,14 @@ class ClassifierPayloads:
 
 
 def _numbers(values, count):
-    return (isinstance(values, list) and len(values) == count
-            and all(type(v) in (int, float) and math.isfinite(v) for v in values))
+    return (
+        isinstance(values, list)
+        and len(values) == count
+        and all(type(v) in (int, float) and math.isfinite(v) for v in values)
+    )
 
 
-def check_minilm(body) -> Optional[str]:
+def check_minilm(body) -> str | None:
     """A single-text answer: ``{"embedding": [384 finite floats]}``."""
     if not isinstance(body, dict) or "embedding" not in body:
         return f"expected an object with 'embedding', got {str(body)[:80]!r}"
@@ -111,7 +92,7 @@ def check_minilm(body) -> Optional[str]:
     return None
 
 
-def check_classifier(body) -> Optional[str]:
+def check_classifier(body) -> str | None:
     """A single-row answer: ``{"label": 0..9, "probabilities": [10 numbers summing to 1]}``."""
     if not isinstance(body, dict) or "label" not in body or "probabilities" not in body:
         return f"expected an object with 'label' and 'probabilities', got {str(body)[:80]!r}"
@@ -132,7 +113,7 @@ class ModelTraffic:
     name: str
     path: str
     payloads: Callable  # (seed, stream) -> an object with .next() -> JSON body
-    check: Callable     # JSON body -> None or a failure reason
+    check: Callable  # JSON body -> None or a failure reason
 
 
 MODELS = {

@@ -1,8 +1,9 @@
 """Server-side figures from TorchServe's Prometheus endpoint, scraped before and after a run.
 
-TorchServe's built-in metrics are counters (sums) and last-value gauges; the handlers add histograms
-(``PreprocessSeconds``, ``InferenceSeconds``, ``PostprocessSeconds``, ``BatchRequests``, ``BatchRows``,
-``PaddingRatio``) and counters (``CacheHits``, ``CacheMisses``, ``RequestErrors``), see config/metrics.yaml. A run's
+TorchServe's built-in metrics are counters (sums) and last-value gauges; the handlers add histograms of stage times
+(``PreprocessSeconds``, ``InferenceSeconds``, ``PostprocessSeconds``) and counters (``Batches``, ``BatchRequests``,
+``BatchRows``, ``PaddedTokens``, ``RealTokens``, ``CacheHits``, ``CacheMisses``, ``RequestErrors``), declared in
+handlers/core/metrics.py (config/metrics.yaml is generated from it). A run's
 figures are the *difference* of two scrapes, so earlier traffic on the same server does not leak into them.
 """
 
@@ -10,6 +11,8 @@ import math
 import re
 
 import requests
+
+from scripts.ops.stats import bucket_upper_bound
 
 _SAMPLE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)")
 _LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
@@ -68,18 +71,6 @@ def buckets(samples, name, model):
     return sorted(by_bound.items())
 
 
-def quantile_upper_bound(q, cumulative):
-    """Upper bound of the bucket holding the q-th observation: "p99 <= X". Interpolating inside a bucket (as
-    Prometheus' histogram_quantile does) would invent precision the default 5 ms .. 10 s buckets do not have."""
-    if not cumulative or cumulative[-1][1] <= 0:
-        return None
-    rank = q * cumulative[-1][1]
-    for bound, count in cumulative:
-        if count >= rank:
-            return bound
-    return cumulative[-1][0]
-
-
 def delta(before, after):
     """after - before for every sample of ``after`` (a series missing before counts from 0)."""
     before = before or {}
@@ -101,23 +92,24 @@ def server_figures(before, after, model):
         "requests": int(requests_served),
         # TorchServe's frontend sums: mean per request only (no percentiles exist server-side for these).
         "mean_queue_ms": _ratio(total(change, "ts_queue_latency_microseconds", model), requests_served, 1e-3),
-        "mean_frontend_latency_ms": _ratio(total(change, "ts_inference_latency_microseconds", model),
-                                           requests_served, 1e-3),
+        "mean_frontend_latency_ms": _ratio(
+            total(change, "ts_inference_latency_microseconds", model), requests_served, 1e-3
+        ),
     }
     for stage in HANDLER_STAGES:
         count = total(change, f"{stage}_count", model)
         stage_buckets = buckets(change, stage, model)
         key = stage.replace("Seconds", "").lower()
-        p99 = quantile_upper_bound(0.99, stage_buckets)
+        p99 = bucket_upper_bound(0.99, stage_buckets)
         figures[f"{key}_batches"] = int(count)
         figures[f"{key}_mean_ms"] = _ratio(total(change, f"{stage}_sum", model), count, 1e3)
         # "p99 <= this": the histogram's bucket bound (buckets 5, 10, 25, 50, 75, 100, 250 ms, ...).
         figures[f"{key}_p99_ms_at_most"] = None if p99 is None else (p99 * 1e3 if math.isfinite(p99) else "inf")
-    figures["mean_batch_requests"] = _ratio(total(change, "BatchRequests_sum", model),
-                                            total(change, "BatchRequests_count", model))
-    figures["mean_batch_rows"] = _ratio(total(change, "BatchRows_sum", model), total(change, "BatchRows_count", model))
-    figures["mean_padding_ratio"] = _ratio(total(change, "PaddingRatio_sum", model),
-                                           total(change, "PaddingRatio_count", model))
+    # Sizes are counters (handlers/core/metrics.py says why): their ratios are the means.
+    batches = total(change, "Batches", model)
+    figures["mean_batch_requests"] = _ratio(total(change, "BatchRequests", model), batches)
+    figures["mean_batch_rows"] = _ratio(total(change, "BatchRows", model), batches)
+    figures["mean_padding_ratio"] = _ratio(total(change, "PaddedTokens", model), total(change, "RealTokens", model))
     hits, misses = total(change, "CacheHits", model), total(change, "CacheMisses", model)
     figures["cache_hits"] = int(hits)
     figures["cache_misses"] = int(misses)

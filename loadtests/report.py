@@ -12,10 +12,28 @@ import csv
 import math
 from pathlib import Path
 
-PERCENTILE_COLUMNS = {"p50_ms": "50%", "p66_ms": "66%", "p75_ms": "75%", "p90_ms": "90%", "p95_ms": "95%",
-                      "p99_ms": "99%", "p999_ms": "99.9%", "p9999_ms": "99.99%", "max_ms": "100%"}
-PERCENTILES = {"p50_ms": 0.5, "p66_ms": 0.66, "p75_ms": 0.75, "p90_ms": 0.9, "p95_ms": 0.95, "p99_ms": 0.99,
-               "p999_ms": 0.999, "p9999_ms": 0.9999, "max_ms": 1.0}
+PERCENTILE_COLUMNS = {
+    "p50_ms": "50%",
+    "p66_ms": "66%",
+    "p75_ms": "75%",
+    "p90_ms": "90%",
+    "p95_ms": "95%",
+    "p99_ms": "99%",
+    "p999_ms": "99.9%",
+    "p9999_ms": "99.99%",
+    "max_ms": "100%",
+}
+PERCENTILES = {
+    "p50_ms": 0.5,
+    "p66_ms": 0.66,
+    "p75_ms": 0.75,
+    "p90_ms": 0.9,
+    "p95_ms": 0.95,
+    "p99_ms": 0.99,
+    "p999_ms": 0.999,
+    "p9999_ms": 0.9999,
+    "max_ms": 1.0,
+}
 
 
 def stats_snapshot(stats):
@@ -33,8 +51,12 @@ def stats_snapshot(stats):
         summary[key] = int(total.get_response_time_percentile(q)) if requests else None
     summary["endpoints"] = {entry.name: entry.num_requests for entry in stats.entries.values()}
     summary["failure_reasons"] = sorted(
-        ({"name": error.name, "error": str(error.error), "occurrences": error.occurrences}
-         for error in stats.errors.values()), key=lambda row: -row["occurrences"])
+        (
+            {"name": error.name, "error": str(error.error), "occurrences": error.occurrences}
+            for error in stats.errors.values()
+        ),
+        key=lambda row: -row["occurrences"],
+    )
     return summary
 
 
@@ -66,8 +88,9 @@ def read_stats(stats_csv):
     for key, column in PERCENTILE_COLUMNS.items():
         value = _number(total.get(column)) if requests else None
         summary[key] = int(value) if value is not None else None
-    summary["endpoints"] = {row["Name"]: int(_number(row["Request Count"]) or 0)
-                            for row in rows if row.get("Name") != "Aggregated"}
+    summary["endpoints"] = {
+        row["Name"]: int(_number(row["Request Count"]) or 0) for row in rows if row.get("Name") != "Aggregated"
+    }
     return summary
 
 
@@ -77,8 +100,10 @@ def read_failures(failures_csv):
     if not path.exists():
         return []
     with open(path, newline="") as handle:
-        rows = [{"name": row["Name"], "error": row["Error"], "occurrences": int(row["Occurrences"])}
-                for row in csv.DictReader(handle)]
+        rows = [
+            {"name": row["Name"], "error": row["Error"], "occurrences": int(row["Occurrences"])}
+            for row in csv.DictReader(handle)
+        ]
     return sorted(rows, key=lambda row: -row["occurrences"])
 
 
@@ -92,18 +117,20 @@ def read_history(history_csv):
         for row in csv.DictReader(handle):
             if row.get("Name") != "Aggregated":
                 continue
-            series.append({
-                "t": int(row["Timestamp"]),
-                "users": int(_number(row["User Count"]) or 0),
-                "rps": _number(row["Requests/s"]) or 0.0,
-                "fails_per_s": _number(row["Failures/s"]) or 0.0,
-                # 0 means "no samples in the window yet" here (an HTTP round trip is never 0 ms at this resolution).
-                "p50_ms": _number(row.get("50%")) or None,
-                "p95_ms": _number(row.get("95%")) or None,
-                "p99_ms": _number(row.get("99%")) or None,
-                "total_requests": int(_number(row.get("Total Request Count")) or 0),
-                "total_failures": int(_number(row.get("Total Failure Count")) or 0),
-            })
+            series.append(
+                {
+                    "t": int(row["Timestamp"]),
+                    "users": int(_number(row["User Count"]) or 0),
+                    "rps": _number(row["Requests/s"]) or 0.0,
+                    "fails_per_s": _number(row["Failures/s"]) or 0.0,
+                    # 0 means "no samples in the window yet" here (an HTTP round trip is never 0 ms at this resolution).
+                    "p50_ms": _number(row.get("50%")) or None,
+                    "p95_ms": _number(row.get("95%")) or None,
+                    "p99_ms": _number(row.get("99%")) or None,
+                    "total_requests": int(_number(row.get("Total Request Count")) or 0),
+                    "total_failures": int(_number(row.get("Total Failure Count")) or 0),
+                }
+            )
     if series:
         start = series[0]["t"]
         previous = None
@@ -133,8 +160,7 @@ def plot_history(series, png_path, title):
     seconds = [point["t"] for point in series]
     figure, (latency, throughput) = plt.subplots(2, 1, figsize=(9, 6.5), sharex=True)
     for key, label in (("p50_ms", "p50"), ("p95_ms", "p95"), ("p99_ms", "p99")):
-        latency.plot(seconds, [point[key] if point[key] is not None else float("nan") for point in series],
-                     label=label)
+        latency.plot(seconds, [point[key] if point[key] is not None else float("nan") for point in series], label=label)
     latency.set_ylabel("response time (ms)\n(last ~10 s window)")
     latency.legend(loc="upper left")
     latency.grid(alpha=0.3)
@@ -160,6 +186,16 @@ def _cell(value, suffix=""):
     return "–" if value is None else f"{value}{suffix}"
 
 
+def markdown_table(columns, rows):
+    """Lines of a Markdown table. columns: [(title, "l" or "r")]; rows: lists of cells (None shows as –)."""
+    lines = [
+        "| " + " | ".join(title for title, _ in columns) + " |",
+        "|" + "|".join("---:" if align == "r" else "---" for _, align in columns) + "|",
+    ]
+    lines += ["| " + " | ".join(_cell(cell) for cell in row) + " |" for row in rows]
+    return lines
+
+
 def render_markdown(summary):
     """summary.md: headline numbers, generator health, server-side figures, failures."""
     lines = [
@@ -169,13 +205,20 @@ def render_markdown(summary):
         f"- users: {summary.get('users')}, Locust workers: {summary.get('workers') or 'none (one process)'}",
         f"- command: `{summary['command']}`",
         "",
-        "| requests | failures | req/s | p50 | p95 | p99 | p99.9 | max | mean |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-        "| {requests} | {failures} | {rps} | {p50} | {p95} | {p99} | {p999} | {max} | {mean} |".format(
-            requests=summary["requests"], failures=summary["failures"], rps=summary["rps"],
-            p50=_cell(summary["p50_ms"], " ms"), p95=_cell(summary["p95_ms"], " ms"),
-            p99=_cell(summary["p99_ms"], " ms"), p999=_cell(summary["p999_ms"], " ms"),
-            max=_cell(summary["max_ms"], " ms"), mean=_cell(summary["mean_ms"], " ms")),
+        *markdown_table(
+            [(title, "r") for title in ("requests", "failures", "req/s", "p50", "p95", "p99", "p99.9", "max", "mean")],
+            [
+                [
+                    summary["requests"],
+                    summary["failures"],
+                    summary["rps"],
+                    *(
+                        _cell(summary[key], " ms")
+                        for key in ("p50_ms", "p95_ms", "p99_ms", "p999_ms", "max_ms", "mean_ms")
+                    ),
+                ]
+            ],
+        ),
         "",
         "Percentiles are Locust's (whole ms: exact below 100 ms, 10 ms steps to 1 s, 100 ms steps to 10 s). "
         "Judge capacity on p99 and throughput, not on the mean.",
@@ -204,21 +247,17 @@ def render_markdown(summary):
         ]
     server = summary.get("server") or {}
     if server.get("available"):
-        lines += [
-            "",
-            "## Server side (TorchServe metrics, difference of two scrapes)",
-            "",
-            "| figure | value |",
-            "|---|---:|",
-        ]
-        for key, value in server.items():
-            if key != "available":
-                lines.append(f"| {key} | {_cell(value)} |")
+        lines += ["", "## Server side (TorchServe metrics, difference of two scrapes)", ""]
+        lines += markdown_table(
+            [("figure", "l"), ("value", "r")], [[key, value] for key, value in server.items() if key != "available"]
+        )
     elif server:
         lines += ["", f"Server-side figures unavailable: {server.get('reason')}"]
     failures = summary.get("failure_reasons") or []
     if failures:
-        lines += ["", "## Failures", "", "| occurrences | error |", "|---:|---|"]
-        lines += [f"| {row['occurrences']} | {row['error'][:160]} |" for row in failures[:10]]
+        lines += ["", "## Failures", ""]
+        lines += markdown_table(
+            [("occurrences", "r"), ("error", "l")], [[row["occurrences"], row["error"][:160]] for row in failures[:10]]
+        )
     lines.append("")
     return "\n".join(lines)

@@ -26,12 +26,13 @@ import time
 import zipfile
 from pathlib import Path
 
+from scripts.ops import payloads
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-WORDS = ("the model serves sentence embeddings for search ranking clustering and deduplication of short user "
-         "queries product titles support tickets and long documents in many languages café naïve 東京 🙂").split()
+# Common words plus the tokenizer's unusual paths (accents, CJK, emoji).
+VOCABULARY = payloads.WORDS + payloads.UNICODE_WORDS
 
 
 def make_texts(workload, count, seed):
@@ -42,7 +43,7 @@ def make_texts(workload, count, seed):
             words = rng.randint(60, 260)
         else:
             words = rng.randint(5, 15)
-        texts.append(f"{index} " + " ".join(rng.choice(WORDS) for _ in range(words)))
+        texts.append(f"{index} " + payloads.words(rng, words, VOCABULARY))
     return texts
 
 
@@ -59,19 +60,13 @@ def unpack(archive, target):
 
 
 def load_handler(model_dir, precision, compile_mode, threads):
-    from handlers.embeddings import EmbeddingHandler
-    from tests.unit.fake_context import make_context
+    from scripts.ops.handler_loader import load_handler as load_with_overrides
 
-    handler = EmbeddingHandler()
-    context = make_context(model_dir, "minilm")
     overrides = {"precision": precision, "compile": compile_mode, "threads": threads, "cache_size": 0}
     if precision == "int8":
         overrides["min_cosine"] = 0.0  # measure int8 although the gate would refuse it (see the gate column)
-    context.model_yaml_config = {**context.model_yaml_config,
-                                 "handler": {**context.model_yaml_config["handler"], **overrides}}
-    started = time.perf_counter()
-    handler.initialize(context)
-    return handler, context, time.perf_counter() - started
+    handler, context = load_with_overrides(model_dir, "minilm", overrides)
+    return handler, context, handler.load_seconds
 
 
 def time_batches(run_batch, batches, repeats):
@@ -88,9 +83,9 @@ def time_batches(run_batch, batches, repeats):
 
 
 def bench_handler(handler, context, texts, batch_size, repeats):
-    from tests.unit.fake_context import set_requests
+    from scripts.ops.handler_loader import set_requests
 
-    batches = [texts[i:i + batch_size] for i in range(0, len(texts) - batch_size + 1, batch_size)][:8]
+    batches = [texts[i : i + batch_size] for i in range(0, len(texts) - batch_size + 1, batch_size)][:8]
 
     def run_batch(batch):
         set_requests(context, [{"Content-Type": "application/json"}] * len(batch))
@@ -105,14 +100,14 @@ def bench_plain_eager(model_dir, texts, batch_size, repeats, threads):
     """The bare fp32 encoder on texts padded to the longest of each batch: no handler, no buckets, no JSON."""
     import torch
 
-    from handlers.sentence_encoder import load_sentence_encoder, load_tokenizer, max_sequence_tokens
+    from handlers.embedding.encoder import load_sentence_encoder, load_tokenizer, max_sequence_tokens
 
     torch.set_num_threads(threads)
     model = load_sentence_encoder(model_dir)
     tokenizer = load_tokenizer(model_dir, max_sequence_tokens(model_dir))
     batches = []
     for start in range(0, len(texts) - batch_size + 1, batch_size):
-        encodings = tokenizer.encode_batch(texts[start:start + batch_size])
+        encodings = tokenizer.encode_batch(texts[start : start + batch_size])
         longest = max(len(e.ids) for e in encodings)
         ids = torch.tensor([e.ids + [0] * (longest - len(e.ids)) for e in encodings])
         mask = torch.tensor([[1] * len(e.ids) + [0] * (longest - len(e.ids)) for e in encodings])
@@ -127,21 +122,35 @@ def bench_plain_eager(model_dir, texts, batch_size, repeats, threads):
 
 
 def row(name, precision, compile_mode, threads, workload, batch_size, seconds, load_seconds=None, gate=None):
-    return {"path": name, "precision": precision, "compile": compile_mode, "threads": threads, "workload": workload,
-            "batch_size": batch_size, "ms_per_batch": round(seconds * 1000, 2),
-            "sequences_per_s": round(batch_size / seconds, 1),
-            "load_s": None if load_seconds is None else round(load_seconds, 1), "gate_min_cosine": gate}
+    return {
+        "path": name,
+        "precision": precision,
+        "compile": compile_mode,
+        "threads": threads,
+        "workload": workload,
+        "batch_size": batch_size,
+        "ms_per_batch": round(seconds * 1000, 2),
+        "sequences_per_s": round(batch_size / seconds, 1),
+        "load_s": None if load_seconds is None else round(load_seconds, 1),
+        "gate_min_cosine": gate,
+    }
 
 
 def markdown(rows, command, machine):
-    lines = [f"Command: `{command}`  ", f"Machine: {machine}", "",
-             "| path | precision | compile | threads | workload | batch | ms/batch | seq/s | load s | gate cos |",
-             "|---|---|---|---|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"Command: `{command}`  ",
+        f"Machine: {machine}",
+        "",
+        "| path | precision | compile | threads | workload | batch | ms/batch | seq/s | load s | gate cos |",
+        "|---|---|---|---|---|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
-        lines.append(f"| {r['path']} | {r['precision']} | {r['compile']} | {r['threads']} | {r['workload']} | "
-                     f"{r['batch_size']} | {r['ms_per_batch']} | {r['sequences_per_s']} | "
-                     f"{'' if r['load_s'] is None else r['load_s']} | "
-                     f"{'' if r['gate_min_cosine'] is None else r['gate_min_cosine']} |")
+        lines.append(
+            f"| {r['path']} | {r['precision']} | {r['compile']} | {r['threads']} | {r['workload']} | "
+            f"{r['batch_size']} | {r['ms_per_batch']} | {r['sequences_per_s']} | "
+            f"{'' if r['load_s'] is None else r['load_s']} | "
+            f"{'' if r['gate_min_cosine'] is None else r['gate_min_cosine']} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -151,86 +160,138 @@ def csv_list(kind, choices=None):
         if choices and any(v not in choices for v in values):
             raise argparse.ArgumentTypeError(f"choose from {sorted(choices)}")
         return values
+
     return parse
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m scripts.bench_embeddings", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--archive", type=Path, default=REPO / "model_store" / "minilm.mar",
-                        help="the minilm archive to benchmark (default model_store/minilm.mar)")
-    parser.add_argument("--aot-archive", type=Path, default=REPO / "model_store" / "minilm-aot.mar",
-                        help="archive holding minilm.pt2, for --compile aot (python -m scripts.package minilm-aot)")
+def parse_arguments(argv):
+    parser = argparse.ArgumentParser(
+        prog="python -m scripts.bench_embeddings",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--archive",
+        type=Path,
+        default=REPO / "model_store" / "minilm.mar",
+        help="the minilm archive to benchmark (default model_store/minilm.mar)",
+    )
+    parser.add_argument(
+        "--aot-archive",
+        type=Path,
+        default=REPO / "model_store" / "minilm-aot.mar",
+        help="archive holding minilm.pt2, for --compile aot (python -m scripts.package minilm-aot)",
+    )
     parser.add_argument("--precision", type=csv_list(str, {"fp32", "bf16", "fp16", "int8"}), default=["fp32", "bf16"])
-    parser.add_argument("--compile", type=csv_list(str, {"none", "jit", "aot"}), default=["none", "aot"],
-                        help="jit compiles for minutes on 2 cores; aot needs --aot-archive (fp32 only)")
+    parser.add_argument(
+        "--compile",
+        type=csv_list(str, {"none", "jit", "aot"}),
+        default=["none", "aot"],
+        help="jit compiles for minutes on 2 cores; aot needs --aot-archive (fp32 only)",
+    )
     parser.add_argument("--threads", type=csv_list(int), default=[1, 2], help="torch threads per worker")
     parser.add_argument("--batch-sizes", type=csv_list(int), default=[1, 8, 32])
     parser.add_argument("--workload", type=csv_list(str, {"short", "mixed"}), default=["short", "mixed"])
     parser.add_argument("--repeats", type=int, default=3, help="timed passes over up to 8 batches (default 3)")
     parser.add_argument("--quick", action="store_true", help="tiny run: fp32, none, 1 thread, batch 1 and 8, mixed")
-    parser.add_argument("--out", type=Path, default=REPO / "build" / "bench",
-                        help="folder for embeddings-<time>.json/.md (default build/bench)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=REPO / "build" / "bench",
+        help="folder for embeddings-<time>.json/.md (default build/bench)",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.precision, args.compile, args.threads = ["fp32"], ["none"], [1]
         args.batch_sizes, args.workload, args.repeats = [1, 8], ["mixed"], 1
     if not args.archive.is_file():
         parser.error(f"{args.archive} not found: build it with `python -m scripts.package minilm`")
-    logging.basicConfig(level=logging.WARNING)
+    return args
 
-    import torch
 
-    model_dir = unpack(args.archive, REPO / "build" / "bench" / "minilm-unpacked")
-    aot_dir = unpack(args.aot_archive, REPO / "build" / "bench" / "minilm-aot-unpacked") \
-        if "aot" in args.compile and args.aot_archive.is_file() else None
-    texts = {w: make_texts(w, 8 * max(args.batch_sizes), seed=0) for w in args.workload}
-    rows = []
+def report_row(rows, r):
+    """Keep one result row and print it as it is measured."""
+    rows.append(r)
+    print(
+        f"{r['path']:11} {r['precision']:5} {r['compile']:5} threads={r['threads']} {r['workload']:6} "
+        f"batch={r['batch_size']:<3} {r['ms_per_batch']:9.1f} ms/batch {r['sequences_per_s']:8.1f} seq/s",
+        flush=True,
+    )
 
-    def report(r):
-        rows.append(r)
-        print(f"{r['path']:11} {r['precision']:5} {r['compile']:5} threads={r['threads']} {r['workload']:6} "
-              f"batch={r['batch_size']:<3} {r['ms_per_batch']:9.1f} ms/batch {r['sequences_per_s']:8.1f} seq/s", flush=True)
 
-    for threads in args.threads:
-        for workload in args.workload:
-            for batch_size in args.batch_sizes:
-                seconds = bench_plain_eager(model_dir, texts[workload], batch_size, args.repeats, threads)
-                report(row("plain eager", "fp32", "none", threads, workload, batch_size, seconds))
-    failed = False
+def bench_one_handler(directory, precision, compile_mode, threads, texts, args, rows):
+    """Every workload x batch size through one loaded handler; False when it did not load (reported, not raised)."""
+    try:
+        handler, context, load_seconds = load_handler(directory, precision, compile_mode, threads)
+    except Exception as error:  # report and go on with the other configurations
+        print(f"error: {precision}/{compile_mode}/threads={threads} did not load: {error}", file=sys.stderr)
+        return False
+    gate = round(handler.min_cosine, 6)
+    for workload in args.workload:
+        for batch_size in args.batch_sizes:
+            seconds = bench_handler(handler, context, texts[workload], batch_size, args.repeats)
+            result = row(
+                "handler", handler.precision, compile_mode, threads, workload, batch_size, seconds, load_seconds, gate
+            )
+            report_row(rows, result)
+    return True
+
+
+def bench_handlers(model_dir, aot_dir, texts, args, rows):
+    """precision x compile x threads through the serving handler; False when a configuration failed to load."""
+    all_loaded = True
     for precision in args.precision:
         for compile_mode in args.compile:
             directory = model_dir
             if compile_mode == "aot":
                 if aot_dir is None or precision != "fp32":
-                    print(f"skipping {precision}/aot: "
-                          f"{'no ' + str(args.aot_archive) if aot_dir is None else 'the package is built for fp32'}")
+                    print(
+                        f"skipping {precision}/aot: "
+                        f"{'no ' + str(args.aot_archive) if aot_dir is None else 'the package is built for fp32'}"
+                    )
                     continue
                 directory = aot_dir
             for threads in args.threads:
-                try:
-                    handler, context, load_seconds = load_handler(directory, precision, compile_mode, threads)
-                except Exception as error:  # report and go on with the other configurations
-                    print(f"error: {precision}/{compile_mode}/threads={threads} did not load: {error}", file=sys.stderr)
-                    failed = True
-                    continue
-                gate = round(handler.min_cosine, 6)
-                for workload in args.workload:
-                    for batch_size in args.batch_sizes:
-                        seconds = bench_handler(handler, context, texts[workload], batch_size, args.repeats)
-                        report(row("handler", handler.precision, compile_mode, threads, workload, batch_size,
-                                   seconds, load_seconds, gate))
+                all_loaded &= bench_one_handler(directory, precision, compile_mode, threads, texts, args, rows)
+    return all_loaded
+
+
+def save_results(rows, args, argv):
+    import torch
 
     command = "python -m scripts.bench_embeddings " + " ".join(argv if argv is not None else sys.argv[1:])
-    machine = (f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
-               f"load average {os.getloadavg()[0]:.1f} at the end")
+    machine = (
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+        f"load average {os.getloadavg()[0]:.1f} at the end"
+    )
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"embeddings-{stamp}.json").write_text(json.dumps(
-        {"command": command, "machine": machine, "rows": rows}, indent=2) + "\n")
+    (args.out / f"embeddings-{stamp}.json").write_text(
+        json.dumps({"command": command, "machine": machine, "rows": rows}, indent=2) + "\n"
+    )
     (args.out / f"embeddings-{stamp}.md").write_text(markdown(rows, command, machine))
     print(f"\nsaved {args.out / f'embeddings-{stamp}.json'} and .md")
-    return 1 if failed else 0
+
+
+def main(argv=None):
+    args = parse_arguments(argv)
+    logging.basicConfig(level=logging.WARNING)
+    model_dir = unpack(args.archive, REPO / "build" / "bench" / "minilm-unpacked")
+    aot_dir = (
+        unpack(args.aot_archive, REPO / "build" / "bench" / "minilm-aot-unpacked")
+        if "aot" in args.compile and args.aot_archive.is_file()
+        else None
+    )
+    texts = {w: make_texts(w, 8 * max(args.batch_sizes), seed=0) for w in args.workload}
+    rows = []
+    for threads in args.threads:
+        for workload in args.workload:
+            for batch_size in args.batch_sizes:
+                seconds = bench_plain_eager(model_dir, texts[workload], batch_size, args.repeats, threads)
+                report_row(rows, row("plain eager", "fp32", "none", threads, workload, batch_size, seconds))
+    all_loaded = bench_handlers(model_dir, aot_dir, texts, args, rows)
+    save_results(rows, args, argv)
+    return 0 if all_loaded else 1
 
 
 if __name__ == "__main__":

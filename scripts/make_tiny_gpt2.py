@@ -49,7 +49,9 @@ def build_tokenizer(vocab_size):
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=[END_OF_TEXT], show_progress=False,
+        vocab_size=vocab_size,
+        special_tokens=[END_OF_TEXT],
+        show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     lines = [line.strip() for line in CORPUS.strip().splitlines() if line.strip()]
@@ -68,8 +70,13 @@ def build(out_dir, seed, layers, hidden, heads, positions, vocab_size):
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(vocab_size)
     end_id = tokenizer.token_to_id(END_OF_TEXT)
-    wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=END_OF_TEXT, eos_token=END_OF_TEXT,
-                                      unk_token=END_OF_TEXT, model_max_length=positions)
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token=END_OF_TEXT,
+        eos_token=END_OF_TEXT,
+        unk_token=END_OF_TEXT,
+        model_max_length=positions,
+    )
     wrapped.save_pretrained(out_dir)
 
     # Untied output layer and a wider initialisation than GPT-2's 0.02: with tied, near-zero weights the residual
@@ -77,26 +84,50 @@ def build(out_dir, seed, layers, hidden, heads, positions, vocab_size):
     # cache-versus-recompute and batch-versus-alone tests trivially true. These weights give varied, context-dependent
     # tokens with clear margins between the top logits.
     config = GPT2Config(
-        vocab_size=tokenizer.get_vocab_size(), n_positions=positions, n_embd=hidden, n_layer=layers, n_head=heads,
-        bos_token_id=end_id, eos_token_id=end_id, tie_word_embeddings=False, initializer_range=0.1,
+        vocab_size=tokenizer.get_vocab_size(),
+        n_positions=positions,
+        n_embd=hidden,
+        n_layer=layers,
+        n_head=heads,
+        bos_token_id=end_id,
+        eos_token_id=end_id,
+        tie_word_embeddings=False,
+        initializer_range=0.1,
     )
     torch.manual_seed(seed)
     model = GPT2LMHeadModel(config).eval()
     model.save_pretrained(out_dir, safe_serialization=True)
-    return {"vocab_size": config.vocab_size, "parameters": sum(p.numel() for p in model.parameters()),
-            "layers": layers, "hidden": hidden, "heads": heads, "positions": positions, "seed": seed}
+    return {
+        "vocab_size": config.vocab_size,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "layers": layers,
+        "hidden": hidden,
+        "heads": heads,
+        "positions": positions,
+        "seed": seed,
+    }
+
+
+# The model's size and seed: (flag, default, what it sets).
+SIZE_OPTIONS = (
+    ("--seed", 0, "torch seed of the random weights"),
+    ("--layers", 2, "transformer blocks"),
+    ("--hidden", 128, "hidden size"),
+    ("--heads", 4, "attention heads"),
+    ("--positions", 1024, "longest sequence, prompt + output"),
+    ("--vocab-size", 512, "BPE vocabulary size to aim for"),
+)
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m scripts.make_tiny_gpt2", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m scripts.make_tiny_gpt2",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--out", required=True, type=Path, help="folder for the Hugging Face model files")
-    parser.add_argument("--seed", type=int, default=0, help="torch seed of the random weights (default 0)")
-    parser.add_argument("--layers", type=int, default=2, help="transformer blocks (default 2)")
-    parser.add_argument("--hidden", type=int, default=128, help="hidden size (default 128)")
-    parser.add_argument("--heads", type=int, default=4, help="attention heads (default 4)")
-    parser.add_argument("--positions", type=int, default=1024, help="longest sequence, prompt + output (default 1024)")
-    parser.add_argument("--vocab-size", type=int, default=512, help="BPE vocabulary size to aim for (default 512)")
+    for flag, default, text in SIZE_OPTIONS:
+        parser.add_argument(flag, type=int, default=default, help=f"{text} (default {default})")
     args = parser.parse_args(argv)
     if min(args.layers, args.hidden, args.heads, args.positions) < 1 or args.hidden % args.heads:
         parser.error("--layers, --hidden, --heads, --positions must be positive and --hidden divisible by --heads")

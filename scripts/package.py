@@ -1,15 +1,20 @@
 """Build model archives (.mar) from the declarative specs in models/<name>/model.yaml.
 
 For each model: run its `prepare` step when an output is missing or one of its inputs changed (training, export),
-validate its model-config.yaml (TorchServe's keys and our `handler:` section), stage the handlers package and the
-listed files, and run torch-model-archiver. An archive whose inputs (spec, config, handlers, files, pinned
-requirements) did not change is not rebuilt: model_store/manifest.json records each archive's version and input hash.
+validate its model-config.yaml (TorchServe's keys and our `handler:` section), stage the whole handlers package (its
+subpackages included) and the listed files, and run torch-model-archiver. An archive whose inputs (spec, config, every
+file of the handlers package, files, pinned requirements) did not change is not rebuilt: model_store/manifest.json
+records each archive's version and input hash.
+
+config/metrics.yaml (the metrics TorchServe exports) is generated from handlers/core/metrics.py: every build rewrites
+it when it is out of step, `--metrics` only does that.
 
 Examples:
     python -m scripts.package                      # every model into model_store/
     python -m scripts.package classifier --force   # rebuild one
     python -m scripts.package classifier --version 2.0 --var seed=1   # a retrained 2.0 -> classifier-2.0.mar
     python -m scripts.package --list
+    python -m scripts.package --metrics            # regenerate config/metrics.yaml only
 Exit codes: 0 built or up to date, 1 a build or validation failed, 2 bad arguments.
 """
 
@@ -17,8 +22,6 @@ import argparse
 import datetime
 import fcntl
 import hashlib
-import importlib
-import inspect
 import json
 import os
 import shutil
@@ -31,14 +34,30 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 MODELS_DIR = REPO / "models"
+HANDLERS_DIR = REPO / "handlers"
 MANIFEST_NAME = "manifest.json"
+METRICS_CONFIG = REPO / "config" / "metrics.yaml"
 
 # TorchServe's own model-config.yaml keys and their types (anything else must live under `handler:`).
 TORCHSERVE_KEYS = {
-    "minWorkers": int, "maxWorkers": int, "batchSize": int, "maxBatchDelay": int, "responseTimeout": int,
-    "startupTimeout": int, "deviceType": str, "deviceIds": list, "parallelType": str, "parallelLevel": int,
-    "maxRetryTimeoutInSec": int, "clientTimeoutInMills": int, "jobQueueSize": int, "useJobTicket": bool,
-    "continuousBatching": bool, "sequenceMaxIdleMSec": int, "maxSequenceJobQueueSize": int, "maxNumSequence": int,
+    "minWorkers": int,
+    "maxWorkers": int,
+    "batchSize": int,
+    "maxBatchDelay": int,
+    "responseTimeout": int,
+    "startupTimeout": int,
+    "deviceType": str,
+    "deviceIds": list,
+    "parallelType": str,
+    "parallelLevel": int,
+    "maxRetryTimeoutInSec": int,
+    "clientTimeoutInMills": int,
+    "jobQueueSize": int,
+    "useJobTicket": bool,
+    "continuousBatching": bool,
+    "sequenceMaxIdleMSec": int,
+    "maxSequenceJobQueueSize": int,
+    "maxNumSequence": int,
 }
 OUR_SECTIONS = {"handler"}
 # Seconds of startupTimeout a worker needs at least, by compile mode (load + accuracy gate + warm-up on 2 cores).
@@ -74,29 +93,47 @@ def all_model_names(include_optional=False):
 
 def handler_class(handler_path):
     """Import the handler module named by the spec and return the one handler class it defines."""
-    module_name = Path(handler_path).with_suffix("").as_posix().replace("/", ".")
-    module = importlib.import_module(module_name)
-    classes = [c for _, c in inspect.getmembers(module, inspect.isclass) if c.__module__ == module.__name__]
-    if len(classes) != 1:
-        raise PackagingError(f"{handler_path}: TorchServe needs exactly one class in a handler module, found {len(classes)}")
-    return classes[0]
+    from scripts.ops.handler_loader import entry_class
+
+    try:
+        return entry_class(handler_path)
+    except ValueError as error:
+        raise PackagingError(str(error)) from None
 
 
 def validate_model_config(spec):
     """Check the model-config.yaml that will be packed: TorchServe keys, types, our handler section, timeouts."""
-    from handlers.config import ConfigError, validate
+    from handlers.core.config import ConfigError, validate
 
     path = spec["dir"] / spec["config"]
     where = path.relative_to(REPO)
     config = yaml.safe_load(path.read_text()) or {}
     if not isinstance(config, dict):
         raise PackagingError(f"{where}: must be a mapping")
+    check_torchserve_keys(config, where)
+    try:
+        handler_config = validate(config.get("handler"), handler_class(spec["handler"]).options)
+    except ConfigError as error:
+        raise PackagingError(f"{where}: {error}") from None
+    needed = MIN_STARTUP_SECONDS[handler_config["compile"]]
+    if config["startupTimeout"] < needed:
+        raise PackagingError(
+            f"{where}: startupTimeout {config['startupTimeout']}s is too short for load and warm-up "
+            f"with compile={handler_config['compile']} (needs >= {needed}s)"
+        )
+    return config
+
+
+def check_torchserve_keys(config, where):
+    """TorchServe's own keys: known, of their type, the ones the archive must pin present and consistent."""
     for key, value in config.items():
         if key in OUR_SECTIONS:
             continue
         if key not in TORCHSERVE_KEYS:
-            raise PackagingError(f"{where}: unknown key {key!r} (TorchServe keys: {sorted(TORCHSERVE_KEYS)}; "
-                                 f"handler options go under 'handler:')")
+            raise PackagingError(
+                f"{where}: unknown key {key!r} (TorchServe keys: {sorted(TORCHSERVE_KEYS)}; "
+                f"handler options go under 'handler:')"
+            )
         wanted = TORCHSERVE_KEYS[key]
         if not isinstance(value, wanted) or (wanted is int and isinstance(value, bool)):
             raise PackagingError(f"{where}: {key} must be {wanted.__name__}, got {value!r}")
@@ -109,15 +146,69 @@ def validate_model_config(spec):
         raise PackagingError(f"{where}: batchSize must be at least 1")
     if config["minWorkers"] > config["maxWorkers"]:
         raise PackagingError(f"{where}: minWorkers ({config['minWorkers']}) > maxWorkers ({config['maxWorkers']})")
-    try:
-        handler_config = validate(config.get("handler"), handler_class(spec["handler"]).options)
-    except ConfigError as error:
-        raise PackagingError(f"{where}: {error}") from None
-    needed = MIN_STARTUP_SECONDS[handler_config["compile"]]
-    if config["startupTimeout"] < needed:
-        raise PackagingError(f"{where}: startupTimeout {config['startupTimeout']}s is too short for load and warm-up "
-                             f"with compile={handler_config['compile']} (needs >= {needed}s)")
-    return config
+
+
+# TorchServe's own metrics, declared beside ours because the frontend reads one file (as in its default metrics.yaml).
+TORCHSERVE_METRICS = {
+    "counter": [
+        ("Requests2XX", "Count", ["Level", "Hostname"]),
+        ("Requests4XX", "Count", ["Level", "Hostname"]),
+        ("Requests5XX", "Count", ["Level", "Hostname"]),
+        ("ts_inference_requests_total", "Count", ["model_name", "model_version", "hostname"]),
+        ("ts_inference_latency_microseconds", "Microseconds", ["model_name", "model_version", "hostname"]),
+        ("ts_queue_latency_microseconds", "Microseconds", ["model_name", "model_version", "hostname"]),
+    ],
+    "gauge": [
+        ("QueueTime", "Milliseconds", ["Level", "Hostname"]),
+        ("WorkerThreadTime", "Milliseconds", ["Level", "Hostname"]),
+        ("WorkerLoadTime", "Milliseconds", ["WorkerName", "Level", "Hostname"]),
+        ("CPUUtilization", "Percent", ["Level", "Hostname"]),
+        ("MemoryUsed", "Megabytes", ["Level", "Hostname"]),
+    ],
+}
+# Model-level metrics TorchServe's Python worker records itself for every handler (ts/service.py).
+TORCHSERVE_MODEL_METRICS = [("HandlerTime", "ms"), ("PredictionTime", "ms")]
+
+
+def render_metrics_config():
+    """The text of config/metrics.yaml: TorchServe's own metrics, then every metric in handlers/core/metrics.py."""
+    from handlers.core.metrics import MODEL_METRICS, dimension_names
+
+    lines = [
+        "# GENERATED by `python -m scripts.package --metrics` from handlers/core/metrics.py (ours) and",
+        "# scripts/package.py (TorchServe's own): edit those, not this file. The frontend drops a metric this file",
+        "# does not declare.",
+        "# Only times are histograms: TorchServe's histograms have Prometheus' default buckets (5 ms .. 10 s).",
+        "dimensions: [ModelName, Level, Hostname]",
+        "ts_metrics:",
+    ]
+
+    def entry(name, unit, dimensions):
+        return [f"    - name: {name}", f"      unit: {unit}", f"      dimensions: [{', '.join(dimensions)}]"]
+
+    for kind, metrics in TORCHSERVE_METRICS.items():
+        lines.append(f"  {kind}:")
+        for name, unit, dimensions in metrics:
+            lines += entry(name, unit, dimensions)
+    lines.append("model_metrics:")
+    for kind in ("histogram", "counter", "gauge"):
+        lines.append(f"  {kind}:")
+        for name, spec in MODEL_METRICS.items():
+            if spec.kind == kind:
+                lines.append(f"    # {spec.help}")
+                lines += entry(name, spec.unit, dimension_names(name))
+        if kind == "gauge":
+            for name, unit in TORCHSERVE_MODEL_METRICS:
+                lines += entry(name, unit, ["ModelName", "Level"])
+    return "\n".join(lines) + "\n"
+
+
+def write_metrics_config(log=print):
+    """Rewrite config/metrics.yaml when it differs from what handlers/core/metrics.py declares."""
+    text = render_metrics_config()
+    if not METRICS_CONFIG.exists() or METRICS_CONFIG.read_text() != text:
+        METRICS_CONFIG.write_text(text)
+        log(f"{METRICS_CONFIG.relative_to(REPO)}: regenerated from handlers/core/metrics.py")
 
 
 def fill(text, values):
@@ -130,7 +221,10 @@ def digest(paths, extra=""):
     """Hash of file names and contents (folders recursively) plus extra text."""
     hasher = hashlib.sha256(extra.encode())
     for path in paths:
-        files = sorted(p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts) if path.is_dir() else [path]
+        if path.is_dir():
+            files = sorted(p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+        else:
+            files = [path]
         for file in files:
             hasher.update(str(file.relative_to(REPO) if file.is_relative_to(REPO) else file).encode())
             hasher.update(file.read_bytes() if file.exists() else b"<missing>")
@@ -165,8 +259,10 @@ def resolve_file(spec, build_dir, name):
     for base in (build_dir, spec["dir"], REPO):
         if (base / name).exists():
             return base / name
-    raise PackagingError(f"{spec['name']}: file {name!r} not found in {build_dir.relative_to(REPO)}, "
-                         f"{spec['dir'].relative_to(REPO)} or the repository root")
+    raise PackagingError(
+        f"{spec['name']}: file {name!r} not found in {build_dir.relative_to(REPO)}, "
+        f"{spec['dir'].relative_to(REPO)} or the repository root"
+    )
 
 
 def read_manifest(store):
@@ -190,17 +286,29 @@ def make_archive(model_name, version, handler, files, config, destination):
     """Run torch-model-archiver on the handlers package plus `files`; the .mar is written to `destination`."""
     with tempfile.TemporaryDirectory(prefix=f"stage-{model_name}-") as staging:
         stage = Path(staging) / "files"
-        # The folder that CONTAINS handlers/ goes in as --extra-files, so `import handlers.base` works in the worker.
-        shutil.copytree(REPO / "handlers", stage / "handlers", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        # The folder that CONTAINS handlers/ goes in as --extra-files, so `import handlers.core.base` works in the
+        # worker; copytree takes the subpackages along.
+        shutil.copytree(HANDLERS_DIR, stage / "handlers", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         for file in files:
             target = stage / Path(file).name
             shutil.copytree(file, target) if Path(file).is_dir() else shutil.copy2(file, target)
         export = Path(staging) / "export"
         export.mkdir()
         command = [
-            str(Path(sys.executable).parent / "torch-model-archiver"), "--model-name", model_name,
-            "--version", str(version), "--handler", str(handler), "--extra-files", str(stage),
-            "--config-file", str(config), "--export-path", str(export), "--force",
+            str(Path(sys.executable).parent / "torch-model-archiver"),
+            "--model-name",
+            model_name,
+            "--version",
+            str(version),
+            "--handler",
+            str(handler),
+            "--extra-files",
+            str(stage),
+            "--config-file",
+            str(config),
+            "--export-path",
+            str(export),
+            "--force",
         ]
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
@@ -217,8 +325,10 @@ def build(name, store, version=None, variables=None, force=False, log=print):
     # A misspelt --var would be ignored and build a "new" version identical to the old one: refuse it.
     undeclared = sorted(set(variables or {}) - set(spec.get("vars") or {}))
     if undeclared:
-        raise PackagingError(f"{spec['name']}: --var {undeclared} not declared under vars: in "
-                             f"models/{name}/model.yaml (declared: {sorted(spec.get('vars') or {})})")
+        raise PackagingError(
+            f"{spec['name']}: --var {undeclared} not declared under vars: in "
+            f"models/{name}/model.yaml (declared: {sorted(spec.get('vars') or {})})"
+        )
     suffix = "" if version == str(spec["version"]) and not variables else f"-{version}"
     archive_name = f"{spec['name']}{suffix}.mar"
     build_dir = REPO / "build" / f"{spec['name']}{suffix}"
@@ -227,8 +337,8 @@ def build(name, store, version=None, variables=None, force=False, log=print):
     config = validate_model_config(spec)
     run_prepare(spec, build_dir, values, force, log)
     files = [resolve_file(spec, build_dir, f) for f in spec.get("files", [])]
-    handler_files = sorted((REPO / "handlers").glob("*.py"))
-    inputs = [spec["spec_path"], spec["dir"] / spec["config"], REPO / "requirements.txt", *handler_files, *files]
+    # The whole package folder (every file of every subpackage, as make_archive packs it), not only its top level.
+    inputs = [spec["spec_path"], spec["dir"] / spec["config"], REPO / "requirements.txt", HANDLERS_DIR, *files]
     input_hash = digest(inputs, extra=json.dumps({"version": version, "vars": variables or {}}, sort_keys=True))
 
     store.mkdir(parents=True, exist_ok=True)
@@ -239,30 +349,50 @@ def build(name, store, version=None, variables=None, force=False, log=print):
         return {**entry, "rebuilt": False}
 
     log(f"{spec['name']} {version}: building {archive_name}")
-    make_archive(spec["name"], version, REPO / spec["handler"], files, spec["dir"] / spec["config"],
-                 store / archive_name)
+    make_archive(
+        spec["name"], version, REPO / spec["handler"], files, spec["dir"] / spec["config"], store / archive_name
+    )
 
-    entry = {"model": spec["name"], "version": version, "archive": archive_name, "input_hash": input_hash,
-             "batchSize": config["batchSize"], "maxBatchDelay": config["maxBatchDelay"],
-             "built_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    entry = {
+        "model": spec["name"],
+        "version": version,
+        "archive": archive_name,
+        "input_hash": input_hash,
+        "batchSize": config["batchSize"],
+        "maxBatchDelay": config["maxBatchDelay"],
+        "built_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
     update_manifest(store, archive_name, entry)
     return {**entry, "rebuilt": True}
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m scripts.package", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m scripts.package", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("models", nargs="*", help="model names (default: all under models/)")
-    parser.add_argument("--store", type=Path, default=REPO / "model_store", help="where archives go (default model_store/)")
+    parser.add_argument(
+        "--store", type=Path, default=REPO / "model_store", help="where archives go (default model_store/)"
+    )
     parser.add_argument("--force", action="store_true", help="rebuild even if nothing changed (reruns prepare too)")
     parser.add_argument("--version", help="archive version (default: the spec's); another version -> NAME-VERSION.mar")
-    parser.add_argument("--var", action="append", default=[], metavar="KEY=VALUE",
-                        help="value for a {KEY} in the prepare command, e.g. seed=1")
+    parser.add_argument(
+        "--var",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="value for a {KEY} in the prepare command, e.g. seed=1",
+    )
     parser.add_argument("--list", action="store_true", help="list the models and what the store holds, then exit")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument(
+        "--metrics", action="store_true", help="regenerate config/metrics.yaml from handlers/core/metrics.py, then exit"
+    )
     args = parser.parse_args(argv)
-    sys.path.insert(0, str(REPO))
 
+    if args.metrics:
+        write_metrics_config(print)
+        return 0
     if args.list:
         manifest = read_manifest(args.store)
         for name in all_model_names(include_optional=True):
@@ -278,6 +408,7 @@ def main(argv=None):
         variables[key] = value
     names = args.models or all_model_names()
     log = (lambda *_: None) if args.json else print
+    write_metrics_config(log)
     results = []
     try:
         for name in names:

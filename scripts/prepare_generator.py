@@ -22,9 +22,19 @@ from pathlib import Path
 # What a causal LM needs at serving time; anything else in a model directory (other frameworks' weights, README,
 # training state) stays out of the archive.
 SERVING_FILES = (
-    "config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-    "vocab.json", "merges.txt", "vocab.txt", "tokenizer.model", "chat_template.jinja",
+    "config.json",
+    "generation_config.json",
+    "*.safetensors",
+    "model.safetensors.index.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "vocab.txt",
+    "tokenizer.model",
+    "chat_template.jinja",
 )
 DEMO_NAME = "tiny-gpt2-random"
 DEMO_WEIGHTS = "random (demo)"
@@ -66,16 +76,20 @@ def check_loads(model_dir):
     config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
     try:
         AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, use_safetensors=True,
-                                                     dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(
+            model_dir, local_files_only=True, use_safetensors=True, dtype=torch.float32
+        )
     except (OSError, ValueError, KeyError) as error:
         raise PrepareError(f"{model_dir}: does not load as a causal LM offline: {error}") from None
     return config.model_type, sum(p.numel() for p in model.parameters())
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m scripts.prepare_generator", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m scripts.prepare_generator",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--out", required=True, type=Path, help="build folder; gets lm/ and model_info.json")
     parser.add_argument("--model-dir", default="", help="your Hugging Face causal-LM folder (empty: the random demo)")
     parser.add_argument("--name", default="", help="name shown in answers (default: the folder's name)")
@@ -94,10 +108,14 @@ def main(argv=None):
 
             if lm_dir.exists():
                 shutil.rmtree(lm_dir)
-            summary = make_tiny_gpt2.build(lm_dir, seed=args.seed, layers=2, hidden=128, heads=4, positions=1024,
-                                           vocab_size=512)
-            info = {"name": args.name or DEMO_NAME, "weights": DEMO_WEIGHTS,
-                    "source": f"scripts/make_tiny_gpt2.py seed {args.seed}: untrained, its text is meaningless"}
+            summary = make_tiny_gpt2.build(
+                lm_dir, seed=args.seed, layers=2, hidden=128, heads=4, positions=1024, vocab_size=512
+            )
+            info = {
+                "name": args.name or DEMO_NAME,
+                "weights": DEMO_WEIGHTS,
+                "source": f"scripts/make_tiny_gpt2.py seed {args.seed}: untrained, its text is meaningless",
+            }
             print(f"built the random-weight demo model: {json.dumps(summary)}")
     except PrepareError as error:
         print(f"error: {error}", file=sys.stderr)

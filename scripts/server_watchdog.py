@@ -4,11 +4,11 @@
 
 The tests, the load-test tools and the reliability suite start TorchServe as a daemon (`torchserve --start`) and stop
 it in a `finally` block. A SIGKILL (an out-of-memory kill, `kill -9`, a CI runner's hard timeout) runs no `finally`,
-and the server would keep its ports, its workers and two cores busy for good. `scripts.server.start_isolated` starts
-this watchdog beside each private server, in its own session so a signal to the owner's process group does not reach
-it. It polls both processes: when the server is gone it exits; when the owner is gone it stops the server the way
-`torchserve --stop` does (SIGTERM to the frontend, whose shutdown hook stops the workers), then SIGKILLs whatever of
-the server's process tree is still there after --grace seconds.
+and the server would keep its ports, its workers and two cores busy for good. `scripts.ops.server.start_isolated`
+starts this watchdog beside each private server, in its own session so a signal to the owner's process group does not
+reach it. It polls both processes: when the server is gone it exits; when the owner is gone it stops the server the
+way Server.stop does (SIGTERM to the frontend, whose shutdown hook stops the workers), then SIGKILLs whatever of the
+server's process tree is still there after --grace seconds.
 Exit codes: 0 the server stopped (by its owner or by this watchdog), 2 bad arguments.
 """
 
@@ -16,45 +16,25 @@ import argparse
 import sys
 import time
 
-import psutil
-
-
-def alive(pid):
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def stop_tree(pid, grace):
-    """SIGTERM the server, wait up to ``grace`` seconds, then SIGKILL what remains of its process tree."""
-    try:
-        server = psutil.Process(pid)
-        tree = [server, *server.children(recursive=True)]
-    except psutil.Error:
-        return
-    server.terminate()
-    _, remaining = psutil.wait_procs(tree, timeout=grace)
-    for process in remaining:
-        try:
-            process.kill()
-        except psutil.Error:
-            pass
+from scripts.ops.server import process_alive, stop_process_tree
 
 
 def watch(owner, server_pid, interval=1.0, grace=30.0):
     """Block until the server stops; stop it first if the owner dies. Returns what happened."""
-    while alive(server_pid):
-        if not alive(owner):
-            stop_tree(server_pid, grace)
+    while process_alive(server_pid):
+        if not process_alive(owner):
+            stop_process_tree(server_pid, grace)
             return "owner gone: server stopped"
         time.sleep(interval)
     return "server stopped by its owner"
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m scripts.server_watchdog", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m scripts.server_watchdog",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--owner", type=int, required=True, help="pid of the process that started the server")
     parser.add_argument("--server-pid", type=int, required=True, help="pid of TorchServe's frontend (its pid file)")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between checks")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from handlers.nets import MLPClassifier
+from handlers.classification.nets import MLPClassifier
 
 FEATURES, CLASSES = 128, 10
 
@@ -39,7 +39,7 @@ def train(seed=0, epochs=20, train_samples=8000, test_samples=2000, noise=1.0):
     for _ in range(epochs):
         order = torch.randperm(train_samples, generator=order_generator)
         for start in range(0, train_samples, 128):
-            batch = order[start:start + 128]
+            batch = order[start : start + 128]
             loss = torch.nn.functional.cross_entropy(model(train_x[batch]), train_y[batch])
             optimizer.zero_grad()
             loss.backward()
@@ -47,14 +47,22 @@ def train(seed=0, epochs=20, train_samples=8000, test_samples=2000, noise=1.0):
     model.eval()
     with torch.no_grad():
         accuracy = (model(test_x).argmax(1) == test_y).float().mean().item()
-    return model, {"seed": seed, "epochs": epochs, "train_samples": train_samples, "test_samples": test_samples,
-                   "noise": noise, "test_accuracy": round(accuracy, 4)}
+    return model, {
+        "seed": seed,
+        "epochs": epochs,
+        "train_samples": train_samples,
+        "test_samples": test_samples,
+        "noise": noise,
+        "test_accuracy": round(accuracy, 4),
+    }
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="folder for classifier.pt and training.json")
-    parser.add_argument("--seed", type=int, default=0, help="seed of data, init and order (another seed = a retrained model)")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of data, init and order (another seed = a retrained model)"
+    )
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--min-accuracy", type=float, default=0.95, help="fail below this held-out accuracy")
     args = parser.parse_args(argv)

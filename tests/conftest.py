@@ -7,17 +7,15 @@ also when tests fail.
 
 import contextlib
 import os
-import sys
 from pathlib import Path
 
 import pytest
 import requests
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from scripts import package
+from scripts.ops import server as ops_server
 
-from scripts import package  # noqa: E402
-from scripts.server import start_isolated  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -35,9 +33,7 @@ def model_store():
 
 @pytest.fixture(scope="session")
 def java_home():
-    from scripts.java_home import find_java_home
-
-    return os.environ.get("JAVA_HOME") or str(find_java_home(verbose=False))
+    return ops_server.java_home()
 
 
 @pytest.fixture(scope="session")
@@ -47,7 +43,9 @@ def start_ts_server(tmp_path_factory, model_store, java_home):
 
     def start(config=REPO / "config.properties", overrides=None, models=None, name="ts", wait=900):
         # start_isolated stops a server that fails to become READY; the ones that start are stopped below.
-        server = start_isolated(config, tmp_path_factory.mktemp(name), model_store, java_home, models, overrides, wait)
+        server = ops_server.start_isolated(
+            config, tmp_path_factory.mktemp(name), model_store, java_home, models, overrides, wait
+        )
         started.append(server)
         return server
 
@@ -94,3 +92,22 @@ def unpacked_model(model_store, tmp_path_factory):
         return cache[name]
 
     return unpack
+
+
+# Model folders made without archives (tests/unit/tiny_models.py): prepared_model_dir, tiny_minilm_dir.
+pytest_plugins = ["tests.unit.tiny_models"]
+
+# Fixtures that build or read the real model archives, or start a TorchServe server: a test that uses one (directly or
+# through another fixture) is `slow`, and `make test-fast` leaves it out.
+SLOW_FIXTURES = frozenset({"model_store", "unpacked_model", "java_home", "start_ts_server", "ts_server", "predict"})
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark each test by its folder (unit, integration) and mark `slow` those that need archives or a server."""
+    tests_dir = Path(__file__).resolve().parent
+    for item in items:
+        folder = item.path.relative_to(tests_dir).parts[0] if item.path.is_relative_to(tests_dir) else None
+        if folder in ("unit", "integration"):
+            item.add_marker(folder)
+        if folder == "integration" or SLOW_FIXTURES.intersection(item.fixturenames):
+            item.add_marker("slow")

@@ -34,7 +34,7 @@ def create_app(model_dir):
     def embed():
         body = request.get_json(force=True, silent=True)
         if not isinstance(body, dict) or not isinstance(body.get("text"), str):
-            return jsonify({"code": 400, "type": "InvalidRequest", "message": "expected {\"text\": \"...\"}"}), 400
+            return jsonify({"code": 400, "type": "InvalidRequest", "message": 'expected {"text": "..."}'}), 400
         vector = model.encode([body["text"]], normalize_embeddings=True)[0]
         return jsonify({"embedding": vector.tolist()})
 

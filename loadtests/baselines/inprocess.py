@@ -15,8 +15,6 @@ Exit codes: 0 measured, 1 the handler failed or answered wrongly, 2 bad argument
 """
 
 import argparse
-import importlib
-import inspect
 import json
 import statistics
 import sys
@@ -25,36 +23,19 @@ import time
 import zipfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.append(str(REPO))
+from loadtests.payloads import traffic
+from scripts.ops.stats import percentile
 
-from loadtests.payloads import traffic  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 
 def load_handler(model_dir, batch_size):
-    """The archive's handler, initialised from its own files, the way a TorchServe worker does it."""
-    import yaml
-    from ts.context import Context, RequestProcessor
+    """The archive's handler, initialised from its own files (model-config.yaml, weights) as a worker does it."""
+    from scripts.ops.handler_loader import load_handler as load_with_overrides
 
-    model_dir = Path(model_dir)
-    manifest = json.loads((model_dir / "MAR-INF" / "MANIFEST.json").read_text())
-    config_name = manifest["model"].get("configFile")
-    yaml_config = yaml.safe_load((model_dir / config_name).read_text()) if config_name else {}
-    # The archive's own code first on the path, as in a worker (model_dir is on its PYTHONPATH).
-    sys.path.insert(0, str(model_dir))
-    for name in [n for n in sys.modules if n == "handlers" or n.startswith("handlers.")]:
-        del sys.modules[name]
-    module = importlib.import_module(Path(manifest["model"]["handler"]).stem)
-    classes = [c for _, c in inspect.getmembers(module, inspect.isclass) if c.__module__ == module.__name__]
-    if len(classes) != 1:
-        raise RuntimeError(f"{manifest['model']['handler']}: expected one handler class, found {len(classes)}")
-    context = Context(manifest["model"]["modelName"], str(model_dir), manifest, batch_size, None, "0.12.0",
-                      model_yaml_config=yaml_config)
-    context.request_processor = [RequestProcessor({"Content-Type": "application/json"})]
-    handler = classes[0]()
-    handler.initialize(context)
-    return handler, context, yaml_config
+    manifest = json.loads((Path(model_dir) / "MAR-INF" / "MANIFEST.json").read_text())
+    handler, context = load_with_overrides(model_dir, manifest["model"]["modelName"], batch_size=batch_size)
+    return handler, context, context.model_yaml_config
 
 
 def answers(outputs):
@@ -82,14 +63,13 @@ def measure_batches(handler, context, model, batch_size, seconds, seed=0):
                 raise RuntimeError(f"the handler answered wrongly in process: {reason}")
         requests += batch_size
     total = sum(durations)
-    ordered = sorted(durations)
     return {
         "batch_size": batch_size,
         "requests": requests,
         "seconds": round(total, 3),
         "requests_per_s": round(requests / total, 2) if total else None,
-        "batch_p50_ms": round(ordered[len(ordered) // 2] * 1e3, 3),
-        "batch_p99_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1e3, 3),
+        "batch_p50_ms": round(percentile(durations, 0.5) * 1e3, 3),
+        "batch_p99_ms": round(percentile(durations, 0.99) * 1e3, 3),
     }
 
 
@@ -128,17 +108,25 @@ def ceiling(archive, model, batch_sizes, seconds, seed=0, log=print):
             results.append(result)
         best = max(results, key=lambda r: r["requests_per_s"] or 0)
         return {
-            "model": model, "archive": str(archive), "precision": described.get("precision"),
-            "compile": described.get("compile"), "threads": described.get("threads"),
+            "model": model,
+            "archive": str(archive),
+            "precision": described.get("precision"),
+            "compile": described.get("compile"),
+            "threads": described.get("threads"),
             "configured_batch_size": yaml_config.get("batchSize"),
             "configured_max_batch_delay_ms": yaml_config.get("maxBatchDelay"),
-            "results": results, "best": best, "raw_forward_ms": raw_forward_ms(handler, model),
+            "results": results,
+            "best": best,
+            "raw_forward_ms": raw_forward_ms(handler, model),
         }
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m loadtests.baselines.inprocess", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtests.baselines.inprocess",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--archive", required=True, help="the .mar to load (e.g. model_store/minilm.mar)")
     parser.add_argument("--model", help="traffic to use (default: the archive's file name)")
     parser.add_argument("--seconds", type=float, default=10.0, help="seconds per batch size")
@@ -167,9 +155,11 @@ def main(argv=None):
         print(json.dumps(result, indent=2))
     else:
         best = result["best"]
-        print(f"{model} in process ({result['precision']}, compile {result['compile']}, {result['threads']} threads): "
-              f"best {best['requests_per_s']} requests/s at batch {best['batch_size']}; raw forward of one input "
-              f"{result['raw_forward_ms']} ms")
+        print(
+            f"{model} in process ({result['precision']}, compile {result['compile']}, {result['threads']} threads): "
+            f"best {best['requests_per_s']} requests/s at batch {best['batch_size']}; raw forward of one input "
+            f"{result['raw_forward_ms']} ms"
+        )
     return 0
 
 

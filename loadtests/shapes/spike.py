@@ -4,17 +4,13 @@ Phases: base for one ``--step-seconds``, spike for one, then base until ``-t``. 
 rises during the spike (queueing, 503s once the job queue is full) and how quickly it recovers after it.
 """
 
-from locust import LoadTestShape
+from loadtests.shapes import TimedShape
 
 
-class SpikeShape(LoadTestShape):
-    use_common_options = True  # reads -u (spike users) and -t (run time) itself
+class SpikeShape(TimedShape):
+    """-u is the spike's users."""
 
-    def tick(self):
-        options = self.runner.environment.parsed_options
-        elapsed = self.get_run_time()
-        if options.run_time and elapsed >= options.run_time:
-            return None
+    def users_at(self, elapsed, options):
         base = max(1, options.spike_base_users)
         in_spike = options.step_seconds <= elapsed < 2 * options.step_seconds
         users = max(base, options.num_users or base) if in_spike else base

@@ -3,17 +3,13 @@
 Each step is a plateau long enough for latency to settle, so the history plot shows where p99 starts to climb.
 """
 
-from locust import LoadTestShape
+from loadtests.shapes import TimedShape
 
 
-class StepShape(LoadTestShape):
-    use_common_options = True  # reads -u (peak users) and -t (run time) itself
+class StepShape(TimedShape):
+    """-u is the peak users."""
 
-    def tick(self):
-        options = self.runner.environment.parsed_options
-        elapsed = self.get_run_time()
-        if options.run_time and elapsed >= options.run_time:
-            return None
+    def users_at(self, elapsed, options):
         step = int(elapsed // options.step_seconds) + 1
         users = min(options.num_users or options.step_users, step * options.step_users)
         # Spawn a whole step at once: the plateau, not the ramp, is what is measured.

@@ -25,16 +25,28 @@ from pathlib import Path
 import yaml
 
 from scripts import package
-from scripts.reliability import checks, cost, fuzz
+from scripts.ops.server import exit_on_sigterm, java_home, start_isolated
+from scripts.reliability import correctness, cost, fuzz, resilience, security
 from scripts.reliability.hang_handler import HANG_MARKER
 from scripts.reliability.logs import logs_check
-from scripts.reliability.references import Window, reference_for
+from scripts.reliability.references import WindowCursor, reference_for
+from scripts.reliability.rows import CheckFailed, Row
 from scripts.reliability.soak import soak
-from scripts.server import start_isolated
 
 REPO = Path(__file__).resolve().parents[2]
-ALL_CHECKS = ("concurrency", "bad_input", "logs", "overload", "worker_kill", "hang", "security", "loading", "soak",
-              "fuzz", "cost")
+ALL_CHECKS = (
+    "concurrency",
+    "bad_input",
+    "logs",
+    "overload",
+    "worker_kill",
+    "hang",
+    "security",
+    "loading",
+    "soak",
+    "fuzz",
+    "cost",
+)
 HANG_TIMEOUT_S = 5
 
 
@@ -44,8 +56,14 @@ def build_hang_archive(store):
     config.update(responseTimeout=HANG_TIMEOUT_S, batchSize=1, maxBatchDelay=1)
     config_path = store / "hang-model-config.yaml"
     config_path.write_text(yaml.safe_dump(config))
-    package.make_archive("classifier-hang", "1.0", REPO / "scripts/reliability/hang_handler.py",
-                         [REPO / "build/classifier/classifier.pt"], config_path, store / "classifier-hang.mar")
+    package.make_archive(
+        "classifier-hang",
+        "1.0",
+        REPO / "scripts/reliability/hang_handler.py",
+        [REPO / "build/classifier/classifier.pt"],
+        config_path,
+        store / "classifier-hang.mar",
+    )
 
 
 def prepare_store(models, workdir):
@@ -64,10 +82,62 @@ def table(rows):
     return "\n".join(lines)
 
 
-def run(args):
-    from scripts.java_home import find_java_home
+def load_checks(server, model, cursor, selected, args, java, add):
+    """Overload, worker kill and soak on one model: all sized from its measured capacity."""
+    if not selected & {"overload", "worker_kill", "soak"}:
+        return
+    capacity = 10.0
+    if "overload" in selected or "soak" in selected:
+        try:
+            capacity = resilience.measure_capacity(server, cursor.take(0), args.capacity_seconds)
+        except CheckFailed as failure:
+            add(failure.row)  # the load checks below are sized from it: report why, skip them
+            return
+        cursor.take(int(capacity * args.capacity_seconds))
+        print(f"{model}: measured capacity ~{capacity:.0f} req/s (closed loop, 16 clients)", flush=True)
+    if "overload" in selected and model in args.overload_models.split(","):
+        window = cursor.take(int(2 * capacity * args.overload_seconds))
+        add(resilience.overload(server, window, capacity, 2.0, args.overload_seconds))
+    if "worker_kill" in selected:
+        add(resilience.worker_kill(server, cursor.take(int(capacity * 10))))
+    if "soak" in selected:
+        rate = max(1.0, capacity * 0.5)
+        seconds = args.soak_minutes * 60
+        add(soak(server, cursor.take(0), seconds, rate, java_home=java, warmup_seconds=min(60.0, seconds / 3)))
 
-    java_home = str(find_java_home(verbose=False))
+
+def model_checks(server, model, store, selected, args, java, add):
+    """Every per-model check against the main server; later phases send inputs earlier ones did not (Window)."""
+    # Twice the concurrency check's inputs: later phases start where earlier ones stopped.
+    pool = reference_for(model, store, 2 * args.requests, seed=7)
+    cursor = WindowCursor(pool)
+    if "concurrency" in selected:
+        add(correctness.concurrency(server, cursor.take(args.requests), args.requests, args.clients))
+    if "bad_input" in selected:
+        add(correctness.bad_input(server, pool))
+    if "logs" in selected:  # log bytes per request, half good, half bad (scripts/reliability/logs.py)
+        add(logs_check(server, cursor.take(args.requests // 2), args.requests))
+    load_checks(server, model, cursor, selected, args, java, add)
+
+
+def production_checks(selected, models, store, workdir, java, started, add):
+    """The production profile's security settings (its own server) and unsafe model loading."""
+    if "security" in selected:
+        production = REPO / "config" / "production.properties"
+        if not production.exists():
+            check = "production profile: tokens, allowed_urls, request size"
+            add(Row(check, "not run: config/production.properties not found", "the production profile exists", False))
+        else:
+            secure = start_isolated(production, workdir / "production", store, java, models[:1])
+            started.append(secure)
+            first = reference_for(models[0], store, 1)
+            add(security.security(secure, first.body(0), models[0], lambda answer: first.matches(0, answer)))
+    if "loading" in selected:
+        add(security.unsafe_loading())
+
+
+def run(args):
+    java = java_home()
     # --quick leaves the fuzzer out: `make test` runs its short form against the session server
     # (tests/integration/test_fuzz_server.py).
     selected = set(args.only.split(",")) if args.only else set(ALL_CHECKS) - ({"fuzz"} if args.quick else set())
@@ -89,43 +159,10 @@ def run(args):
             build_hang_archive(store)
         served = models + extra + (["classifier-hang"] if "hang" in selected else [])
         print(f"starting TorchServe with {', '.join(served)} ...", flush=True)
-        server = start_isolated(REPO / "config.properties", workdir / "main", store, java_home, served)
+        server = start_isolated(REPO / "config.properties", workdir / "main", store, java, served)
         started.append(server)
         for model in models:
-            # Twice the concurrency check's inputs: later phases start where earlier ones stopped (see Window).
-            pool = reference_for(model, store, 2 * args.requests, seed=7)
-            offset = 0
-
-            def next_window(count):
-                nonlocal offset
-                window, offset = Window(pool, offset), offset + count
-                return window
-
-            if "concurrency" in selected:
-                add(checks.concurrency(server, next_window(args.requests), args.requests, args.clients))
-            if "bad_input" in selected:
-                add(checks.bad_input(server, pool))
-            if "logs" in selected:  # log bytes per request, half good, half bad (scripts/reliability/logs.py)
-                add(logs_check(server, next_window(args.requests // 2), args.requests))
-            capacity = 10.0
-            if "overload" in selected or "soak" in selected:
-                try:
-                    capacity = checks.measure_capacity(server, next_window(0), args.capacity_seconds)
-                except checks.CheckFailed as failure:
-                    add(failure.row)  # the load checks below are sized from it: report why, skip them
-                    continue
-                offset += int(capacity * args.capacity_seconds)
-                print(f"{model}: measured capacity ~{capacity:.0f} req/s (closed loop, 16 clients)", flush=True)
-            if "overload" in selected and model in args.overload_models.split(","):
-                add(checks.overload(server, next_window(int(2 * capacity * args.overload_seconds)), capacity, 2.0,
-                                    args.overload_seconds))
-            if "worker_kill" in selected:
-                add(checks.worker_kill(server, next_window(int(capacity * 10))))
-            if "soak" in selected:
-                rate = max(1.0, capacity * 0.5)
-                seconds = args.soak_minutes * 60
-                add(soak(server, next_window(0), seconds, rate, java_home=java_home,
-                         warmup_seconds=min(60.0, seconds / 3)))
+            model_checks(server, model, store, selected, args, java, add)
         for model in cost_models:  # worst-case time and worker RSS of maximum-size requests (cost.py)
             add(cost.cost_check(server, model, store, args.cost_requests))
         for model in fuzz_models:  # generated valid and invalid requests (scripts/reliability/fuzz.py)
@@ -133,22 +170,10 @@ def run(args):
         if "hang" in selected:
             good = json.dumps({"inputs": [0.5] * 128}).encode()
             hanging = json.dumps({"inputs": [HANG_MARKER] + [0.5] * 127}).encode()
-            add(checks.hang(server, "classifier-hang", good, hanging, HANG_TIMEOUT_S))
+            add(resilience.hang(server, "classifier-hang", good, hanging, HANG_TIMEOUT_S))
         server.stop()
         started.remove(server)
-        if "security" in selected:
-            production = REPO / "config" / "production.properties"
-            if not production.exists():
-                add(checks.Row("production profile: tokens, allowed_urls, request size",
-                               "not run: config/production.properties not found", "the production profile exists",
-                               False))
-            else:
-                secure = start_isolated(production, workdir / "production", store, java_home, models[:1])
-                started.append(secure)
-                first = reference_for(models[0], store, 1)
-                add(checks.security(secure, first.body(0), models[0], lambda answer: first.matches(0, answer)))
-        if "loading" in selected:
-            add(checks.unsafe_loading())
+        production_checks(selected, models, store, workdir, java, started, add)
     finally:
         for server in started:
             server.stop()
@@ -157,41 +182,61 @@ def run(args):
 
 def save(rows, out_dir, args):
     out_dir.mkdir(parents=True, exist_ok=True)
-    summary = {"created": datetime.datetime.now().isoformat(timespec="seconds"), "arguments": vars(args),
-               "passed": all(r.passed for r in rows), "checks": [r.as_dict() for r in rows]}
+    summary = {
+        "created": datetime.datetime.now().isoformat(timespec="seconds"),
+        "arguments": vars(args),
+        "passed": all(r.passed for r in rows),
+        "checks": [r.as_dict() for r in rows],
+    }
     (out_dir / "reliability.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    (out_dir / "reliability.md").write_text(f"# Reliability report\n\nCommand: `python -m scripts.reliability "
-                                            f"{' '.join(sys.argv[1:])}`\n\n{table(rows)}\n")
+    (out_dir / "reliability.md").write_text(
+        f"# Reliability report\n\nCommand: `python -m scripts.reliability {' '.join(sys.argv[1:])}`\n\n{table(rows)}\n"
+    )
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m scripts.reliability", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m scripts.reliability", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="short form for CI (fewer requests, short phases)")
     parser.add_argument("--models", default="classifier,minilm", help="comma-separated models to check")
     parser.add_argument("--only", help=f"comma-separated subset of {','.join(ALL_CHECKS)}")
     parser.add_argument("--requests", type=int, help="requests per model for the concurrency check (10000)")
     parser.add_argument("--clients", type=int, default=64, help="concurrent clients (64)")
-    parser.add_argument("--overload-models", default="minilm",
-                        help="models driven at 2x capacity (minilm: a 2-core machine cannot generate 2x the "
-                             "classifier's ~600 req/s in Python and serve it too)")
+    parser.add_argument(
+        "--overload-models",
+        default="minilm",
+        help="models driven at 2x capacity (minilm: a 2-core machine cannot generate 2x the "
+        "classifier's ~600 req/s in Python and serve it too)",
+    )
     parser.add_argument("--overload-seconds", type=float, help="length of the overload phase (30)")
     parser.add_argument("--capacity-seconds", type=float, help="length of the capacity estimate (10)")
     parser.add_argument("--soak-minutes", type=float, help="length of the memory soak (2)")
-    parser.add_argument("--fuzz-models", default=",".join(fuzz.FUZZ_MODELS), help="models the fuzz check sends "
-                        "generated requests to (all three; served beside --models)")
+    parser.add_argument(
+        "--fuzz-models",
+        default=",".join(fuzz.FUZZ_MODELS),
+        help="models the fuzz check sends generated requests to (all three; served beside --models)",
+    )
     parser.add_argument("--fuzz-requests", type=int, help="generated requests per model for the fuzz check (5000)")
     parser.add_argument("--fuzz-seed", type=int, default=0, help="the fuzz grammar's seed (0)")
-    parser.add_argument("--cost-requests", type=int, help="maximum-size requests per model before the cost check "
-                        "reads worker RSS again (100)")
+    parser.add_argument(
+        "--cost-requests",
+        type=int,
+        help="maximum-size requests per model before the cost check reads worker RSS again (100)",
+    )
     parser.add_argument("--out", type=Path, help="report folder (default loadtests/reports/reliability-<time>)")
     args = parser.parse_args(argv)
-    defaults = {"requests": (1000, 10000), "overload_seconds": (8, 30), "capacity_seconds": (4, 10),
-                "soak_minutes": (0.25, 2), "fuzz_requests": (300, 5000), "cost_requests": (30, 100)}
+    defaults = {
+        "requests": (1000, 10000),
+        "overload_seconds": (8, 30),
+        "capacity_seconds": (4, 10),
+        "soak_minutes": (0.25, 2),
+        "fuzz_requests": (300, 5000),
+        "cost_requests": (30, 100),
+    }
     for key, (quick, full) in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, quick if args.quick else full)
-    sys.path.insert(0, str(REPO))
     started = time.perf_counter()
     rows = run(args)
     out_dir = args.out or REPO / "loadtests" / "reports" / f"reliability-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -201,7 +246,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    from scripts.server import exit_on_sigterm
-
     exit_on_sigterm()
     sys.exit(main())

@@ -36,8 +36,12 @@ def build_body(entry):
 def load(model):
     path = CORPUS_DIR / f"{model}.yaml"
     entries = yaml.safe_load(path.read_text())
-    return [BadRequest(e["name"], build_body(e), e.get("content_type", "application/json"), int(e["status"]),
-                       e.get("message", "")) for e in entries]
+    return [
+        BadRequest(
+            e["name"], build_body(e), e.get("content_type", "application/json"), int(e["status"]), e.get("message", "")
+        )
+        for e in entries
+    ]
 
 
 def models_with_corpus():

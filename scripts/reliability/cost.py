@@ -25,14 +25,16 @@ import sys
 import threading
 import time
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
 
 import requests
 import yaml
 
-from scripts.reliability.checks import Row, worker_pids
+from scripts.ops import payloads
+from scripts.ops.payloads import ONE_TOKEN_WORDS
+from scripts.reliability.rows import Row
 from scripts.reliability.soak import rss_mb
 from scripts.reliability.traffic import closed_loop
 
@@ -41,11 +43,6 @@ COST_MODELS = ("classifier", "minilm", "generator")
 TIME_TARGET_S = 1.0
 RSS_TARGET = 0.10  # relative growth over the steady level
 DEFAULT_MAX_REQUEST_SIZE = 6553500  # TorchServe's own default for max_request_size
-# Words the MiniLM tokenizer keeps whole (one token each), so a text's token count is its word count: the
-# maximum-size requests hit the token limits exactly, and the answers' usage counts prove it.
-ONE_TOKEN_WORDS = ("house water river stone cloud green music light paper table chair north south city road tree bird "
-                   "fish door window garden yellow quiet bright winter summer forest market letter doctor planet "
-                   "circle silver ocean story little people travel history morning coffee mountain engine").split()
 
 
 @dataclass
@@ -55,20 +52,22 @@ class MaxRequest:
     name: str
     make: Callable[[int], bytes]
     content_type: str
-    problem: Callable[[bytes], Optional[str]]  # what is wrong with a 200 answer (not maximal, wrong shape), or None
+    problem: Callable[[bytes], str | None]  # what is wrong with a 200 answer (not maximal, wrong shape), or None
 
 
 # ------------------------------------------------------------------------------------------------ the shipped limits
-HANDLER_CLASSES = {"classifier": "handlers.classifier:ClassifierHandler",
-                   "minilm": "handlers.embeddings:EmbeddingHandler",
-                   "generator": "handlers.generator:GeneratorHandler"}
+HANDLER_CLASSES = {
+    "classifier": "handlers.classifier:ClassifierHandler",
+    "minilm": "handlers.embeddings:EmbeddingHandler",
+    "generator": "handlers.generator:GeneratorHandler",
+}
 
 
 def archive_config(store, model):
     """(model-config.yaml as a dict, its handler section validated with the handler's own schema) from the .mar."""
     import importlib
 
-    from handlers.config import validate
+    from handlers.core.config import validate
 
     with zipfile.ZipFile(Path(store) / f"{model}.mar") as mar:
         config = yaml.safe_load(mar.read("model-config.yaml")) or {}
@@ -84,15 +83,15 @@ def padded(text, size):
 
 
 def words(rng, count):
-    return " ".join(rng.choice(ONE_TOKEN_WORDS) for _ in range(count))
+    return payloads.words(rng, count, ONE_TOKEN_WORDS)
 
 
 def filler(rng, chars):
     """Exactly `chars` characters of one-token words (far more tokens than a row keeps: it will be truncated)."""
     text = ""
     while len(text) < chars:
-        text += rng.choice(ONE_TOKEN_WORDS) + " "
-    return text[:chars - 1] + "x"
+        text += payloads.words(rng, 1, ONE_TOKEN_WORDS) + " "
+    return text[: chars - 1] + "x"
 
 
 def minilm_requests(limits, max_request_size):
@@ -106,8 +105,12 @@ def minilm_requests(limits, max_request_size):
     - plain: a text/plain body of max_text_chars;
     - body: the chars request padded with JSON whitespace to the frontend's max_request_size (worker-side parsing).
     """
-    max_inputs, max_text, max_chars, max_tokens = (limits["max_inputs"], limits["max_text_chars"],
-                                                   limits["max_request_chars"], limits["max_request_tokens"])
+    max_inputs, max_text, max_chars, max_tokens = (
+        limits["max_inputs"],
+        limits["max_text_chars"],
+        limits["max_request_chars"],
+        limits["max_request_tokens"],
+    )
     buckets = limits["length_buckets"]
     row_tokens = buckets[-1]  # the model's limit per text; a truncated row has exactly this many
     truncated_rows = max(1, min(max_inputs, max_tokens // row_tokens))
@@ -120,6 +123,7 @@ def minilm_requests(limits, max_request_size):
                 return None if len(answer.get("embedding", [])) == 384 else "no 384-float embedding in the answer"
             got = (answer["usage"]["prompt_tokens"], len(answer["data"]))
             return None if got == (tokens, rows) else f"(tokens, rows) {got}, built for {(tokens, rows)}"
+
         return problem
 
     def chars_body(n, size=0):
@@ -151,8 +155,12 @@ def minilm_requests(limits, max_request_size):
         MaxRequest("chars", chars_body, "application/json", expect(truncated_rows * row_tokens, truncated_rows)),
         MaxRequest("padding", padding_body, "application/json", expect(padding_tokens, padding_rows)),
         MaxRequest("plain", plain, "text/plain", expect(row_tokens, 1, "text")),
-        MaxRequest("body", lambda n: chars_body(n, size), "application/json",
-                   expect(truncated_rows * row_tokens, truncated_rows)),
+        MaxRequest(
+            "body",
+            lambda n: chars_body(n, size),
+            "application/json",
+            expect(truncated_rows * row_tokens, truncated_rows),
+        ),
     ]
     if rows_tokens <= max_tokens:
         requests_.insert(2, MaxRequest("rows", rows_body, "application/json", expect(rows_tokens, max_inputs)))
@@ -165,15 +173,18 @@ def classifier_requests(limits, max_request_size, in_features=128):
 
     def body(n, size=0):
         rng = random.Random(f"classifier-{n}")
-        return padded(json.dumps({"inputs": [[rng.gauss(0, 1) for _ in range(in_features)] for _ in range(rows)]}),
-                      size)
+        return padded(
+            json.dumps({"inputs": [[rng.gauss(0, 1) for _ in range(in_features)] for _ in range(rows)]}), size
+        )
 
     def problem(raw):
         answer = json.loads(raw)
         return None if isinstance(answer, list) and len(answer) == rows else f"{len(answer)} answers for {rows} rows"
 
-    return [MaxRequest("rows", body, "application/json", problem),
-            MaxRequest("body", lambda n: body(n, max_request_size - 64), "application/json", problem)]
+    return [
+        MaxRequest("rows", body, "application/json", problem),
+        MaxRequest("body", lambda n: body(n, max_request_size - 64), "application/json", problem),
+    ]
 
 
 def generator_prompt(store, max_prompt_tokens):
@@ -183,7 +194,7 @@ def generator_prompt(store, max_prompt_tokens):
     with zipfile.ZipFile(Path(store) / "generator.mar") as mar:
         tokenizer = Tokenizer.from_str(mar.read("lm/tokenizer.json").decode("utf-8"))
     rng = random.Random("generator")
-    ids = tokenizer.encode(" ".join(rng.choice(ONE_TOKEN_WORDS) for _ in range(4 * max_prompt_tokens))).ids
+    ids = tokenizer.encode(payloads.words(rng, 4 * max_prompt_tokens, ONE_TOKEN_WORDS)).ids
     for count in range(max_prompt_tokens, 0, -1):  # a cut can merge differently when re-encoded: take the longest fit
         text = tokenizer.decode(ids[:count])
         if len(tokenizer.encode(text).ids) == max_prompt_tokens:
@@ -196,23 +207,36 @@ def generator_requests(limits, prompt, seed):
     want = (limits["max_prompt_tokens"], limits["max_new_tokens"])
 
     def body(stream):
-        return lambda n: json.dumps({"prompt": prompt, "max_new_tokens": limits["max_new_tokens"],
-                                     "temperature": 1.0, "seed": seed, "stream": stream}).encode()
+        return lambda n: json.dumps(
+            {
+                "prompt": prompt,
+                "max_new_tokens": limits["max_new_tokens"],
+                "temperature": 1.0,
+                "seed": seed,
+                "stream": stream,
+            }
+        ).encode()
 
     def problem(raw):
         last = json.loads(raw.strip().splitlines()[-1])  # the whole answer, or a stream's final line
         got = (last.get("prompt_tokens"), last.get("completion_tokens"))
         return None if got == want else f"(prompt, completion) tokens {got}, built for {want}"
 
-    return [MaxRequest("generate", body(False), "application/json", problem),
-            MaxRequest("stream", body(True), "application/json", problem)]
+    return [
+        MaxRequest("generate", body(False), "application/json", problem),
+        MaxRequest("stream", body(True), "application/json", problem),
+    ]
 
 
 def find_full_length_seed(post, limits, prompt, tries=20):
     """A seed whose sampled continuation runs to max_new_tokens (a stop token would end it early: not a maximum)."""
     for seed in range(tries):
-        status, raw = post(json.dumps({"prompt": prompt, "max_new_tokens": limits["max_new_tokens"],
-                                       "temperature": 1.0, "seed": seed}).encode(), "application/json")
+        status, raw = post(
+            json.dumps(
+                {"prompt": prompt, "max_new_tokens": limits["max_new_tokens"], "temperature": 1.0, "seed": seed}
+            ).encode(),
+            "application/json",
+        )
         if status == 200 and json.loads(raw).get("completion_tokens") == limits["max_new_tokens"]:
             return seed
     return 0  # the check then reports the short answer as "not maximal"
@@ -262,23 +286,85 @@ def judge(model, times, rss, failures, time_target=TIME_TARGET_S, rss_target=RSS
                 continue
             growth[pid] = (after[pid] - steady[pid]) / steady[pid]
             if growth[pid] > rss_target:
-                reasons.append(f"worker {pid}: RSS {steady[pid]:.0f} -> {after[pid]:.0f} MiB "
-                               f"({growth[pid]:+.1%}), above +{rss_target:.0%}")
+                reasons.append(
+                    f"worker {pid}: RSS {steady[pid]:.0f} -> {after[pid]:.0f} MiB "
+                    f"({growth[pid]:+.1%}), above +{rss_target:.0%}"
+                )
     worst_growth = max(growth.values()) if growth else None
-    figure = (f"worst accepted request {worst_kind} {worst * 1000:.0f} ms (median); " if worst is not None
-              else "no request timed; ")
-    figure += (f"worker RSS after the max-size requests {worst_growth:+.1%} of steady "
-               f"({', '.join(f'{steady[p]:.0f}->{after[p]:.0f} MiB' for p in growth)})" if worst_growth is not None
-               else "worker RSS not measured")
+    figure = (
+        f"worst accepted request {worst_kind} {worst * 1000:.0f} ms (median); "
+        if worst is not None
+        else "no request timed; "
+    )
+    figure += (
+        f"worker RSS after the max-size requests {worst_growth:+.1%} of steady "
+        f"({', '.join(f'{steady[p]:.0f}->{after[p]:.0f} MiB' for p in growth)})"
+        if worst_growth is not None
+        else "worker RSS not measured"
+    )
     if reasons:
         figure += "; " + "; ".join(reasons)
-    return Row(f"{model}: cost of maximum-size requests", figure,
-               f"each <= {time_target:.0f} s; worker RSS <= +{rss_target:.0%} after them", not reasons,
-               {"median_seconds": {k: round(v, 4) for k, v in times.items()}, "worst_kind": worst_kind,
-                "rss_mb": {"steady": steady, "after": after}, "rss_growth": growth, "reasons": reasons})
+    return Row(
+        f"{model}: cost of maximum-size requests",
+        figure,
+        f"each <= {time_target:.0f} s; worker RSS <= +{rss_target:.0%} after them",
+        not reasons,
+        {
+            "median_seconds": {k: round(v, 4) for k, v in times.items()},
+            "worst_kind": worst_kind,
+            "rss_mb": {"steady": steady, "after": after},
+            "rss_growth": growth,
+            "reasons": reasons,
+        },
+    )
 
 
 # ------------------------------------------------------------------------------------------------ measuring
+def time_each_kind(kinds, post, repeats, failures):
+    """{kind: median seconds of `repeats` requests sent one at a time}; a wrong answer is added to `failures`."""
+    times = {}
+    for kind in kinds:
+        post(kind.make(10**6), kind.content_type)  # once untimed: first-time costs are not the steady cost
+        seconds = []
+        for n in range(repeats):
+            started = time.perf_counter()
+            status, raw = post(kind.make(n), kind.content_type)
+            seconds.append(time.perf_counter() - started)
+            problem = f"answered {status}: {raw[:200]!r}" if status != 200 else kind.problem(raw)
+            if problem:
+                failures.append(f"{kind.name} request: {problem}")
+                break
+        times[kind.name] = statistics.median(seconds)
+    return times
+
+
+def send_concurrently(url, bodies, headers, clients):
+    """POST every (kind, n) body from `clients` threads sharing one queue; the statuses, in completion order."""
+    statuses = []
+    lock = threading.Lock()
+    work = iter(bodies)
+
+    def client():
+        own = requests.Session()
+        own.headers.update(headers)
+        while True:
+            with lock:
+                item = next(work, None)
+            if item is None:
+                return
+            kind, n = item
+            response = own.post(url, data=kind.make(n), headers={"Content-Type": kind.content_type}, timeout=300)
+            with lock:
+                statuses.append(response.status_code)
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return statuses
+
+
 def cost_check(server, model, store, max_requests=100, repeats=5, clients=4, warmup=200):
     """Time each kind of maximum-size request alone, then worker RSS before and after `max_requests` of them."""
     url = f"{server.inference_url}/predictions/{model}"
@@ -293,62 +379,34 @@ def cost_check(server, model, store, max_requests=100, repeats=5, clients=4, war
     max_request_size = int(server.props.get("max_request_size", DEFAULT_MAX_REQUEST_SIZE))
     kinds = max_size_requests(model, store, limits, max_request_size, post)
     failures = []
-    pids_before = worker_pids(server, model)
+    management = server.management()
+    pids_before = management.worker_pids(model)
 
     closed_loop(url, [normal_body(model, n) for n in range(warmup)], clients, headers=server.headers("inference"))
     # Steady: after ordinary traffic only, so the first large requests' growth (the biggest) counts too.
-    steady = {pid: rss_mb(pid) for pid in worker_pids(server, model)}
-    times = {}
-    for kind in kinds:
-        post(kind.make(10 ** 6), kind.content_type)  # once untimed: first-time costs are not the steady cost
-        seconds = []
-        for n in range(repeats):
-            started = time.perf_counter()
-            status, raw = post(kind.make(n), kind.content_type)
-            seconds.append(time.perf_counter() - started)
-            problem = f"answered {status}: {raw[:200]!r}" if status != 200 else kind.problem(raw)
-            if problem:
-                failures.append(f"{kind.name} request: {problem}")
-                break
-        times[kind.name] = statistics.median(seconds)
-
-    bodies = [(kinds[n % len(kinds)], n) for n in range(max_requests)]
-    statuses = []
-    lock = threading.Lock()
-    work = iter(bodies)
-
-    def client():
-        own = requests.Session()
-        own.headers.update(server.headers("inference"))
-        while True:
-            with lock:
-                item = next(work, None)
-            if item is None:
-                return
-            kind, n = item
-            response = own.post(url, data=kind.make(repeats + n), headers={"Content-Type": kind.content_type},
-                                timeout=300)
-            with lock:
-                statuses.append(response.status_code)
-
-    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    steady = {pid: rss_mb(pid) for pid in management.worker_pids(model)}
+    times = time_each_kind(kinds, post, repeats, failures)
+    # Bodies numbered after the timed ones: each request is new to the worker's cache.
+    bodies = [(kinds[n % len(kinds)], repeats + n) for n in range(max_requests)]
+    statuses = send_concurrently(url, bodies, server.headers("inference"), clients)
     if statuses.count(200) != max_requests:
-        failures.append(f"{max_requests - statuses.count(200)} of {max_requests} maximum-size requests were not "
-                        f"answered 200 (statuses {sorted(set(statuses))})")
-    closed_loop(url, [normal_body(model, warmup + n) for n in range(50)], clients,
-                headers=server.headers("inference"))
+        failures.append(
+            f"{max_requests - statuses.count(200)} of {max_requests} maximum-size requests were not "
+            f"answered 200 (statuses {sorted(set(statuses))})"
+        )
+    closed_loop(url, [normal_body(model, warmup + n) for n in range(50)], clients, headers=server.headers("inference"))
     time.sleep(1)
-    pids_after = worker_pids(server, model)
+    pids_after = management.worker_pids(model)
     if pids_after != pids_before:
         failures.append(f"workers restarted during the check: {pids_before} -> {pids_after}")
     after = {pid: rss_mb(pid) for pid in pids_after}
     row = judge(model, times, {"steady": steady, "after": after}, failures)
-    row.details.update(limits={k: v for k, v in limits.items() if k.startswith("max_")},
-                       max_request_size=max_request_size, repeats=repeats, max_requests=max_requests)
+    row.details.update(
+        limits={k: v for k, v in limits.items() if k.startswith("max_")},
+        max_request_size=max_request_size,
+        repeats=repeats,
+        max_requests=max_requests,
+    )
     return row
 
 
@@ -356,24 +414,17 @@ def cost_check(server, model, store, max_requests=100, repeats=5, clients=4, war
 def in_process_times(model, store, precision, threads=1, repeats=5, max_request_size=DEFAULT_MAX_REQUEST_SIZE):
     """Median handler time of each maximum-size request, with the handler called directly (no server, no HTTP):
     the worker's own time at a chosen precision and thread count, e.g. fp32 as on a CPU without native bf16."""
-    import importlib
     import tempfile
 
     import torch
 
-    sys.path.insert(0, str(REPO))
-    from tests.unit.fake_context import make_context, set_requests
+    from scripts.ops.handler_loader import load_handler, set_requests
 
     config, limits = archive_config(store, model)
     folder = Path(tempfile.mkdtemp(prefix=f"cost-{model}-"))
     with zipfile.ZipFile(Path(store) / f"{model}.mar") as mar:
         mar.extractall(folder)
-    module, name = HANDLER_CLASSES[model].split(":")
-    handler = getattr(importlib.import_module(module), name)()
-    context = make_context(folder, model)
-    context.model_yaml_config = {**config, "handler": {**(config.get("handler") or {}), "precision": precision,
-                                                       "threads": threads}}
-    handler.initialize(context)
+    handler, context = load_handler(folder, model, {"precision": precision, "threads": threads})
     torch.set_num_threads(threads)
 
     if hasattr(handler, "stream_sink"):
@@ -389,7 +440,7 @@ def in_process_times(model, store, precision, threads=1, repeats=5, max_request_
 
     results = {}
     for kind in max_size_requests(model, store, limits, max_request_size, post):
-        post(kind.make(10 ** 6), kind.content_type)
+        post(kind.make(10**6), kind.content_type)
         seconds, problem = [], None
         for n in range(repeats):
             body = kind.make(n)
@@ -402,25 +453,37 @@ def in_process_times(model, store, precision, threads=1, repeats=5, max_request_
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m scripts.reliability.cost", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m scripts.reliability.cost",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--models", default=",".join(COST_MODELS), help="comma-separated models (all three)")
     parser.add_argument("--precision", default="fp32", help="precision to load each model in (fp32)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads, as one worker of the shipped "
-                        "2 workers x 1 thread (1)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads, as one worker of the shipped 2 workers x 1 thread (1)"
+    )
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per request kind; the median counts (5)")
-    parser.add_argument("--max-request-size", type=int, default=DEFAULT_MAX_REQUEST_SIZE,
-                        help="the frontend's max_request_size the padded bodies fill (6553500, the dev profile)")
+    parser.add_argument(
+        "--max-request-size",
+        type=int,
+        default=DEFAULT_MAX_REQUEST_SIZE,
+        help="the frontend's max_request_size the padded bodies fill (6553500, the dev profile)",
+    )
     parser.add_argument("--store", type=Path, default=REPO / "model_store", help="where the .mar files are")
     args = parser.parse_args(argv)
     worst_overall = 0.0
     for model in args.models.split(","):
-        served, results = in_process_times(model, args.store, args.precision, args.threads, args.repeats,
-                                           args.max_request_size)
+        served, results = in_process_times(
+            model, args.store, args.precision, args.threads, args.repeats, args.max_request_size
+        )
         for kind, (seconds, problem) in results.items():
             worst_overall = max(worst_overall, seconds)
-            print(f"{model} ({served}, {args.threads} thread(s)) {kind}: {seconds * 1000:.0f} ms median"
-                  + (f"  NOT MAXIMAL: {problem}" if problem else ""), flush=True)
+            print(
+                f"{model} ({served}, {args.threads} thread(s)) {kind}: {seconds * 1000:.0f} ms median"
+                + (f"  NOT MAXIMAL: {problem}" if problem else ""),
+                flush=True,
+            )
     print(f"worst: {worst_overall * 1000:.0f} ms (target {TIME_TARGET_S * 1000:.0f} ms)")
     return 0 if worst_overall <= TIME_TARGET_S else 1
 

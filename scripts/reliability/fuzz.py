@@ -43,9 +43,11 @@ import yaml
 from scripts.reliability.fuzz_grammar import EITHER, ERROR, FLT_MAX, OK, Grammar, Limits
 
 REPO = Path(__file__).resolve().parents[2]
-HANDLER_CLASSES = {"classifier": ("handlers.classifier", "ClassifierHandler"),
-                   "minilm": ("handlers.embeddings", "EmbeddingHandler"),
-                   "generator": ("handlers.generator", "GeneratorHandler")}
+HANDLER_CLASSES = {
+    "classifier": ("handlers.classifier", "ClassifierHandler"),
+    "minilm": ("handlers.embeddings", "EmbeddingHandler"),
+    "generator": ("handlers.generator", "GeneratorHandler"),
+}
 FUZZ_MODELS = tuple(HANDLER_CLASSES)
 NDJSON = "application/x-ndjson"
 
@@ -119,7 +121,7 @@ def handler_limits(model, archive, max_request_size):
     """The archive's handler: section with the handler's defaults filled in (as the worker validates it)."""
     import importlib
 
-    from handlers.config import validate
+    from handlers.core.config import validate
 
     module, name = HANDLER_CLASSES[model]
     options = getattr(importlib.import_module(module), name).options
@@ -198,7 +200,7 @@ class ClassifierOracle:
         answers = [answer] if single else answer
         if not isinstance(answers, list) or len(answers) != len(probabilities):
             return f"expected {len(probabilities)} row answer(s), got {str(answer)[:120]}"
-        for row, (got, want) in enumerate(zip(answers, probabilities)):
+        for row, (got, want) in enumerate(zip(answers, probabilities, strict=True)):
             try:
                 values = torch.tensor(got["probabilities"], dtype=torch.float32)
                 label = got["label"]
@@ -257,20 +259,24 @@ class MiniLMOracle:
             if request is None:
                 continue
             shape, texts, truncate = request
-            if any(len(text) > limits.get("max_text_chars", float("inf")) for text in texts) or \
-                    sum(map(len, texts)) > limits.get("max_request_chars", float("inf")):
+            if any(len(text) > limits.get("max_text_chars", float("inf")) for text in texts) or sum(
+                map(len, texts)
+            ) > limits.get("max_request_chars", float("inf")):
                 case.expect = ERROR
                 continue
             counts = [self.token_count(text) for text in texts]
-            if any(not text.strip() for text in texts) or (not truncate and max(counts) > self.max_tokens) or \
-                    sum(min(c, self.max_tokens) for c in counts) > limits.get("max_request_tokens", float("inf")):
+            if (
+                any(not text.strip() for text in texts)
+                or (not truncate and max(counts) > self.max_tokens)
+                or sum(min(c, self.max_tokens) for c in counts) > limits.get("max_request_tokens", float("inf"))
+            ):
                 case.expect = ERROR
                 continue
             self.expected[case.index] = (shape, texts)
         wanted = sorted({text for _, texts in self.expected.values() for text in texts} - set(self.vectors))
         if wanted:
             vectors = self.model.encode(wanted, batch_size=32, convert_to_tensor=True, normalize_embeddings=True)
-            self.vectors.update(zip(wanted, vectors.cpu()))
+            self.vectors.update(zip(wanted, vectors.cpu(), strict=True))
 
     def check_row(self, got, text, where):
         try:
@@ -298,7 +304,7 @@ class MiniLMOracle:
         data = answer.get("data")
         if answer.get("object") != "list" or not isinstance(data, list) or len(data) != len(texts):
             return f"expected an OpenAI list of {len(texts)} embeddings, got {str(answer)[:120]}"
-        for index, (row, text) in enumerate(zip(data, texts)):
+        for index, (row, text) in enumerate(zip(data, texts, strict=True)):
             if not isinstance(row, dict) or row.get("index") != index:
                 return f"data[{index}] has index {row.get('index') if isinstance(row, dict) else row!r}"
             problem = self.check_row(row, text, f"data[{index}]")
@@ -316,15 +322,11 @@ class GeneratorOracle:
 
     def __init__(self, archive, max_request_size):
         from scripts.bench_embeddings import unpack
-        from tests.unit.fake_context import make_context
-
-        from handlers.generator import GeneratorHandler
+        from scripts.ops.handler_loader import load_handler
 
         self.model_dir = unpack(archive, Path(tempfile.mkdtemp(prefix="fuzz-generator-")))
-        self.context = make_context(self.model_dir, "generator")
-        self.handler = GeneratorHandler()
-        self.handler.initialize(self.context)
-        handler_limits_ = self.handler.limits
+        self.handler, self.context = load_handler(self.model_dir, "generator")
+        handler_limits_ = self.handler.loaded.limits
         self.limits = handler_limits("generator", archive, max_request_size)
         self.limits.vocab_size = handler_limits_.vocab_size
         self.limits.max_prompt_chars = handler_limits_.max_prompt_chars
@@ -337,14 +339,16 @@ class GeneratorOracle:
         """A piece that encodes to exactly n tokens when repeated n times (to build prompts at the token limit)."""
         n = self.limits.handler["max_prompt_tokens"]
         for piece in (" a", "a", " the", "x", " x", "."):
-            if len(self.handler.tokenizer.encode(piece * n)) == n and \
-                    len(self.handler.tokenizer.encode(piece * (n + 1))) == n + 1:
+            if (
+                len(self.handler.loaded.tokenizer.encode(piece * n)) == n
+                and len(self.handler.loaded.tokenizer.encode(piece * (n + 1))) == n + 1
+            ):
                 return piece
         raise RuntimeError("no single-token piece found to build prompts at the token limit")
 
     def alone(self, body):
         """(status, answer) of one request alone through the handler, in-process."""
-        from tests.unit.fake_context import set_requests
+        from scripts.ops.handler_loader import set_requests
 
         set_requests(self.context, [{"Content-Type": "application/json"}])
         [response] = self.handler.handle([{"body": body}], self.context)
@@ -381,8 +385,11 @@ class GeneratorOracle:
         if key is None:  # unseeded sampling: only the shape can be checked
             limit = body.get("max_new_tokens", self.limits.handler["default_max_new_tokens"])
             count = answer.get("completion_tokens")
-            if not (isinstance(count, int) and 1 <= count <= limit) or answer.get("finish_reason") not in (
-                    "length", "stop") or not isinstance(answer.get("seed"), int):
+            if (
+                not (isinstance(count, int) and 1 <= count <= limit)
+                or answer.get("finish_reason") not in ("length", "stop")
+                or not isinstance(answer.get("seed"), int)
+            ):
                 return f"malformed sampled answer: {str(answer)[:160]}"
             return None
         status, want = self.references[key]
@@ -390,8 +397,10 @@ class GeneratorOracle:
             return f"answered 200, but the request alone in-process gets {status} {str(want)[:120]}"
         for field_name in ("text", "finish_reason", "prompt_tokens", "completion_tokens", "seed"):
             if answer.get(field_name) != want.get(field_name):
-                return (f"{field_name} {str(answer.get(field_name))[:60]!r} differs from the request alone: "
-                        f"{str(want.get(field_name))[:60]!r}")
+                return (
+                    f"{field_name} {str(answer.get(field_name))[:60]!r} differs from the request alone: "
+                    f"{str(want.get(field_name))[:60]!r}"
+                )
         return None
 
 
@@ -421,8 +430,7 @@ def sender(url, headers, timeout):
         for attempt in (1, 2):
             connection = getattr(local, "connection", None)
             if connection is None:
-                connection = local.connection = http.client.HTTPConnection(parts.hostname, parts.port,
-                                                                            timeout=timeout)
+                connection = local.connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
             try:
                 try:
                     connection.request("POST", parts.path, body=case.body, headers=sent_headers)
@@ -435,8 +443,9 @@ def sender(url, headers, timeout):
                 if response.getheader("Connection", "").lower() == "close":
                     connection.close()
                     local.connection = None
-                return Answer(response.status, response.getheader("Content-Type", ""), payload,
-                              time.perf_counter() - started)
+                return Answer(
+                    response.status, response.getheader("Content-Type", ""), payload, time.perf_counter() - started
+                )
             except (OSError, http.client.HTTPException) as error:
                 connection.close()
                 local.connection = None
@@ -449,40 +458,61 @@ def sender(url, headers, timeout):
 
 
 # ------------------------------------------------------------------------------------------------ judging
+def judge_oversize(answer):
+    """A body over max_request_size must get TorchServe's own 413 (its body is not ours to check)."""
+    if answer.status == 413:
+        return None
+    if answer.status >= 500:
+        name = "server_error_on_client_body"
+    else:
+        name = "bad_accepted" if answer.status == 200 else "error_without_message"
+    return name, f"a body over max_request_size got {answer.status}, not TorchServe's 413"
+
+
+def judge_refusal(case, answer, values):
+    """A non-200 answer: a failure for a good case, a 5xx for any client body, an error needs a message."""
+    if answer.status >= 500:
+        name = "good_failed" if case.expect == OK else "server_error_on_client_body"
+        return name, f"{answer.status} {answer.body[:200]!r}"
+    if case.expect == OK:
+        return "good_failed", f"{answer.status} {answer.body[:200]!r}"
+    error = values[-1]
+    if not (isinstance(error, dict) and isinstance(error.get("message"), str) and error["message"].strip()):
+        return "error_without_message", f"{answer.status} {answer.body[:200]!r}"
+    return None
+
+
+def joined_stream(values):
+    """Streamed pieces then the final line -> one answer as the non-streamed form gives it, or None if malformed."""
+    if (
+        not all(isinstance(v, dict) and isinstance(v.get("text"), str) for v in values)
+        or values[-1].get("done") is not True
+        or any(v.get("done") for v in values[:-1])
+    ):
+        return None
+    result = {**values[-1], "text": "".join(v["text"] for v in values)}
+    result.pop("done")
+    return result
+
+
 def judge(case, answer, oracle):
     """The failure class of one answer (a key of CLASSES) and why, or None when it is what the case requires."""
     if answer.status == 0:
         return "lost", answer.error
-    if case.oversize:  # TorchServe's own 413 (its body is not ours to check); anything else is a failure
-        if answer.status == 413:
-            return None
-        name = ("server_error_on_client_body" if answer.status >= 500 else
-                "bad_accepted" if answer.status == 200 else "error_without_message")
-        return name, f"a body over max_request_size got {answer.status}, not TorchServe's 413"
+    if case.oversize:
+        return judge_oversize(answer)
     streamed = media_type(answer.content_type) == NDJSON
     try:
         values = strict_ndjson(answer.body) if streamed else [strict_json(answer.body)]
     except (ValueError, UnicodeDecodeError) as error:
         return "not_strict_json", f"{answer.status} {error}: {answer.body[:200]!r}"
-    if answer.status >= 500:
-        return ("good_failed" if case.expect == OK else "server_error_on_client_body",
-                f"{answer.status} {answer.body[:200]!r}")
     if answer.status != 200:
-        if case.expect == OK:
-            return "good_failed", f"{answer.status} {answer.body[:200]!r}"
-        error = values[-1]
-        if not (isinstance(error, dict) and isinstance(error.get("message"), str) and error["message"].strip()):
-            return "error_without_message", f"{answer.status} {answer.body[:200]!r}"
-        return None
+        return judge_refusal(case, answer, values)
     if case.expect == ERROR:
         return "bad_accepted", f"200 {answer.body[:200]!r}"
-    result = values[0]
-    if streamed:  # pieces, then the final line: one answer as the non-streamed form would give it
-        if not all(isinstance(v, dict) and isinstance(v.get("text"), str) for v in values) or \
-                values[-1].get("done") is not True or any(v.get("done") for v in values[:-1]):
-            return "wrong_answer", f"malformed stream: {answer.body[:200]!r}"
-        result = {**values[-1], "text": "".join(v["text"] for v in values)}
-        result.pop("done")
+    result = joined_stream(values) if streamed else values[0]
+    if result is None:
+        return "wrong_answer", f"malformed stream: {answer.body[:200]!r}"
     problem = oracle.check(case, result)
     return ("wrong_answer", problem) if problem else None
 
@@ -492,7 +522,7 @@ def evaluate(cases, answers, oracle, url):
     counts = Counter({name: 0 for name in CLASSES})
     examples = defaultdict(list)
     productions = defaultdict(Counter)
-    for case, answer in zip(cases, answers):
+    for case, answer in zip(cases, answers, strict=True):
         productions[case.production][f"{case.expect}:{answer.status}"] += 1
         verdict = judge(case, answer, oracle)
         if verdict is None:
@@ -501,17 +531,25 @@ def evaluate(cases, answers, oracle, url):
         counts[name] += 1
         per_production = sum(1 for e in examples[name] if e["production"] == case.production)
         if len(examples[name]) < 12 and per_production < 3:
-            examples[name].append({"case": case.index, "production": case.production, "expect": case.expect,
-                                   "status": answer.status, "why": str(why)[:400],
-                                   "content_type": case.content_type, "body": case.preview(),
-                                   "reproduce": case.reproducer(url)})
+            examples[name].append(
+                {
+                    "case": case.index,
+                    "production": case.production,
+                    "expect": case.expect,
+                    "status": answer.status,
+                    "why": str(why)[:400],
+                    "content_type": case.content_type,
+                    "body": case.preview(),
+                    "reproduce": case.reproducer(url),
+                }
+            )
     return counts, dict(examples), {name: dict(c) for name, c in sorted(productions.items())}
 
 
 # ------------------------------------------------------------------------------------------------ campaign
 def campaign(server, model, store, requests=5000, seed=0, clients=24, log=print):
-    """Fuzz one model on a running server; returns a scripts.reliability.checks.Row."""
-    from scripts.reliability.checks import Row, describe, worker_pids
+    """Fuzz one model on a running server; returns a scripts.reliability.rows.Row."""
+    from scripts.reliability.rows import Row
 
     started = time.perf_counter()
     max_request_size = int(server.props.get("max_request_size", 6553500))
@@ -521,35 +559,56 @@ def campaign(server, model, store, requests=5000, seed=0, clients=24, log=print)
     oracle.prepare(cases)
     prepared = time.perf_counter()
     url = f"{server.inference_url}/predictions/{model}"
-    pids_before = worker_pids(server, model)
+    client = server.management()
+    pids_before = client.worker_pids(model)
     post = sender(url, server.headers("inference"), timeout=180)
     with ThreadPoolExecutor(max_workers=clients) as pool:
         answers = list(pool.map(post, cases))
     sent = time.perf_counter()
-    workers = describe(server, model)["workers"]
+    workers = client.description(model)["workers"]
     pids_after = sorted(worker["pid"] for worker in workers)
     restarts = len(set(pids_before) - set(pids_after))
     counts, examples, productions = evaluate(cases, answers, oracle, url)
     expected = Counter(case.expect for case in cases)
     statuses = Counter(answer.status for answer in answers)
     passed = not any(counts.values()) and restarts == 0 and all(w.get("status") == "READY" for w in workers)
-    figure = (f"{len(cases)} requests ({expected[OK]} valid, {expected[ERROR]} invalid, {expected[EITHER]} either); "
-              + ", ".join(f"{counts[name]} {label}" for name, label in CLASSES.items())
-              + f"; worker restarts {restarts}")
-    details = {"model": model, "seed": seed, "requests": len(cases), "clients": clients,
-               "counts": dict(counts), "worker_restarts": restarts, "pids_before": pids_before,
-               "pids_after": pids_after, "statuses": {str(k): v for k, v in sorted(statuses.items())},
-               "expected": dict(expected), "productions": productions, "examples": examples,
-               "slowest_s": round(max(a.seconds for a in answers), 2) if answers else None,
-               "prepare_s": round(prepared - started, 1), "send_s": round(sent - prepared, 1)}
+    figure = (
+        f"{len(cases)} requests ({expected[OK]} valid, {expected[ERROR]} invalid, {expected[EITHER]} either); "
+        + ", ".join(f"{counts[name]} {label}" for name, label in CLASSES.items())
+        + f"; worker restarts {restarts}"
+    )
+    details = {
+        "model": model,
+        "seed": seed,
+        "requests": len(cases),
+        "clients": clients,
+        "counts": dict(counts),
+        "worker_restarts": restarts,
+        "pids_before": pids_before,
+        "pids_after": pids_after,
+        "statuses": {str(k): v for k, v in sorted(statuses.items())},
+        "expected": dict(expected),
+        "productions": productions,
+        "examples": examples,
+        "slowest_s": round(max(a.seconds for a in answers), 2) if answers else None,
+        "prepare_s": round(prepared - started, 1),
+        "send_s": round(sent - prepared, 1),
+    }
     for name, items in examples.items():
         for item in items:
-            log(f"  [{name}] case {item['case']} ({item['production']}, expected {item['expect']}): "
+            log(
+                f"  [{name}] case {item['case']} ({item['production']}, expected {item['expect']}): "
                 f"{item['status']} {item['why'][:200]}\n      body: {item['body'][:160]}\n"
-                f"      reproduce: {item['reproduce']}")
-    return Row(f"{model}: fuzz {len(cases)} generated requests ({clients} clients, seed {seed})", figure,
-               "0 non-strict JSON (TorchServe's 413 excepted), 0 5xx from client bodies, 0 valid requests failed or "
-               "wrong, 0 invalid accepted, every 4xx with a message, 0 worker restarts", passed, details)
+                f"      reproduce: {item['reproduce']}"
+            )
+    return Row(
+        f"{model}: fuzz {len(cases)} generated requests ({clients} clients, seed {seed})",
+        figure,
+        "0 non-strict JSON (TorchServe's 413 excepted), 0 5xx from client bodies, 0 valid requests failed or "
+        "wrong, 0 invalid accepted, every 4xx with a message, 0 worker restarts",
+        passed,
+        details,
+    )
 
 
 # ------------------------------------------------------------------------------------------------ CLI
@@ -559,9 +618,11 @@ def show_case(model, store, seed, index, server, send):
     case = Grammar(model, oracle.limits, seed).case(index)
     oracle.prepare([case])
     url = f"{server.inference_url if server else 'http://127.0.0.1:8080'}/predictions/{model}"
-    print(f"case {index} of {model} (seed {seed}): {case.production}, expected {case.expect}, "
-          f"content type {case.content_type!r}, {len(case.body)} bytes\nbody: {case.preview(2000)}\n"
-          f"reproduce: {case.reproducer(url)}")
+    print(
+        f"case {index} of {model} (seed {seed}): {case.production}, expected {case.expect}, "
+        f"content type {case.content_type!r}, {len(case.body)} bytes\nbody: {case.preview(2000)}\n"
+        f"reproduce: {case.reproducer(url)}"
+    )
     if not send:
         return 0
     answer = sender(url, server.headers("inference"), timeout=180)(case)
@@ -571,17 +632,24 @@ def show_case(model, store, seed, index, server, send):
     return 0 if verdict is None else 1
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m scripts.reliability.fuzz", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", action="append", choices=FUZZ_MODELS,
-                        help="model to fuzz (repeatable; default all three)")
+def parse_arguments(argv):
+    parser = argparse.ArgumentParser(
+        prog="python -m scripts.reliability.fuzz",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--model", action="append", choices=FUZZ_MODELS, help="model to fuzz (repeatable; default all three)"
+    )
     parser.add_argument("--requests", type=int, default=5000, help="requests per model (5000)")
     parser.add_argument("--seed", type=int, default=0, help="grammar seed: same seed, same requests (0)")
     parser.add_argument("--clients", type=int, default=24, help="concurrent clients (24)")
-    parser.add_argument("--running", action="store_true",
-                        help="use the server `make serve` started (TS_PROFILE_CONFIG or config.properties; its "
-                             "tokens from .run/key_file.json) instead of starting one on free ports")
+    parser.add_argument(
+        "--running",
+        action="store_true",
+        help="use the server `make serve` started (TS_PROFILE_CONFIG or config.properties; its "
+        "tokens from .run/key_file.json) instead of starting one on free ports",
+    )
     parser.add_argument("--case", type=int, help="only show case N (its body, expectation and a reproducer)")
     parser.add_argument("--send", action="store_true", help="with --case: send it and judge the answer")
     parser.add_argument("--out", type=Path, help="write the result rows as JSON here")
@@ -590,48 +658,55 @@ def main(argv=None):
         parser.error("--send needs --case")
     if args.requests < 1 or args.clients < 1:
         parser.error("--requests and --clients must be at least 1")
+    return args
+
+
+def run_campaigns(server, models, store, args):
+    """One campaign per model against `server`, each printed as it ends."""
+    rows = []
+    for model in models:
+        row = campaign(server, model, store, args.requests, args.seed, args.clients)
+        print(f"[{'pass' if row.passed else 'FAIL'}] {row.check}: {row.figure}", flush=True)
+        rows.append(row)
+    return rows
+
+
+def main(argv=None):
+    args = parse_arguments(argv)
     models = args.model or list(FUZZ_MODELS)
-    sys.path.insert(0, str(REPO))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from scripts import package
-    from scripts.reliability.checks import write_json
-    from scripts.server import dev_server, start_isolated
+    from scripts.ops.server import dev_server, java_home, start_isolated
+    from scripts.reliability.rows import write_rows
 
     store = REPO / "model_store"
     for model in models:
         package.build(model, store, log=lambda *_: None)
     server, own = None, False
     if args.running or args.send:
-        server = dev_server(os.environ.get("TS_PROFILE_CONFIG", str(REPO / "config.properties")))
+        server = dev_server(os.environ.get("TS_PROFILE_CONFIG") or REPO / "config.properties")
         if not server.running():
             print("error: no `make serve` server is running (start it, or drop --running)", file=sys.stderr)
             return 2
     if args.case is not None:
         return show_case(models[0], store, args.seed, args.case, server, args.send)
     if server is None:
-        from scripts.java_home import find_java_home
-
         workdir = Path(tempfile.mkdtemp(prefix="fuzz-"))
         print(f"starting TorchServe with {', '.join(models)} ...", flush=True)
-        server = start_isolated(REPO / "config.properties", workdir, store, str(find_java_home(verbose=False)),
-                                models)
+        server = start_isolated(REPO / "config.properties", workdir, store, java_home(), models)
         own = True
-    rows = []
     try:
-        for model in models:
-            row = campaign(server, model, store, args.requests, args.seed, args.clients)
-            print(f"[{'pass' if row.passed else 'FAIL'}] {row.check}: {row.figure}", flush=True)
-            rows.append(row)
+        rows = run_campaigns(server, models, store, args)
     finally:
         if own:
             server.stop()
     if args.out:
-        write_json(args.out, rows)
+        write_rows(args.out, rows)
     return 0 if all(row.passed for row in rows) else 1
 
 
 if __name__ == "__main__":
-    from scripts.server import exit_on_sigterm
+    from scripts.ops.server import exit_on_sigterm
 
     exit_on_sigterm()
     sys.exit(main())

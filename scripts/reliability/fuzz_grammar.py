@@ -20,8 +20,11 @@ duplicate keys where the standard encoder cannot.
 import json
 import random
 import string
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any
+
+from scripts.ops import payloads
 
 OK, ERROR, EITHER = "ok", "error", "either"
 FLT_MAX = 3.4028234663852886e38  # the largest finite float32
@@ -65,7 +68,7 @@ class Case:
     index: int
     production: str
     body: bytes
-    content_type: Optional[str]  # None: no Content-Type header at all
+    content_type: str | None  # None: no Content-Type header at all
     expect: str  # OK, ERROR or EITHER (see the module docstring)
     query: Any = None  # what the oracle needs to check a 200 answer (model-specific)
     oversize: bool = False  # longer than max_request_size: TorchServe's own 413
@@ -75,10 +78,14 @@ class Case:
         header = f" -H 'Content-Type: {self.content_type}'" if self.content_type is not None else ""
         if len(self.body) <= 400:
             data = self.body.hex()
-            return (f"python3 -c \"import sys; sys.stdout.buffer.write(bytes.fromhex('{data}'))\" | "
-                    f"curl -s -X POST {url}{header} --data-binary @-")
-        return (f"python -m scripts.reliability.fuzz --model {self.model} --seed {self.seed} --case {self.index} "
-                f"--send   # {len(self.body)} bytes")
+            return (
+                f"python3 -c \"import sys; sys.stdout.buffer.write(bytes.fromhex('{data}'))\" | "
+                f"curl -s -X POST {url}{header} --data-binary @-"
+            )
+        return (
+            f"python -m scripts.reliability.fuzz --model {self.model} --seed {self.seed} --case {self.index} "
+            f"--send   # {len(self.body)} bytes"
+        )
 
     def preview(self, width=160):
         text = self.body[:width].decode("utf-8", "backslashreplace")
@@ -90,7 +97,7 @@ class Limits:
     """What the served configuration allows, read from the archive's model-config.yaml and the server properties."""
 
     max_request_size: int
-    handler: Dict[str, Any] = field(default_factory=dict)  # the handler: section with defaults filled in
+    handler: dict[str, Any] = field(default_factory=dict)  # the handler: section with defaults filled in
     features: int = 128  # classifier
     vocab_size: int = 0  # generator
     max_prompt_chars: int = 0  # generator: longer prompts cannot fit max_prompt_tokens
@@ -98,8 +105,6 @@ class Limits:
 
 
 # ------------------------------------------------------------------------------------------------ shared pieces
-WORDS = ("serve model batch token cache queue worker latency river mountain coffee window garden library quiet "
-         "winter summer planet ocean story paper music market letter engine signal").split()
 ODD_TEXTS = [
     "naïve café déjà vu — “quotes” and ‘apostrophes’",
     "日本語のテキストと中文文本",
@@ -120,7 +125,7 @@ ODD_TEXTS = [
 
 def sentence(rng, words=None):
     count = words if words is not None else rng.choice([1, 3, 6, 10, 16, 40, 120, 300])
-    return " ".join(rng.choice(WORDS) for _ in range(count))
+    return payloads.words(rng, count)
 
 
 def text_pool(seed, size):
@@ -142,8 +147,28 @@ def json_case(rng, value, content_type=JSON):
 
 def wrong_values(rng):
     """A value of some JSON type, for 'wrong type' productions."""
-    return rng.choice([None, True, False, 0, -1, 1.5, "", "text", [], [1, 2], {}, {"a": 1}, Raw("1e400"),
-                       Raw("NaN"), Raw("-Infinity"), Raw("1" + "0" * 400), [[[]]], "\u0000"])
+    return rng.choice(
+        [
+            None,
+            True,
+            False,
+            0,
+            -1,
+            1.5,
+            "",
+            "text",
+            [],
+            [1, 2],
+            {},
+            {"a": 1},
+            Raw("1e400"),
+            Raw("NaN"),
+            Raw("-Infinity"),
+            Raw("1" + "0" * 400),
+            [[[]]],
+            "\u0000",
+        ]
+    )
 
 
 def deep(depth, opener="["):
@@ -155,11 +180,11 @@ def deep(depth, opener="["):
 
 # Generic malformations of a good body, the same for every model: (name, make(rng, good_bytes) -> (body, ct), expect)
 def _truncated(rng, good):
-    return good[:rng.randrange(1, max(2, len(good)))], JSON
+    return good[: rng.randrange(1, max(2, len(good)))], JSON
 
 
 def _garbage_after(rng, good):
-    return good + rng.choice([b"}", b"]", b" xyz", b"\x00", b",{}", b"\n{\"a\":1}"]), JSON
+    return good + rng.choice([b"}", b"]", b" xyz", b"\x00", b",{}", b'\n{"a":1}']), JSON
 
 
 def _bytes(rng, _good):
@@ -176,31 +201,104 @@ GENERIC = [
     ("truncated json", _truncated, ERROR),
     ("garbage after json", _garbage_after, ERROR),
     ("random bytes", _bytes, ERROR),
-    ("deep nesting", lambda rng, good: (deep(rng.choice([50, 1000, 5000, 100000]), rng.choice("[{")).encode(),
-                                        JSON), ERROR),
-    ("top-level scalar", lambda rng, good: (rng.choice([b"null", b"true", b"0", b"-0.0", b"1e400", b"NaN",
-                                                        b"\"text\"", b"[]", b"[{}]"]), JSON), ERROR),
-    ("overlong utf-8", lambda rng, good: (good.replace(b"{", b"{\"\xc0\xaf\": 1, ", 1), JSON), ERROR),
-    ("utf-8 encoded surrogate", lambda rng, good: (good.replace(b"{", b"{\"\xed\xa0\x80\": 1, ", 1), JSON), ERROR),
+    (
+        "deep nesting",
+        lambda rng, good: (deep(rng.choice([50, 1000, 5000, 100000]), rng.choice("[{")).encode(), JSON),
+        ERROR,
+    ),
+    (
+        "top-level scalar",
+        lambda rng, good: (
+            rng.choice([b"null", b"true", b"0", b"-0.0", b"1e400", b"NaN", b'"text"', b"[]", b"[{}]"]),
+            JSON,
+        ),
+        ERROR,
+    ),
+    ("overlong utf-8", lambda rng, good: (good.replace(b"{", b'{"\xc0\xaf": 1, ', 1), JSON), ERROR),
+    ("utf-8 encoded surrogate", lambda rng, good: (good.replace(b"{", b'{"\xed\xa0\x80": 1, ', 1), JSON), ERROR),
     ("nul byte", lambda rng, good: (good.replace(b"{", b"{\x00", 1), JSON), ERROR),
-    ("utf-16 with BOM", lambda rng, good: (good.decode("utf-8").encode(rng.choice(["utf-16", "utf-16-be"])),
-                                           rng.choice([JSON, "application/json; charset=utf-16"])), EITHER),
+    (
+        "utf-16 with BOM",
+        lambda rng, good: (
+            good.decode("utf-8").encode(rng.choice(["utf-16", "utf-16-be"])),
+            rng.choice([JSON, "application/json; charset=utf-16"]),
+        ),
+        EITHER,
+    ),
     ("utf-8 BOM", lambda rng, good: (b"\xef\xbb\xbf" + good, JSON), EITHER),
-    ("form content type", lambda rng, good: (good, rng.choice(["application/x-www-form-urlencoded",
-                                                               "multipart/form-data; boundary=xyz"])), ERROR),
-    ("other content type", lambda rng, good: (good, rng.choice(["application/octet-stream", None, "application/xml",
-                                                                "image/png", "application/json-patch+json"])), EITHER),
-    ("json content type variants", lambda rng, good: (good, rng.choice([
-        "application/json; charset=utf-8", "application/json;charset=UTF-8", "APPLICATION/JSON",
-        "application/json; charset=latin-1"])), EITHER),
+    (
+        "form content type",
+        lambda rng, good: (
+            good,
+            rng.choice(["application/x-www-form-urlencoded", "multipart/form-data; boundary=xyz"]),
+        ),
+        ERROR,
+    ),
+    (
+        "other content type",
+        lambda rng, good: (
+            good,
+            rng.choice(
+                ["application/octet-stream", None, "application/xml", "image/png", "application/json-patch+json"]
+            ),
+        ),
+        EITHER,
+    ),
+    (
+        "json content type variants",
+        lambda rng, good: (
+            good,
+            rng.choice(
+                [
+                    "application/json; charset=utf-8",
+                    "application/json;charset=UTF-8",
+                    "APPLICATION/JSON",
+                    "application/json; charset=latin-1",
+                ]
+            ),
+        ),
+        EITHER,
+    ),
 ]
 
 
 # ------------------------------------------------------------------------------------------------ classifier
-EXTREMES = [FLT_MAX, -FLT_MAX, Raw("3.4028235e38"), Raw("-3.4028235e+38"), 3.3e38, -3.3e38, 3e38, 2.9e38, 1e38,
-            -1e38, 1e30, 2 ** 100, -(2 ** 100), 1.17549435e-38, Raw("1E-45"), 1e-300, 5e-324, Raw("-0.0"), 0, -0.0]
-BEYOND_FLOAT32 = [3.5e38, -3.5e38, Raw("3.4028236e38"), 1e39, -1e39, 1e300, Raw("1e309"), Raw("-1e400"),
-                  10 ** 39, -(10 ** 39), Raw("1" + "0" * 400), Raw("1.0e99999")]
+EXTREMES = [
+    FLT_MAX,
+    -FLT_MAX,
+    Raw("3.4028235e38"),
+    Raw("-3.4028235e+38"),
+    3.3e38,
+    -3.3e38,
+    3e38,
+    2.9e38,
+    1e38,
+    -1e38,
+    1e30,
+    2**100,
+    -(2**100),
+    1.17549435e-38,
+    Raw("1E-45"),
+    1e-300,
+    5e-324,
+    Raw("-0.0"),
+    0,
+    -0.0,
+]
+BEYOND_FLOAT32 = [
+    3.5e38,
+    -3.5e38,
+    Raw("3.4028236e38"),
+    1e39,
+    -1e39,
+    1e300,
+    Raw("1e309"),
+    Raw("-1e400"),
+    10**39,
+    -(10**39),
+    Raw("1" + "0" * 400),
+    Raw("1.0e99999"),
+]
 NON_FINITE = [Raw("NaN"), Raw("Infinity"), Raw("-Infinity"), Raw("nan"), Raw("inf")]
 TINY = [Raw("1e-45"), 1e-300, 5e-324, 2.2250738585072014e-308, 1.4e-45, Raw("4.9406564584124654e-324"), -1e-310]
 
@@ -236,159 +334,205 @@ def classifier_body(rng, limits, rows=None, specials=(), share=0.0):
     return {"inputs": [classifier_row(rng, features, specials, share) for _ in range(count)]}
 
 
-def classifier_productions(limits):
-    features, max_rows = limits.features, limits.handler["max_rows"]
+class ClassifierProductions:
+    """The classifier's productions: feature rows, float32 extremes, wrong shapes and types."""
 
-    def good(rng):
-        return (*json_case(rng, classifier_body(rng, limits)), OK)
+    def __init__(self, limits, seed, pool_size):  # rows are drawn per case: no pool, no seed of its own
+        self.limits = limits
+        self.features, self.max_rows = limits.features, limits.handler["max_rows"]
 
-    def at_max_rows(rng):
-        return (*json_case(rng, classifier_body(rng, limits, rows=max_rows)), OK)
+    def good(self, rng):
+        return (*json_case(rng, classifier_body(rng, self.limits)), OK)
 
-    def extremes(rng):  # finite float32 values, some huge: the oracle decides from the model what must happen
+    def at_max_rows(self, rng):
+        return (*json_case(rng, classifier_body(rng, self.limits, rows=self.max_rows)), OK)
+
+    def extremes(self, rng):  # finite float32 values, some huge: the oracle decides from the model what must happen
         share = rng.choice([0.01, 0.1, 1.0])
-        return (*json_case(rng, classifier_body(rng, limits, specials=EXTREMES, share=share)), OK)
+        return (*json_case(rng, classifier_body(rng, self.limits, specials=EXTREMES, share=share)), OK)
 
-    def large_but_safe(rng):  # big and tiny finite values the model computes without overflow: must be served
-        specials = [1e30, -1e30, 2 ** 100, -(2 ** 90), 1e20, Raw("1.17549435e-38"), Raw("1E-45"), 5e-324, Raw("-0.0")]
-        return (*json_case(rng, classifier_body(rng, limits, specials=specials, share=rng.choice([0.05, 0.3]))), OK)
+    def large_but_safe(self, rng):  # big and tiny finite values the model computes without overflow: must be served
+        specials = [1e30, -1e30, 2**100, -(2**90), 1e20, Raw("1.17549435e-38"), Raw("1E-45"), 5e-324, Raw("-0.0")]
+        return (
+            *json_case(rng, classifier_body(rng, self.limits, specials=specials, share=rng.choice([0.05, 0.3]))),
+            OK,
+        )
 
-    def issue_repro(rng):  # issue 11 #2: [1e38]*128, [2.9e38]*128, random +-2.9e38
+    def issue_repro(self, rng):  # issue 11 #2: [1e38]*128, [2.9e38]*128, random +-2.9e38
         value = rng.choice([1e38, 2.9e38, 3.3e38, FLT_MAX])
-        row = [value] * features if rng.random() < 0.5 else [rng.choice([value, -value]) for _ in range(features)]
+        row = (
+            [value] * self.features
+            if rng.random() < 0.5
+            else [rng.choice([value, -value]) for _ in range(self.features)]
+        )
         return (*json_case(rng, {"inputs": row}), OK)
 
-    def beyond(rng):
-        return (*json_case(rng, classifier_body(rng, limits, specials=BEYOND_FLOAT32, share=0.01)), ERROR)
+    def beyond(self, rng):
+        return (*json_case(rng, classifier_body(rng, self.limits, specials=BEYOND_FLOAT32, share=0.01)), ERROR)
 
-    def non_finite(rng):
-        return (*json_case(rng, classifier_body(rng, limits, specials=NON_FINITE, share=0.01)), ERROR)
+    def non_finite(self, rng):
+        return (*json_case(rng, classifier_body(rng, self.limits, specials=NON_FINITE, share=0.01)), ERROR)
 
-    def wrong_count(rng):
-        count = rng.choice([0, 1, features - 1, features + 1, 2 * features, rng.randrange(0, 3 * features)])
-        count = count if count != features else features + 1
+    def wrong_count(self, rng):
+        count = rng.choice(
+            [0, 1, self.features - 1, self.features + 1, 2 * self.features, rng.randrange(0, 3 * self.features)]
+        )
+        count = count if count != self.features else self.features + 1
         row = [number(rng) for _ in range(count)]
         return (*json_case(rng, {"inputs": row if rng.random() < 0.5 else [row]}), ERROR)
 
-    def too_many_rows(rng):
-        rows = rng.choice([max_rows + 1, max_rows + 2, 2 * max_rows])
-        return (*json_case(rng, {"inputs": [[0.5] * features] * rows}), ERROR)
+    def too_many_rows(self, rng):
+        rows = rng.choice([self.max_rows + 1, self.max_rows + 2, 2 * self.max_rows])
+        return (*json_case(rng, {"inputs": [[0.5] * self.features] * rows}), ERROR)
 
-    def wrong_type_inputs(rng):
-        value = rng.choice([None, True, 0, 3.5, "1,2,3", "", {}, {"a": [1]}, [], [[]], [[[0.5] * features]]])
+    def wrong_type_inputs(self, rng):
+        value = rng.choice([None, True, 0, 3.5, "1,2,3", "", {}, {"a": [1]}, [], [[]], [[[0.5] * self.features]]])
         return (*json_case(rng, {"inputs": value}), ERROR)
 
-    def wrong_type_element(rng):
-        row = classifier_row(rng, features)
-        row[rng.randrange(features)] = rng.choice([None, True, False, "1", "", [1], {"v": 1}, [], Raw("null")])
-        return (*json_case(rng, {"inputs": row if rng.random() < 0.5 else [classifier_row(rng, features), row]}),
-                ERROR)
+    def wrong_type_element(self, rng):
+        row = classifier_row(rng, self.features)
+        row[rng.randrange(self.features)] = rng.choice([None, True, False, "1", "", [1], {"v": 1}, [], Raw("null")])
+        return (
+            *json_case(rng, {"inputs": row if rng.random() < 0.5 else [classifier_row(rng, self.features), row]}),
+            ERROR,
+        )
 
-    def ragged(rng):
-        rows = [classifier_row(rng, features), classifier_row(rng, features)[:rng.randrange(features)]]
+    def ragged(self, rng):
+        rows = [classifier_row(rng, self.features), classifier_row(rng, self.features)[: rng.randrange(self.features)]]
         rng.shuffle(rows)
         return (*json_case(rng, {"inputs": rows}), ERROR)
 
-    def row_not_list(rng):
-        return (*json_case(rng, {"inputs": [classifier_row(rng, features), rng.choice([5, "row", None, {}])]}),
-                ERROR)
+    def row_not_list(self, rng):
+        return (
+            *json_case(rng, {"inputs": [classifier_row(rng, self.features), rng.choice([5, "row", None, {}])]}),
+            ERROR,
+        )
 
-    def unknown_field(rng):
-        body = classifier_body(rng, limits)
+    def unknown_field(self, rng):
+        body = classifier_body(rng, self.limits)
         body[rng.choice(["input", "temperature", "Inputs", "", "inputs "])] = wrong_values(rng)
         return (*json_case(rng, body), ERROR)
 
-    def missing_inputs(rng):
-        return (*json_case(rng, rng.choice([{}, {"input": [0.5] * features}, {"data": [[0.5] * features]}])), ERROR)
+    def missing_inputs(self, rng):
+        return (
+            *json_case(rng, rng.choice([{}, {"input": [0.5] * self.features}, {"data": [[0.5] * self.features]}])),
+            ERROR,
+        )
 
-    def duplicate_keys(rng):  # the last key wins in Python's parser; a server may also refuse duplicates
-        good_rows = classifier_body(rng, limits)["inputs"]
+    def duplicate_keys(self, rng):  # the last key wins in Python's parser; a server may also refuse duplicates
+        good_rows = classifier_body(rng, self.limits)["inputs"]
         bad = rng.choice([None, "x", [1, 2], []])
         if rng.random() < 0.5:
             return (*json_case(rng, Pairs([("inputs", bad), ("inputs", good_rows)])), EITHER)
         return (*json_case(rng, Pairs([("inputs", good_rows), ("inputs", bad)])), ERROR)
 
-    def max_body(rng):  # exactly max_request_size bytes: still served
-        body = dumps({"inputs": [0.25] * features}).encode()
-        return body + b" " * (limits.max_request_size - len(body)), JSON, OK
+    def max_body(self, rng):  # exactly max_request_size bytes: still served
+        body = dumps({"inputs": [0.25] * self.features}).encode()
+        return body + b" " * (self.limits.max_request_size - len(body)), JSON, OK
 
-    def over_max_body(rng):
-        body = dumps({"inputs": [0.25] * features}).encode()
-        return body + b" " * (limits.max_request_size + rng.choice([1, 1000]) - len(body)), JSON, ERROR
+    def over_max_body(self, rng):
+        body = dumps({"inputs": [0.25] * self.features}).encode()
+        return body + b" " * (self.limits.max_request_size + rng.choice([1, 1000]) - len(body)), JSON, ERROR
 
-    weighted = [
-        (good, 30), (at_max_rows, 2), (extremes, 8), (large_but_safe, 4), (issue_repro, 3), (beyond, 6),
-        (non_finite, 4),
-        (wrong_count, 5), (too_many_rows, 2), (wrong_type_inputs, 4), (wrong_type_element, 5), (ragged, 2),
-        (row_not_list, 2), (unknown_field, 3), (missing_inputs, 2), (duplicate_keys, 3), (max_body, 0.1),
-        (over_max_body, 0.1),
-    ]
-    return weighted, lambda rng: json_case(rng, classifier_body(rng, limits))[0]
+    def weighted(self):
+        """(production, weight) pairs; the first cases walk them in this order."""
+        return [
+            (self.good, 30),
+            (self.at_max_rows, 2),
+            (self.extremes, 8),
+            (self.large_but_safe, 4),
+            (self.issue_repro, 3),
+            (self.beyond, 6),
+            (self.non_finite, 4),
+            (self.wrong_count, 5),
+            (self.too_many_rows, 2),
+            (self.wrong_type_inputs, 4),
+            (self.wrong_type_element, 5),
+            (self.ragged, 2),
+            (self.row_not_list, 2),
+            (self.unknown_field, 3),
+            (self.missing_inputs, 2),
+            (self.duplicate_keys, 3),
+            (self.max_body, 0.1),
+            (self.over_max_body, 0.1),
+        ]
+
+    def good_body(self, rng):
+        return json_case(rng, classifier_body(rng, self.limits))[0]
 
 
 # ------------------------------------------------------------------------------------------------ minilm
-def minilm_productions(limits, texts):
-    handler = limits.handler
-    max_inputs = handler["max_inputs"]
-    text_limit = handler.get("max_text_chars")
+class MinilmProductions:
+    """minilm's productions: both body shapes, text/plain, limits of tokens, characters and bytes, bad text."""
 
-    def pick(rng):
-        return rng.choice(texts)
+    def __init__(self, limits, seed, pool_size):
+        self.limits, self.texts = limits, text_pool(seed, pool_size)
+        self.max_inputs = limits.handler["max_inputs"]
+        self.text_limit = limits.handler.get("max_text_chars")
 
-    def good_text(rng):
-        body = {"text": pick(rng)}
+    def pick(self, rng):
+        return rng.choice(self.texts)
+
+    def good_text(self, rng):
+        body = {"text": self.pick(rng)}
         if rng.random() < 0.3:
             body["truncate"] = rng.random() < 0.5
         return (*json_case(rng, body), OK)
 
-    def good_openai(rng):
+    def good_openai(self, rng):
         count = rng.choice([0, 1, 2, 3, 8])
-        body = {"input": pick(rng) if count == 0 else [pick(rng) for _ in range(count)]}
-        for key, value in (("model", "all-MiniLM-L6-v2"), ("user", "fuzzer"), ("encoding_format", "float"),
-                           ("dimensions", 384), ("truncate", True)):
+        body = {"input": self.pick(rng) if count == 0 else [self.pick(rng) for _ in range(count)]}
+        for key, value in (
+            ("model", "all-MiniLM-L6-v2"),
+            ("user", "fuzzer"),
+            ("encoding_format", "float"),
+            ("dimensions", 384),
+            ("truncate", True),
+        ):
             if rng.random() < 0.2:
                 body[key] = value
         return (*json_case(rng, body), OK)
 
-    def max_inputs_list(rng):
-        return (*json_case(rng, {"input": [f"short text {i}" for i in range(max_inputs)]}), OK)
+    def max_inputs_list(self, rng):
+        return (*json_case(rng, {"input": [f"short text {i}" for i in range(self.max_inputs)]}), OK)
 
-    def plain_text(rng):
-        content_type = rng.choice(["text/plain", "text/plain; charset=utf-8", "text/plain;charset=UTF-8",
-                                   "text/markdown", "TEXT/PLAIN"])
-        return encode(pick(rng)), content_type, OK
+    def plain_text(self, rng):
+        content_type = rng.choice(
+            ["text/plain", "text/plain; charset=utf-8", "text/plain;charset=UTF-8", "text/markdown", "TEXT/PLAIN"]
+        )
+        return encode(self.pick(rng)), content_type, OK
 
-    def plain_other_charset(rng):  # a charset we may or may not honour: a 200 must embed the text as meant
+    def plain_other_charset(self, rng):  # a charset we may or may not honour: a 200 must embed the text as meant
         text = rng.choice(["naïve façade", "café crème", "Grüße aus Köln"])  # Latin-1 can spell these
         charset = rng.choice(["latin-1", "utf-16"])
         return text.encode(charset), f"text/plain; charset={charset}", EITHER
 
-    def token_boundary(rng):  # around the 256-token limit ([CLS] + n words + [SEP]), truncate true and false
+    def token_boundary(self, rng):  # around the 256-token limit ([CLS] + n words + [SEP]), truncate true and false
         body = {"text": " ".join(["word"] * rng.choice([253, 254, 255, 256, 300])), "truncate": rng.random() < 0.7}
         return (*json_case(rng, body), OK)  # the oracle counts tokens and expects 400 for truncate false + long
 
-    def char_boundary(rng):  # at and just over the character limit (the oracle knows which one must fail)
-        limit = text_limit or 20000
+    def char_boundary(self, rng):  # at and just over the character limit (the oracle knows which one must fail)
+        limit = self.text_limit or 20000
         length = rng.choice([limit, limit + 1])
-        text = ("word " * (length // 5 + 1))[:length - 1] + "x"
+        text = ("word " * (length // 5 + 1))[: length - 1] + "x"
         if rng.random() < 0.5:
             return encode(text), "text/plain", OK
         return (*json_case(rng, {"input": [text, "short"]}), OK)
 
-    def max_body_text(rng):  # a text/plain body of exactly max_request_size bytes
-        size = limits.max_request_size
+    def max_body_text(self, rng):  # a text/plain body of exactly max_request_size bytes
+        size = self.limits.max_request_size
         return ("word " * (size // 5 + 1)).encode()[:size], "text/plain", OK
 
-    def over_max_body(rng):
-        return b"x" * (limits.max_request_size + rng.choice([1, 1000])), rng.choice(["text/plain", JSON]), ERROR
+    def over_max_body(self, rng):
+        return b"x" * (self.limits.max_request_size + rng.choice([1, 1000])), rng.choice(["text/plain", JSON]), ERROR
 
-    def empty_text(rng):
+    def empty_text(self, rng):
         value = rng.choice(["", " ", "\t\n", "\u3000", "\u00a0 \u2003", "\r\n"])
         if rng.random() < 0.3:
             return encode(value), "text/plain", ERROR
         return (*json_case(rng, rng.choice([{"text": value}, {"input": value}, {"input": ["ok", value]}])), ERROR)
 
-    def wrong_types(rng):
+    def wrong_types(self, rng):
         field_name = rng.choice(["text", "input", "truncate", "model", "user", "encoding_format", "dimensions"])
         value = wrong_values(rng)
         if field_name == "truncate" and isinstance(value, bool):
@@ -404,165 +548,234 @@ def minilm_productions(limits, texts):
         if field_name == "encoding_format":
             body[field_name] = rng.choice(["base64", "FLOAT", None, 1])
         if field_name == "dimensions":
-            body[field_name] = rng.choice([128, 383, 385, 384.0, True, "384", None, 0, -384, 10 ** 30])
+            body[field_name] = rng.choice([128, 383, 385, 384.0, True, "384", None, 0, -384, 10**30])
         return (*json_case(rng, body), ERROR)
 
-    def too_many_inputs(rng):
-        return (*json_case(rng, {"input": ["x"] * rng.choice([max_inputs + 1, 10 * max_inputs])}), ERROR)
+    def too_many_inputs(self, rng):
+        return (*json_case(rng, {"input": ["x"] * rng.choice([self.max_inputs + 1, 10 * self.max_inputs])}), ERROR)
 
-    def text_and_input(rng):
+    def text_and_input(self, rng):
         return (*json_case(rng, {"text": "a", "input": "b"}), ERROR)
 
-    def unknown_field(rng):
+    def unknown_field(self, rng):
         body = rng.choice([{"text": "a"}, {"input": ["a"]}])
         body[rng.choice(["normalize", "pooling", "Text", "", "texts"])] = wrong_values(rng)
         return (*json_case(rng, body), ERROR)
 
-    def lone_surrogate(rng):
+    def lone_surrogate(self, rng):
         where = rng.choice(["\ud800", "\udfff", "a\ud83d", "\ude00b"])
         body = rng.choice([{"text": f"abc {where} def"}, {"input": ["fine", f"x{where}"]}])
         return encode(dumps(body, ascii_only=True)), JSON, ERROR
 
-    def surrogate_pair(rng):  # a valid escaped pair is one astral character
+    def surrogate_pair(self, rng):  # a valid escaped pair is one astral character
         return encode(dumps({"text": "smile \ud83d\ude00 please"}, ascii_only=True)), JSON, OK
 
-    def invalid_utf8_text(rng):
+    def invalid_utf8_text(self, rng):
         junk = rng.choice([b"\xff", b"\xc0\xaf", b"\xed\xa0\x80", b"\xe2\x82", b"\x80abc", b"\xf5\x80\x80\x80"])
         return b"hello " + junk + b" world", rng.choice(["text/plain", "text/plain; charset=utf-8"]), ERROR
 
-    def nul_text(rng):
+    def nul_text(self, rng):
         return b"before \x00 after", "text/plain", OK
 
-    def duplicate_keys(rng):
+    def duplicate_keys(self, rng):
         if rng.random() < 0.5:
-            return (*json_case(rng, Pairs([("text", 5), ("text", pick(rng))])), EITHER)
-        return (*json_case(rng, Pairs([("text", pick(rng)), ("text", None)])), ERROR)
+            return (*json_case(rng, Pairs([("text", 5), ("text", self.pick(rng))])), EITHER)
+        return (*json_case(rng, Pairs([("text", self.pick(rng)), ("text", None)])), ERROR)
 
-    weighted = [
-        (good_text, 22), (good_openai, 12), (max_inputs_list, 1), (plain_text, 10), (plain_other_charset, 2),
-        (token_boundary, 3), (char_boundary, 1), (max_body_text, 0.1), (over_max_body, 0.2), (empty_text, 4),
-        (wrong_types, 10), (too_many_inputs, 2), (text_and_input, 1), (unknown_field, 3), (lone_surrogate, 3),
-        (surrogate_pair, 1), (invalid_utf8_text, 3), (nul_text, 1), (duplicate_keys, 2),
-    ]
-    return weighted, lambda rng: json_case(rng, {"text": pick(rng)})[0]
+    def weighted(self):
+        """(production, weight) pairs; the first cases walk them in this order."""
+        return [
+            (self.good_text, 22),
+            (self.good_openai, 12),
+            (self.max_inputs_list, 1),
+            (self.plain_text, 10),
+            (self.plain_other_charset, 2),
+            (self.token_boundary, 3),
+            (self.char_boundary, 1),
+            (self.max_body_text, 0.1),
+            (self.over_max_body, 0.2),
+            (self.empty_text, 4),
+            (self.wrong_types, 10),
+            (self.too_many_inputs, 2),
+            (self.text_and_input, 1),
+            (self.unknown_field, 3),
+            (self.lone_surrogate, 3),
+            (self.surrogate_pair, 1),
+            (self.invalid_utf8_text, 3),
+            (self.nul_text, 1),
+            (self.duplicate_keys, 2),
+        ]
+
+    def good_body(self, rng):
+        return json_case(rng, {"text": self.pick(rng)})[0]
 
 
 # ------------------------------------------------------------------------------------------------ generator
 TINY_TEMPERATURES = [1e-40, 1e-300, 5e-324, 1.4e-45, Raw("1e-45"), 1e-30, 1e-8]
-MAX_SEED = 2 ** 63 - 1
+MAX_SEED = 2**63 - 1
 
 
-def generator_productions(limits, prompts):
-    handler = limits.handler
-    max_new, max_prompt, max_temperature = handler["max_new_tokens"], handler["max_prompt_tokens"], \
-        handler["max_temperature"]
-    vocab = limits.vocab_size
+class GeneratorProductions:
+    """The generator's productions: sampling settings at and past their limits, prompt lengths, bad fields."""
 
-    def settings(rng, body):
+    def __init__(self, limits, seed, pool_size):
+        self.limits, self.prompts = limits, prompt_pool(seed, pool_size)
+        self.max_new = limits.handler["max_new_tokens"]
+        self.max_prompt = limits.handler["max_prompt_tokens"]
+        self.max_temperature = limits.handler["max_temperature"]
+        self.vocab = limits.vocab_size
+
+    def settings(self, rng, body):
         body["max_new_tokens"] = rng.choice([None, 1, 2, 3, 4, 6, 8, 12, 16, 16, 16])
         if rng.random() < 0.01:
-            body["max_new_tokens"] = rng.choice([max_new, max_new - 1, 64])
-        body["temperature"] = rng.choice([None, 0, 0, Raw("-0.0"), 0.7, 1, 1.3, max_temperature, 1e-3])
-        body["top_k"] = rng.choice([None, 0, 1, 2, 40, vocab - 1, vocab])
+            body["max_new_tokens"] = rng.choice([self.max_new, self.max_new - 1, 64])
+        body["temperature"] = rng.choice([None, 0, 0, Raw("-0.0"), 0.7, 1, 1.3, self.max_temperature, 1e-3])
+        body["top_k"] = rng.choice([None, 0, 1, 2, 40, self.vocab - 1, self.vocab])
         body["seed"] = rng.choice([None, 0, 1, MAX_SEED, rng.randrange(MAX_SEED)])
         body["stream"] = rng.choice([None, True, False])
         return {k: v for k, v in body.items() if v is not None}
 
-    def good(rng):
-        return (*json_case(rng, settings(rng, {"prompt": rng.choice(prompts)})), OK)
+    def good(self, rng):
+        return (*json_case(rng, self.settings(rng, {"prompt": rng.choice(self.prompts)})), OK)
 
-    def tiny_temperature(rng):  # issue 11 #1: must not fail the request (nor, above all, its batch-mates)
-        body = settings(rng, {"prompt": rng.choice(prompts)})
+    def tiny_temperature(self, rng):  # issue 11 #1: must not fail the request (nor, above all, its batch-mates)
+        body = self.settings(rng, {"prompt": rng.choice(self.prompts)})
         body["temperature"] = rng.choice(TINY_TEMPERATURES)
         return (*json_case(rng, body), EITHER)
 
-    def prompt_at_limit(rng):
-        count = rng.choice([max_prompt, max_prompt - 1])
-        body = {"prompt": limits.repeat_piece * count, "max_new_tokens": rng.choice([1, 4])}
+    def prompt_at_limit(self, rng):
+        count = rng.choice([self.max_prompt, self.max_prompt - 1])
+        body = {"prompt": self.limits.repeat_piece * count, "max_new_tokens": rng.choice([1, 4])}
         return (*json_case(rng, body), OK)
 
-    def prompt_over_limit(rng):
-        count = rng.choice([max_prompt + 1, 2 * max_prompt])
-        return (*json_case(rng, {"prompt": limits.repeat_piece * count, "max_new_tokens": 1}), ERROR)
+    def prompt_over_limit(self, rng):
+        count = rng.choice([self.max_prompt + 1, 2 * self.max_prompt])
+        return (*json_case(rng, {"prompt": self.limits.repeat_piece * count, "max_new_tokens": 1}), ERROR)
 
-    def prompt_over_chars(rng):
-        return (*json_case(rng, {"prompt": "x" * (limits.max_prompt_chars + rng.choice([1, 1000]))}), ERROR)
+    def prompt_over_chars(self, rng):
+        return (*json_case(rng, {"prompt": "x" * (self.limits.max_prompt_chars + rng.choice([1, 1000]))}), ERROR)
 
-    def bad_field(rng):
-        body = {"prompt": rng.choice(prompts), "max_new_tokens": 2}
-        name, value = rng.choice([
-            ("max_new_tokens", rng.choice([0, -1, max_new + 1, 10 ** 30, 2.5, Raw("1e2"), "4", True, None, []])),
-            ("temperature", rng.choice([-1e-9, -1, max_temperature * 1.000001, 1e308, Raw("NaN"), Raw("Infinity"),
-                                        Raw("-Infinity"), Raw("1e309"), Raw("1" + "0" * 400), "0.5", True, None])),
-            ("top_k", rng.choice([-1, vocab + 1, 10 ** 20, 1.5, "5", True, None])),
-            ("seed", rng.choice([-1, MAX_SEED + 1, 2 ** 64, 2 ** 64 + 1, 1.0, "42", True, None, Raw("1e18")])),
-            ("stream", rng.choice(["true", 1, 0, None, "yes", []])),
-            ("prompt", rng.choice([None, 5, ["a", "b"], {"text": "a"}, "", True])),
-        ])
+    def bad_field(self, rng):
+        body = {"prompt": rng.choice(self.prompts), "max_new_tokens": 2}
+        name, value = rng.choice(
+            [
+                ("max_new_tokens", rng.choice([0, -1, self.max_new + 1, 10**30, 2.5, Raw("1e2"), "4", True, None, []])),
+                (
+                    "temperature",
+                    rng.choice(
+                        [
+                            -1e-9,
+                            -1,
+                            self.max_temperature * 1.000001,
+                            1e308,
+                            Raw("NaN"),
+                            Raw("Infinity"),
+                            Raw("-Infinity"),
+                            Raw("1e309"),
+                            Raw("1" + "0" * 400),
+                            "0.5",
+                            True,
+                            None,
+                        ]
+                    ),
+                ),
+                ("top_k", rng.choice([-1, self.vocab + 1, 10**20, 1.5, "5", True, None])),
+                ("seed", rng.choice([-1, MAX_SEED + 1, 2**64, 2**64 + 1, 1.0, "42", True, None, Raw("1e18")])),
+                ("stream", rng.choice(["true", 1, 0, None, "yes", []])),
+                ("prompt", rng.choice([None, 5, ["a", "b"], {"text": "a"}, "", True])),
+            ]
+        )
         body[name] = value
         return (*json_case(rng, body), ERROR)
 
-    def unknown_field(rng):
+    def unknown_field(self, rng):
         body = {"prompt": "hi"}
         body[rng.choice(["max_tokens", "n", "stop", "top_p", "Prompt", ""])] = wrong_values(rng)
         return (*json_case(rng, body), ERROR)
 
-    def missing_prompt(rng):
+    def missing_prompt(self, rng):
         return (*json_case(rng, rng.choice([{}, {"max_new_tokens": 3}, {"text": "hi"}])), ERROR)
 
-    def lone_surrogate(rng):
+    def lone_surrogate(self, rng):
         surrogate = rng.choice(["\ud800", "\udbff", "\udc00"])
         body = {"prompt": f"a {surrogate} b", "max_new_tokens": 2}
         return encode(dumps(body, ascii_only=True)), JSON, ERROR
 
-    def odd_prompt(rng):  # valid but unusual prompts: whitespace, NUL, astral characters, control characters
+    def odd_prompt(self, rng):  # valid but unusual self.prompts: whitespace, NUL, astral characters, control characters
         prompt = rng.choice([" ", "\n", "\u0000", "\U0001f600", "\x7f\x1b[0m", "\u200b", "\ufeff"])
-        return (*json_case(rng, {"prompt": prompt, "max_new_tokens": rng.choice([1, 3]), "seed": 7,
-                                 "temperature": rng.choice([0, 1])}), OK)
+        return (
+            *json_case(
+                rng,
+                {"prompt": prompt, "max_new_tokens": rng.choice([1, 3]), "seed": 7, "temperature": rng.choice([0, 1])},
+            ),
+            OK,
+        )
 
-    def duplicate_keys(rng):
+    def duplicate_keys(self, rng):
         if rng.random() < 0.5:
-            return (*json_case(rng, Pairs([("prompt", None), ("prompt", rng.choice(prompts)),
-                                           ("max_new_tokens", 2)])), EITHER)
+            return (
+                *json_case(rng, Pairs([("prompt", None), ("prompt", rng.choice(self.prompts)), ("max_new_tokens", 2)])),
+                EITHER,
+            )
         return (*json_case(rng, Pairs([("prompt", "hi"), ("max_new_tokens", 2), ("max_new_tokens", 0)])), ERROR)
 
-    def over_max_body(rng):
+    def over_max_body(self, rng):
         body = encode(dumps({"prompt": "hi"}))
-        return body + b" " * (limits.max_request_size + 1 - len(body)), JSON, ERROR
+        return body + b" " * (self.limits.max_request_size + 1 - len(body)), JSON, ERROR
 
-    weighted = [
-        (good, 40), (tiny_temperature, 6), (prompt_at_limit, 1), (prompt_over_limit, 1), (prompt_over_chars, 1),
-        (bad_field, 20), (unknown_field, 3), (missing_prompt, 2), (lone_surrogate, 2), (odd_prompt, 2),
-        (duplicate_keys, 2), (over_max_body, 0.1),
-    ]
-    return weighted, lambda rng: json_case(rng, {"prompt": rng.choice(prompts), "max_new_tokens": 2})[0]
+    def weighted(self):
+        """(production, weight) pairs; the first cases walk them in this order."""
+        return [
+            (self.good, 40),
+            (self.tiny_temperature, 6),
+            (self.prompt_at_limit, 1),
+            (self.prompt_over_limit, 1),
+            (self.prompt_over_chars, 1),
+            (self.bad_field, 20),
+            (self.unknown_field, 3),
+            (self.missing_prompt, 2),
+            (self.lone_surrogate, 2),
+            (self.odd_prompt, 2),
+            (self.duplicate_keys, 2),
+            (self.over_max_body, 0.1),
+        ]
+
+    def good_body(self, rng):
+        return json_case(rng, {"prompt": rng.choice(self.prompts), "max_new_tokens": 2})[0]
 
 
 def prompt_pool(seed, size):
     rng = random.Random(f"{seed}:prompts")
-    prompts = ["Once upon a time", "hi", "The quick brown fox", "naïve café", "日本語", "emoji 😀",
-               "".join(rng.choice(string.printable) for _ in range(40))]
+    prompts = [
+        "Once upon a time",
+        "hi",
+        "The quick brown fox",
+        "naïve café",
+        "日本語",
+        "emoji 😀",
+        "".join(rng.choice(string.printable) for _ in range(40)),
+    ]
     while len(prompts) < size:
         prompts.append(sentence(rng, rng.choice([1, 2, 5, 12, 30])))
     return prompts[:size]
 
 
 # ------------------------------------------------------------------------------------------------ campaign
+# Each model's own productions; the generic ones (GENERIC: content types, encodings, broken JSON) are added to all.
+PRODUCTIONS = {"classifier": ClassifierProductions, "minilm": MinilmProductions, "generator": GeneratorProductions}
+
+
 class Grammar:
     """All productions of one model; ``case(index)`` is a pure function of (seed, model, index)."""
 
     def __init__(self, model, limits, seed, pool_size=200):
         self.model, self.limits, self.seed = model, limits, seed
-        if model == "classifier":
-            weighted, self.good_body = classifier_productions(limits)
-        elif model == "minilm":
-            weighted, self.good_body = minilm_productions(limits, text_pool(seed, pool_size))
-        elif model == "generator":
-            weighted, self.good_body = generator_productions(limits, prompt_pool(seed, pool_size))
-        else:
+        if model not in PRODUCTIONS:
             raise ValueError(f"no request grammar for model {model!r}")
+        own = PRODUCTIONS[model](limits, seed, pool_size)
+        self.good_body = own.good_body
         generic = [(self._generic(name, make, expect), 1.0) for name, make, expect in GENERIC]
-        self.productions: List[Tuple[Callable, float]] = weighted + generic
+        self.productions: list[tuple[Callable, float]] = own.weighted() + generic
 
     def _generic(self, name, make, expect):
         def production(rng):

@@ -14,6 +14,6 @@ HANG_MARKER = 12345.0
 class HangOnMarkerClassifierHandler(ClassifierHandler):
     def parse_request(self, body, request):
         payload = super().parse_request(body, request)
-        if float(payload["rows"][0, 0]) == HANG_MARKER:
+        if float(payload.rows[0, 0]) == HANG_MARKER:
             time.sleep(3600)
         return payload

@@ -24,10 +24,10 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from scripts.ops.server import START_LOG
 from scripts.reliability import corpus
-from scripts.reliability.checks import Row, verify
+from scripts.reliability.rows import Row, verify
 from scripts.reliability.traffic import closed_loop
-from scripts.server import START_LOG
 
 # Budgets per request, both halves: an access-log line (~90 bytes) plus, for a bad body TorchServe cannot decode, one
 # warning line (~220 bytes). TorchServe's own configuration wrote 2-7 KB per request here (3.8 KB averaged over
@@ -64,14 +64,15 @@ def new_lines(log_dir, before):
 @dataclass
 class Phase:
     """What one half of the traffic wrote to the log folder."""
+
     name: str
     requests: int
-    wrong_answers: int              # good half: not 200 or not the reference answer; bad half: not a 4xx
+    wrong_answers: int  # good half: not 200 or not the reference answer; bad half: not a 4xx
     bytes_by_file: dict
-    lines: int                      # every new line in every *.log file
+    lines: int  # every new line in every *.log file
     tracebacks: int
-    repeated_ts_events: int         # ts_log.log events identical to one written earlier in this phase
-    copied_ts_events: int           # ts_log.log events of the worker/access/metrics loggers
+    repeated_ts_events: int  # ts_log.log events identical to one written earlier in this phase
+    copied_ts_events: int  # ts_log.log events of the worker/access/metrics loggers
     start_log_growth: int
 
     @property
@@ -94,37 +95,52 @@ def measure(name, before, after, lines, requests, wrong_answers):
     ts_events = [line for line in lines.get("ts_log.log", []) if EVENT_LINE.match(line)]
     repeats = sum(count - 1 for count in Counter(ts_events).values())
     copies = sum(1 for line in ts_events if any(marker in line for marker in OTHER_LOGS))
-    return Phase(name, requests, wrong_answers, {k: v for k, v in grown.items() if v},
-                 sum(len(v) for v in lines.values()), sum(line.count(TRACEBACK) for v in lines.values() for line in v),
-                 repeats, copies, grown.get(START_LOG, 0))
+    return Phase(
+        name,
+        requests,
+        wrong_answers,
+        {k: v for k, v in grown.items() if v},
+        sum(len(v) for v in lines.values()),
+        sum(line.count(TRACEBACK) for v in lines.values() for line in v),
+        repeats,
+        copies,
+        grown.get(START_LOG, 0),
+    )
+
+
+def phase_reasons(phase, wanted):
+    """What one phase (good or bad requests) misses of its targets; `wanted` is the answer its requests need."""
+    if phase.requests <= 0:
+        return [f"{phase.name}: no requests were sent, nothing was measured"]
+    reasons = []
+    if phase.wrong_answers:
+        reasons.append(f"{phase.name}: {phase.wrong_answers}/{phase.requests} requests not answered {wanted}")
+    if phase.bytes_per_request > MAX_BYTES_PER_REQUEST:
+        reasons.append(
+            f"{phase.name}: {phase.bytes_per_request:.0f} log bytes/request > {MAX_BYTES_PER_REQUEST} "
+            f"({phase.bytes_by_file})"
+        )
+    if phase.tracebacks:
+        reasons.append(f"{phase.name}: {phase.tracebacks} traceback(s) written")
+    if phase.repeated_ts_events:
+        reasons.append(f"{phase.name}: ts_log.log wrote {phase.repeated_ts_events} event(s) twice")
+    if phase.copied_ts_events:
+        reasons.append(f"{phase.name}: ts_log.log holds {phase.copied_ts_events} copies of other logs' lines")
+    if phase.start_log_growth:
+        reasons.append(f"{phase.name}: {START_LOG} grew by {phase.start_log_growth} bytes while serving")
+    return reasons
 
 
 def judge(good, bad, start_log_bytes):
     """Every reason the measurement misses its target ([] = pass)."""
-    reasons = []
-    for phase in (good, bad):
-        if phase.requests <= 0:
-            reasons.append(f"{phase.name}: no requests were sent, nothing was measured")
-            continue
-        if phase.wrong_answers:
-            wanted = "200 with the reference answer" if phase is good else "a 4xx"
-            reasons.append(f"{phase.name}: {phase.wrong_answers}/{phase.requests} requests not answered {wanted}")
-        if phase.bytes_per_request > MAX_BYTES_PER_REQUEST:
-            reasons.append(f"{phase.name}: {phase.bytes_per_request:.0f} log bytes/request > {MAX_BYTES_PER_REQUEST} "
-                           f"({phase.bytes_by_file})")
-        if phase.tracebacks:
-            reasons.append(f"{phase.name}: {phase.tracebacks} traceback(s) written")
-        if phase.repeated_ts_events:
-            reasons.append(f"{phase.name}: ts_log.log wrote {phase.repeated_ts_events} event(s) twice")
-        if phase.copied_ts_events:
-            reasons.append(f"{phase.name}: ts_log.log holds {phase.copied_ts_events} copies of other logs' lines")
-        if phase.start_log_growth:
-            reasons.append(f"{phase.name}: {START_LOG} grew by {phase.start_log_growth} bytes while serving")
+    reasons = phase_reasons(good, "200 with the reference answer") + phase_reasons(bad, "a 4xx")
     if good.requests > 0 and bad.requests > 0:
         extra = bad.lines_per_request - good.lines_per_request
         if extra > MAX_EXTRA_LINES_PER_BAD_REQUEST:
-            reasons.append(f"a bad request writes {extra:.1f} more log lines than a good one "
-                           f"(at most {MAX_EXTRA_LINES_PER_BAD_REQUEST:.0f})")
+            reasons.append(
+                f"a bad request writes {extra:.1f} more log lines than a good one "
+                f"(at most {MAX_EXTRA_LINES_PER_BAD_REQUEST:.0f})"
+            )
     if start_log_bytes > MAX_START_LOG_BYTES:
         reasons.append(f"{START_LOG} is {start_log_bytes} bytes > {MAX_START_LOG_BYTES}: more than start-up output")
     return reasons
@@ -178,22 +194,34 @@ def logs_check(server, reference, requests_total, clients=16):
 
     statuses = send_bad(url, bad_bodies(model, requests_total - half), clients, auth)
     after = settle(log_dir)
-    bad = measure("bad", middle, after, new_lines(log_dir, middle), len(statuses),
-                  sum(1 for status in statuses if not 400 <= status < 500))
+    bad = measure(
+        "bad",
+        middle,
+        after,
+        new_lines(log_dir, middle),
+        len(statuses),
+        sum(1 for status in statuses if not 400 <= status < 500),
+    )
 
     start_log = log_dir / START_LOG
     start_log_bytes = start_log.stat().st_size if start_log.exists() else 0
     reasons = judge(good, bad, start_log_bytes)
     total = good.requests + bad.requests
     per_request = (good.bytes + bad.bytes) / total if total else float("inf")
-    return Row(f"{model}: log volume over {total} requests ({good.requests} good, {bad.requests} bad)",
-               f"{per_request:.0f} log bytes/request (good {good.bytes_per_request:.0f}, bad "
-               f"{bad.bytes_per_request:.0f}); tracebacks {good.tracebacks + bad.tracebacks}; ts_log repeats "
-               f"{good.repeated_ts_events + bad.repeated_ts_events}; start log {start_log_bytes} bytes"
-               + (f"; FAILED: {'; '.join(reasons)}" if reasons else ""),
-               f"<= {MAX_BYTES_PER_REQUEST} B/request, 0 tracebacks, <= 1 extra line per bad request, "
-               f"no repeated or copied lines, start log <= {MAX_START_LOG_BYTES // 1024} KiB and not growing",
-               not reasons,
-               {"good": {**asdict(good), "bytes_per_request": round(good.bytes_per_request, 1)},
-                "bad": {**asdict(bad), "bytes_per_request": round(bad.bytes_per_request, 1)},
-                "bytes_per_request": round(per_request, 1), "start_log_bytes": start_log_bytes, "reasons": reasons})
+    return Row(
+        f"{model}: log volume over {total} requests ({good.requests} good, {bad.requests} bad)",
+        f"{per_request:.0f} log bytes/request (good {good.bytes_per_request:.0f}, bad "
+        f"{bad.bytes_per_request:.0f}); tracebacks {good.tracebacks + bad.tracebacks}; ts_log repeats "
+        f"{good.repeated_ts_events + bad.repeated_ts_events}; start log {start_log_bytes} bytes"
+        + (f"; FAILED: {'; '.join(reasons)}" if reasons else ""),
+        f"<= {MAX_BYTES_PER_REQUEST} B/request, 0 tracebacks, <= 1 extra line per bad request, "
+        f"no repeated or copied lines, start log <= {MAX_START_LOG_BYTES // 1024} KiB and not growing",
+        not reasons,
+        {
+            "good": {**asdict(good), "bytes_per_request": round(good.bytes_per_request, 1)},
+            "bad": {**asdict(bad), "bytes_per_request": round(bad.bytes_per_request, 1)},
+            "bytes_per_request": round(per_request, 1),
+            "start_log_bytes": start_log_bytes,
+            "reasons": reasons,
+        },
+    )

@@ -11,24 +11,23 @@ import zipfile
 
 import torch
 
-WORDS = ("model serving batch queue latency worker token cache tensor gradient kernel vector cluster replica "
-         "throughput request answer server python handler archive metric sentence language embedding cosine river "
-         "mountain coffee morning window garden library yellow quiet ancient bright music winter summer forest "
-         "engine market letter doctor planet circle silver ocean story paper little people travel history").split()
+from scripts.ops import payloads
+
+# Served answers may be bf16: each must reach this cosine similarity to its fp32 reference.
+MIN_COSINE = 0.999
 
 
 def load_classifier(archive_path):
     """The archived classifier weights as an fp32 model in eval mode."""
     with zipfile.ZipFile(archive_path) as mar:
         state_dict = torch.load(io.BytesIO(mar.read("classifier.pt")), map_location="cpu", weights_only=True)
-    from handlers.nets import MLPClassifier
+    from handlers.classification.nets import MLPClassifier
 
     return MLPClassifier.from_state_dict(state_dict).eval()
 
 
 class ClassifierReference:
     name = "classifier"
-    min_similarity = None
 
     def __init__(self, archive_path, count, seed=0):
         model = load_classifier(archive_path)
@@ -52,7 +51,7 @@ def distinct_texts(count, seed=0):
     texts = []
     for index in range(count):
         length = rng.choice([4, 6, 8, 10, 12, 16, 24, 40]) if rng.random() < 0.9 else rng.randint(80, 320)
-        words = [rng.choice(WORDS) for _ in range(length)]
+        words = payloads.words(rng, length).split()
         words.insert(rng.randrange(len(words)), f"item{index}")
         texts.append(" ".join(words))
     return texts
@@ -60,7 +59,6 @@ def distinct_texts(count, seed=0):
 
 class MiniLMReference:
     name = "minilm"
-    min_similarity = 0.999
 
     def __init__(self, count, seed=0):
         from sentence_transformers import SentenceTransformer
@@ -69,8 +67,9 @@ class MiniLMReference:
 
         self.texts = distinct_texts(count, seed)
         model = SentenceTransformer(str(minilm_reference_dir()), device="cpu")
-        self.expected = torch.from_numpy(model.encode(self.texts, batch_size=64, convert_to_numpy=True,
-                                                      normalize_embeddings=True))
+        self.expected = torch.from_numpy(
+            model.encode(self.texts, batch_size=64, convert_to_numpy=True, normalize_embeddings=True)
+        )
         self.bodies = [json.dumps({"text": text}).encode() for text in self.texts]
 
     def body(self, index):
@@ -79,7 +78,7 @@ class MiniLMReference:
     def matches(self, index, answer):
         got = torch.tensor(answer["embedding"])
         expected = self.expected[index % len(self.bodies)]
-        return got.shape == expected.shape and torch.nn.functional.cosine_similarity(got, expected, dim=0) >= 0.999
+        return got.shape == expected.shape and torch.nn.functional.cosine_similarity(got, expected, dim=0) >= MIN_COSINE
 
 
 class Window:
@@ -94,6 +93,19 @@ class Window:
 
     def matches(self, index, answer):
         return self.reference.matches(self.offset + index, answer)
+
+
+class WindowCursor:
+    """Hands out consecutive Windows of one reference pool: each phase gets the inputs after the previous phase's."""
+
+    def __init__(self, reference):
+        self.reference, self.offset = reference, 0
+
+    def take(self, count):
+        """A Window starting where the last one taken ended; the next one starts `count` inputs later."""
+        window = Window(self.reference, self.offset)
+        self.offset += count
+        return window
 
 
 def reference_for(model, store, count, seed=0):

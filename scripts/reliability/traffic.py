@@ -6,18 +6,17 @@ Plain threads with one keep-alive connection each: enough for the rates a 2-core
 
 import http.client
 import json
-import math
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 
 @dataclass
 class Outcome:
     index: int
-    status: int            # 0 = no HTTP answer (connection error, timeout)
+    status: int  # 0 = no HTTP answer (connection error, timeout)
     latency_s: float
     body: bytes = b""
     started_at: float = 0.0
@@ -112,8 +111,9 @@ def open_loop(url, make_body, rate, duration_s, max_in_flight=256, timeout=30, h
                 time.sleep(delay)
             started = time.perf_counter()
             status, payload = client.post(make_body(index))
-            outcomes[index] = Outcome(index, status, time.perf_counter() - started, payload, started,
-                                      max(0.0, started - due))
+            outcomes[index] = Outcome(
+                index, status, time.perf_counter() - started, payload, started, max(0.0, started - due)
+            )
 
     threads = [threading.Thread(target=run, daemon=True) for _ in range(min(max_in_flight, max(1, total)))]
     for thread in threads:
@@ -127,7 +127,7 @@ def steady_load(url, make_body, clients, stop_event, timeout=30, headers=None):
     """Closed-loop load from `clients` threads until stop_event is set; returns the outcomes in start order."""
     outcomes = []
     lock = threading.Lock()
-    counter = iter(range(10 ** 9))
+    counter = iter(range(10**9))
 
     def run():
         client = Client(url, timeout, headers)
@@ -144,12 +144,3 @@ def steady_load(url, make_body, clients, stop_event, timeout=30, headers=None):
     for thread in threads:
         thread.start()
     return threads, outcomes
-
-
-def percentile(values, fraction):
-    """Nearest-rank percentile (fraction in 0..1) of a list; None for an empty one."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = max(1, math.ceil(fraction * len(ordered)))
-    return ordered[min(rank, len(ordered)) - 1]

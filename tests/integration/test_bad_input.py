@@ -13,11 +13,6 @@ GOOD = {
 }
 
 
-def worker_pids(server, model):
-    [description] = requests.get(f"{server.management_url}/models/{model}", timeout=30).json()
-    return sorted(w["pid"] for w in description["workers"])
-
-
 @pytest.mark.parametrize("model", corpus.models_with_corpus())
 def test_bad_input_corpus(ts_server, model):
     if model not in ts_server.props.get("load_models", ""):
@@ -25,7 +20,7 @@ def test_bad_input_corpus(ts_server, model):
     cases = corpus.load(model)
     assert len(cases) >= 40, "the corpus must keep at least 40 bad requests per model"
     url = f"{ts_server.inference_url}/predictions/{model}"
-    pids_before = worker_pids(ts_server, model)
+    pids_before = ts_server.management().worker_pids(model)
     session = requests.Session()
     failures = []
     for case in cases:
@@ -42,4 +37,4 @@ def test_bad_input_corpus(ts_server, model):
         if good.status_code != 200:
             failures.append(f"good request after {case.name!r} failed: {good.status_code} {good.text[:200]}")
     assert not failures, "\n".join(failures)
-    assert worker_pids(ts_server, model) == pids_before, "a worker restarted during the bad-input corpus"
+    assert ts_server.management().worker_pids(model) == pids_before, "a worker restarted during the bad-input corpus"

@@ -7,7 +7,7 @@ import pytest
 import requests
 import torch
 
-from handlers.nets import MLPClassifier
+from handlers.classification.nets import MLPClassifier
 
 MODEL = "classifier"
 
@@ -46,7 +46,7 @@ def test_multi_row_request_answers_rows_in_order(predict, reference_model):
     assert response.status_code == 200
     answers = response.json()
     assert isinstance(answers, list) and len(answers) == 7
-    for answer, probabilities in zip(answers, expected(reference_model, rows)):
+    for answer, probabilities in zip(answers, expected(reference_model, rows), strict=True):
         assert_matches(answer, probabilities)
 
 
@@ -60,7 +60,7 @@ def test_64_concurrent_distinct_requests_each_get_their_own_answer(ts_server, re
     with concurrent.futures.ThreadPoolExecutor(max_workers=64) as pool:
         responses = list(pool.map(send, rows))
     assert [r.status_code for r in responses] == [200] * 64
-    for response, probabilities in zip(responses, expected(reference_model, rows)):
+    for response, probabilities in zip(responses, expected(reference_model, rows), strict=True):
         assert_matches(response.json(), probabilities)
 
 
@@ -103,15 +103,21 @@ def test_overflow_inside_the_model_is_a_422_and_the_batch_mates_get_strict_json(
 
 
 INVALID = [
-    ("not json", {"data": b"{\"inputs\": [1, 2", "headers": {"Content-Type": "application/json"}}, "not valid JSON"),
+    ("not json", {"data": b'{"inputs": [1, 2', "headers": {"Content-Type": "application/json"}}, "not valid JSON"),
     ("missing inputs", {"json": {"input": [0.0] * 128}}, "unknown field"),
     ("no fields", {"json": {}}, "missing field 'inputs'"),
     ("wrong length", {"json": {"inputs": [0.0] * 129}}, "129 values; expected 128"),
     ("non-numbers", {"json": {"inputs": ["a"] * 128}}, "not a number"),
-    ("NaN", {"data": "{\"inputs\": [NaN" + ", 0" * 127 + "]}", "headers": {"Content-Type": "application/json"}},
-     "finite"),
-    ("Infinity", {"data": "{\"inputs\": [Infinity" + ", 0" * 127 + "]}",
-                  "headers": {"Content-Type": "application/json"}}, "finite"),
+    (
+        "NaN",
+        {"data": '{"inputs": [NaN' + ", 0" * 127 + "]}", "headers": {"Content-Type": "application/json"}},
+        "finite",
+    ),
+    (
+        "Infinity",
+        {"data": '{"inputs": [Infinity' + ", 0" * 127 + "]}", "headers": {"Content-Type": "application/json"}},
+        "finite",
+    ),
     ("empty list", {"json": {"inputs": []}}, "non-empty"),
     ("no content type", {"data": b"not json at all"}, "not valid JSON"),
 ]
@@ -132,16 +138,14 @@ def test_prometheus_endpoint_reports_our_stage_histograms(ts_server, predict):
     assert predict(MODEL, json={"inputs": [0.5] * 128}).status_code == 200
     text = requests.get(f"{ts_server.metrics_url}/metrics", timeout=10).text
     assert "ts_inference_requests_total" in text
-    for metric in ("InferenceSeconds_count", "PreprocessSeconds_bucket", "BatchRequests_sum"):
+    for metric in ("InferenceSeconds_count", "PreprocessSeconds_bucket", "BatchRequests", "BatchRows", "Batches"):
         assert any(line.startswith(metric) and f'ModelName="{MODEL}"' in line for line in text.splitlines()), metric
 
 
 def test_describe_shows_the_precision_the_worker_chose(ts_server):
-    response = requests.get(f"{ts_server.management_url}/models/{MODEL}?customized=true", timeout=30)
-    assert response.status_code == 200
-    [description] = response.json()
+    client = ts_server.management()
+    [description] = client.describe(MODEL, customized=True)
     assert description["batchSize"] == 16
     assert description["workers"][0]["status"] == "READY"
-    metadata = description["customizedMetadata"]
-    metadata = json.loads(metadata) if isinstance(metadata, str) else metadata
+    metadata = client.handler_choices(MODEL)
     assert metadata["precision"] == "fp32" and metadata["device"] == "cpu"

@@ -82,15 +82,18 @@ def test_concurrent_streamed_and_plain_requests_each_get_their_own_text(predict,
     assert texts == expected + expected
 
 
-@pytest.mark.parametrize("body, message", [
-    ({"prompt": ""}, "'prompt' is empty"),
-    ({"prompt": "x", "max_new_tokens": -1}, "'max_new_tokens' is -1"),
-    ({"prompt": "x", "max_new_tokens": 100000}, "between 1 and"),
-    ({"prompt": "x", "temperature": -1}, "'temperature' is -1"),
-    ({"prompt": "x", "top_k": "5"}, "'top_k' must be an integer"),
-    ({"prompt": "x", "stream": True, "nucleus": 0.9}, "unknown field(s) ['nucleus']"),
-    (b'{"prompt": ', "not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ({"prompt": ""}, "'prompt' is empty"),
+        ({"prompt": "x", "max_new_tokens": -1}, "'max_new_tokens' is -1"),
+        ({"prompt": "x", "max_new_tokens": 100000}, "between 1 and"),
+        ({"prompt": "x", "temperature": -1}, "'temperature' is -1"),
+        ({"prompt": "x", "top_k": "5"}, "'top_k' must be an integer"),
+        ({"prompt": "x", "stream": True, "nucleus": 0.9}, "unknown field(s) ['nucleus']"),
+        (b'{"prompt": ', "not valid JSON"),
+    ],
+)
 def test_bad_request_gets_400_json_and_the_next_good_one_succeeds(predict, body, message):
     if isinstance(body, bytes):
         response = predict(MODEL, data=body, headers={"Content-Type": "application/json"})

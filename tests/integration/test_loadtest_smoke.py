@@ -10,11 +10,20 @@ import sys
 
 import pytest
 
-from loadtests import run
-from scripts.server import loaded_model_names
+from loadtests import preflight, run
+from scripts.ops.server import loaded_model_names
 
-REPORT_FILES = ("summary.json", "summary.md", "timeline.png", "report.html", "final_stats.json", "locust.log",
-                "locust_stats.csv", "locust_stats_history.csv", "locust_failures.csv")
+REPORT_FILES = (
+    "summary.json",
+    "summary.md",
+    "timeline.png",
+    "report.html",
+    "final_stats.json",
+    "locust.log",
+    "locust_stats.csv",
+    "locust_stats_history.csv",
+    "locust_failures.csv",
+)
 
 
 def served(server, model):
@@ -35,10 +44,11 @@ def assert_sane_report(summary, folder):
 @pytest.mark.parametrize("model", ["classifier", "minilm"])
 def test_smoke_profile_runs_clean_and_writes_the_report(ts_server, model, tmp_path):
     served(ts_server, model)
-    run.preflight(ts_server.inference_url, model)  # answers at all (and warm) before the clock starts
+    preflight.wait_for_model(ts_server.inference_url, model)  # answers at all (and warm) before the clock starts
     settings = run.settings_for(model, "smoke", users=2, duration=6)
-    summary = run.run(settings, ts_server.inference_url, ts_server.metrics_url, tmp_path / "report",
-                      log=lambda *_: None)
+    summary = run.run(
+        settings, ts_server.inference_url, ts_server.metrics_url, tmp_path / "report", log=lambda *_: None
+    )
 
     assert_sane_report(summary, tmp_path / "report")
     server = summary["server"]
@@ -53,10 +63,31 @@ def test_open_loop_cli_reports_target_and_achieved_rate(ts_server, tmp_path):
     served(ts_server, "classifier")
     folder = tmp_path / "open"
     result = subprocess.run(
-        [sys.executable, "-m", "loadtests.run", "--model", "classifier", "--profile", "open", "--rate", "20",
-         "--duration", "4", "--host", ts_server.inference_url, "--metrics-url", ts_server.metrics_url,
-         "--out", str(folder), "--json"],
-        cwd=run.REPO, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "loadtests.run",
+            "--model",
+            "classifier",
+            "--profile",
+            "open",
+            "--rate",
+            "20",
+            "--duration",
+            "4",
+            "--host",
+            ts_server.inference_url,
+            "--metrics-url",
+            ts_server.metrics_url,
+            "--out",
+            str(folder),
+            "--json",
+        ],
+        cwd=run.REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     summary = json.loads(result.stdout)
 

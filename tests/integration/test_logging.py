@@ -9,16 +9,20 @@ import time
 
 import requests
 
+from scripts.ops.server import REPO, START_LOG, log_config_path, read_properties
 from scripts.reliability.logs import logs_check
 from scripts.reliability.references import reference_for
-from scripts.server import REPO, START_LOG, log_config_path, read_properties
 
 LOG4J = REPO / "config" / "log4j2.xml"
 
 
 def post(server, body, content_type="application/json"):
-    return requests.post(f"{server.inference_url}/predictions/classifier", data=body,
-                         headers={"Content-Type": content_type, **server.headers("inference")}, timeout=60)
+    return requests.post(
+        f"{server.inference_url}/predictions/classifier",
+        data=body,
+        headers={"Content-Type": content_type, **server.headers("inference")},
+        timeout=60,
+    )
 
 
 def test_project_log_config_is_in_force(start_ts_server, model_store):
@@ -48,8 +52,9 @@ def test_logs_roll_and_stay_under_their_cap(start_ts_server, tmp_path):
     assert changes == more == 1, "config/log4j2.xml no longer sets the sizes in one place"
     tiny = tmp_path / "log4j2-tiny.xml"
     tiny.write_text(text)
-    server = start_ts_server(models=["classifier"], name="logging-roll",
-                             overrides={"vmargs": f"-Dlog4j.configurationFile={tiny}"})
+    server = start_ts_server(
+        models=["classifier"], name="logging-roll", overrides={"vmargs": f"-Dlog4j.configurationFile={tiny}"}
+    )
     body = json.dumps({"inputs": [0.25] * 128})
     sent = 300  # ~90 bytes of access log each: ~27 KB, far past 3 x 4 KB
     for _ in range(sent):

@@ -49,8 +49,8 @@ PARITY_SENTENCES = [
     "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)",
     "for (int i = 0; i < n; ++i) { sum += a[i] * b[i]; }",
     "SELECT id, COUNT(*) FROM orders GROUP BY id HAVING COUNT(*) > 3;",
-    "<div class=\"header\"><a href=\"/home\">Home</a></div>",
-    "{\"key\": \"value\", \"list\": [1, 2, 3]}",
+    '<div class="header"><a href="/home">Home</a></div>',
+    '{"key": "value", "list": [1, 2, 3]}',
     "git commit -m 'fix: handle empty batches' && git push origin main",
     "https://example.org/search?q=sentence+embeddings&page=2",
     "john.doe+test@example.com",
@@ -95,7 +95,9 @@ def tokenizer():
 
 
 def cosine(a, b):
-    return torch.nn.functional.cosine_similarity(torch.as_tensor(a).reshape(1, -1), torch.as_tensor(b).reshape(1, -1)).item()
+    return torch.nn.functional.cosine_similarity(
+        torch.as_tensor(a).reshape(1, -1), torch.as_tensor(b).reshape(1, -1)
+    ).item()
 
 
 def embed(predict, text):
@@ -136,13 +138,15 @@ def test_same_text_alone_in_a_mixed_batch_and_from_the_cache(predict, reference)
     assert torch.equal(rows[3], computed_alone)  # from the cache, exactly the row computed alone
     assert torch.equal(cached_alone, rows[1])  # from the cache, exactly the row computed in the batch
     expected = reference([others[0], batch_first, others[1], alone_first, others[2]])
-    for row, want in zip(rows, expected):
+    for row, want in zip(rows, expected, strict=True):
         assert cosine(row, want) >= 0.9999
 
 
 def test_concurrent_distinct_texts_each_get_their_own_embedding(ts_server, reference):
-    texts = [f"request {i} of run {RUN}: " + " ".join(["topic", "alpha", "beta", "gamma", "delta"][i % 5:]) * (1 + i % 9)
-             for i in range(200)]
+    texts = [
+        f"request {i} of run {RUN}: " + " ".join(["topic", "alpha", "beta", "gamma", "delta"][i % 5 :]) * (1 + i % 9)
+        for i in range(200)
+    ]
     url = f"{ts_server.inference_url}/predictions/{MODEL}"
 
     def send(index):
@@ -171,7 +175,10 @@ def test_openai_shape_counts_tokens_and_flags_truncation(predict, tokenizer):
     body = response.json()
     assert body["object"] == "list" and body["model"] == MODEL
     assert [(item["object"], item["index"], len(item["embedding"])) for item in body["data"]] == [
-        ("embedding", 0, 384), ("embedding", 1, 384), ("embedding", 2, 384)]
+        ("embedding", 0, 384),
+        ("embedding", 1, 384),
+        ("embedding", 2, 384),
+    ]
     assert [item["truncated"] for item in body["data"]] == [False, False, True]
     tokens = sum(len(encoding.ids) for encoding in tokenizer.encode_batch(texts))
     assert body["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens}
@@ -183,16 +190,22 @@ LONG = "word " * 400
 INVALID = {
     "empty string": ({"json": {"text": ""}}, "'text' is empty"),
     "non-string item": ({"json": {"input": ["fine", 42]}}, "'input'[1] is int, not a string"),
-    "invalid utf-8": ({"data": b'{"text": "caf\xe9"}', "headers": {"Content-Type": "application/json"}},
-                      "not valid UTF-8"),
+    "invalid utf-8": (
+        {"data": b'{"text": "caf\xe9"}', "headers": {"Content-Type": "application/json"}},
+        "not valid UTF-8",
+    ),
     "invalid utf-8 plain text": ({"data": b"caf\xe9", "headers": {"Content-Type": "text/plain"}}, "not valid UTF-8"),
-    "invalid json": ({"data": b'{"text": "unclosed', "headers": {"Content-Type": "application/json"}},
-                     "not valid JSON"),
+    "invalid json": (
+        {"data": b'{"text": "unclosed', "headers": {"Content-Type": "application/json"}},
+        "not valid JSON",
+    ),
     "base64 encoding": ({"json": {"input": "x", "encoding_format": "base64"}}, "'encoding_format' 'base64'"),
     "other dimensions": ({"json": {"input": "x", "dimensions": 128}}, "'dimensions' 128 is not supported"),
     "unknown field": ({"json": {"text": "x", "pooling": "cls"}}, "unknown field(s) ['pooling']"),
-    "over the limit without truncation": ({"json": {"text": LONG, "truncate": False}},
-                                          "longer than the model's limit of 256 tokens"),
+    "over the limit without truncation": (
+        {"json": {"text": LONG, "truncate": False}},
+        "longer than the model's limit of 256 tokens",
+    ),
 }
 
 
@@ -210,16 +223,26 @@ TOO_LARGE = {
     # issue 11, repro 3: a 6 MB text/plain body used to cost ~10 s of tokenizing and double the worker's RSS; 6 MB is
     # now over the frontend's max_request_size (1 MiB), and the handler refuses anything over its character limit
     # before tokenizing.
-    "1 MB text/plain body": ({"data": b"x" * 1_000_000, "headers": {"Content-Type": "text/plain"}},
-                             "body has 1000000 characters; handler.max_text_chars is 20000"),
-    "text over max_text_chars": ({"json": {"text": "word " * 4001}},
-                                 "'text' has 20005 characters; handler.max_text_chars is 20000"),
-    "texts over max_request_chars": ({"json": {"input": ["a" * 20000, "b" * 20000, "c" * 10001]}},
-                                     "50001 characters together; handler.max_request_chars is 50000"),
-    "tokens over max_request_tokens": ({"json": {"input": [f"text {i} " + "word " * 300 for i in range(5)]}},
-                                       "1280 tokens after truncation; handler.max_request_tokens is 1024"),
-    "too many inputs": ({"json": {"input": ["x"] * 65}}, "65 items; at most 64 are allowed per request "
-                                                         "(handler.max_inputs)"),
+    "1 MB text/plain body": (
+        {"data": b"x" * 1_000_000, "headers": {"Content-Type": "text/plain"}},
+        "body has 1000000 characters; handler.max_text_chars is 20000",
+    ),
+    "text over max_text_chars": (
+        {"json": {"text": "word " * 4001}},
+        "'text' has 20005 characters; handler.max_text_chars is 20000",
+    ),
+    "texts over max_request_chars": (
+        {"json": {"input": ["a" * 20000, "b" * 20000, "c" * 10001]}},
+        "50001 characters together; handler.max_request_chars is 50000",
+    ),
+    "tokens over max_request_tokens": (
+        {"json": {"input": [f"text {i} " + "word " * 300 for i in range(5)]}},
+        "1280 tokens after truncation; handler.max_request_tokens is 1024",
+    ),
+    "too many inputs": (
+        {"json": {"input": ["x"] * 65}},
+        "65 items; at most 64 are allowed per request (handler.max_inputs)",
+    ),
 }
 
 
@@ -269,12 +292,15 @@ def test_a_bad_request_in_a_concurrent_burst_fails_alone(ts_server):
 
 
 def test_describe_shows_the_precision_the_gate_chose(ts_server):
-    response = requests.get(f"{ts_server.management_url}/models/{MODEL}?customized=true", timeout=60)
-    meta = response.json()[0]["customizedMetadata"]
+    meta = ts_server.management(timeout=60).handler_choices(MODEL)
     assert meta["precision"] in {"fp32", "bf16"} and meta["requested_precision"] == "auto"
     assert meta["precision_min_cosine"] >= 0.999 and meta["max_tokens"] == 256 and meta["dimension"] == 384
-    assert meta["limits"] == {"max_inputs": 64, "max_text_chars": 20000, "max_request_chars": 50000,
-                              "max_request_tokens": 1024}
+    assert meta["limits"] == {
+        "max_inputs": 64,
+        "max_text_chars": 20000,
+        "max_request_chars": 50000,
+        "max_request_tokens": 1024,
+    }
 
 
 def test_prometheus_shows_padding_cache_and_stage_histograms_for_minilm(ts_server, predict):
@@ -282,9 +308,18 @@ def test_prometheus_shows_padding_cache_and_stage_histograms_for_minilm(ts_serve
     assert predict(MODEL, json={"input": [text, "short", "long " * 300]}).status_code == 200
     assert predict(MODEL, json={"text": text}).status_code == 200  # a cache hit
     metrics = requests.get(f"{ts_server.metrics_url}/metrics", timeout=30).text
-    for name in ("PaddingRatio_bucket", "PaddingRatio_count", "BatchRows_count", "PreprocessSeconds_bucket",
-                 "InferenceSeconds_bucket", "PostprocessSeconds_bucket", "CacheHits", "CacheMisses",
-                 "ServedPrecision"):
+    for name in (
+        "PaddedTokens",
+        "RealTokens",
+        "BatchRows",
+        "Batches",
+        "PreprocessSeconds_bucket",
+        "InferenceSeconds_bucket",
+        "PostprocessSeconds_bucket",
+        "CacheHits",
+        "CacheMisses",
+        "ServedPrecision",
+    ):
         assert re.search(rf'^{name}{{[^}}]*ModelName="{MODEL}"', metrics, re.M), f"{name} missing for {MODEL}"
     hits = re.search(rf'^CacheHits{{[^}}]*ModelName="{MODEL}"[^}}]*}} ([0-9.e+]+)', metrics, re.M)
     assert float(hits.group(1)) >= 1

@@ -17,7 +17,9 @@ import psutil
 import pytest
 import requests
 
-from scripts.server import read_properties
+from scripts.ops.auth import bearer
+from scripts.ops.management import ManagementClient
+from scripts.ops.server import read_properties
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILE = REPO / "config" / "production.properties"
@@ -34,10 +36,6 @@ def profile():
     return read_properties(PROFILE)
 
 
-def bearer(token):
-    return {"Authorization": f"Bearer {token}"}
-
-
 def assert_token_refused(response):
     # TorchServe 0.12 answers a missing or wrong token with 400 InvalidKeyException (not 401).
     assert response.status_code in (400, 401), response.text
@@ -47,16 +45,22 @@ def assert_token_refused(response):
 def test_profile_turns_token_authorization_on(profile, server):
     assert profile["disable_token_authorization"] == "false"
     keys = json.loads(server.key_file.read_text())
-    assert keys["management"]["key"] and keys["inference"]["key"] and keys["management"]["key"] != keys["inference"]["key"]
+    assert (
+        keys["management"]["key"] and keys["inference"]["key"] and keys["management"]["key"] != keys["inference"]["key"]
+    )
+
+
+def list_models_with(server, token):
+    """GET /models sent with this token (None: without one); the raw answer."""
+    return ManagementClient(server.management_url, token, timeout=10).request("GET", "/models")
 
 
 def test_management_api_needs_the_management_token(server):
     tokens = server.tokens()
-    url = f"{server.management_url}/models"
-    assert_token_refused(requests.get(url, timeout=10))
-    assert_token_refused(requests.get(url, headers=bearer("not-the-token"), timeout=10))
-    assert_token_refused(requests.get(url, headers=bearer(tokens["inference"]), timeout=10))
-    allowed = requests.get(url, headers=bearer(tokens["management"]), timeout=10)
+    assert_token_refused(list_models_with(server, None))
+    assert_token_refused(list_models_with(server, "not-the-token"))
+    assert_token_refused(list_models_with(server, tokens["inference"]))
+    allowed = list_models_with(server, tokens["management"])
     assert allowed.status_code == 200
     assert [m["modelName"] for m in allowed.json()["models"]] == ["classifier"]
 
@@ -85,7 +89,7 @@ class CountingHandler(http.server.SimpleHTTPRequestHandler):
 
 
 def test_registration_only_from_the_model_store(server, tmp_path, model_store):
-    headers = server.headers("management")
+    client = server.management(timeout=300)
     store = model_store
     # An archive outside the store, offered as file:// and over HTTP: both refused, nothing fetched or copied.
     outside = tmp_path / "classifier-outside.mar"
@@ -95,8 +99,9 @@ def test_registration_only_from_the_model_store(server, tmp_path, model_store):
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     try:
         for url in (outside.as_uri(), f"http://127.0.0.1:{httpd.server_address[1]}/{outside.name}"):
-            response = requests.post(f"{server.management_url}/models", headers=headers, timeout=60,
-                                     params={"url": url, "model_name": "outside", "synchronous": "true"})
+            response = client.request(
+                "POST", "/models", timeout=60, params={"url": url, "model_name": "outside", "synchronous": "true"}
+            )
             assert response.status_code == 404, response.text
             assert "does not match any allowed URL" in response.json()["message"]
     finally:
@@ -105,26 +110,26 @@ def test_registration_only_from_the_model_store(server, tmp_path, model_store):
     assert handler.requests_seen == 0
     assert not (store / outside.name).exists()
     # An archive in the store, named as the store's files are: allowed.
-    registered = requests.post(f"{server.management_url}/models", headers=headers, timeout=300,
-                               params={"url": "classifier.mar", "model_name": "classifier_copy",
-                                       "initial_workers": 1, "synchronous": "true"})
-    assert registered.status_code == 200, registered.text
-    assert requests.delete(f"{server.management_url}/models/classifier_copy/1.0", headers=headers,
-                           timeout=60).status_code == 200
+    registered = client.register("classifier.mar", model_name="classifier_copy", initial_workers=1)
+    assert "classifier_copy" in registered["status"]
+    assert "unregistered" in client.unregister("classifier_copy", "1.0", drain=False)["status"]
 
 
 def test_profile_limits_are_in_effect(server, profile):
-    description = requests.get(f"{server.management_url}/models/classifier", headers=server.headers("management"),
-                               timeout=10).json()[0]
+    description = server.management().description("classifier")
     assert description["jobQueueStatus"]["remainingCapacity"] == int(profile["job_queue_size"])
 
     too_big = b"x" * (int(profile["max_request_size"]) + 1)
-    response = requests.post(f"{server.inference_url}/predictions/classifier", data=too_big, timeout=30,
-                             headers={**server.headers("inference"), "Content-Type": "application/json"})
+    response = requests.post(
+        f"{server.inference_url}/predictions/classifier",
+        data=too_big,
+        timeout=30,
+        headers={**server.headers("inference"), "Content-Type": "application/json"},
+    )
     assert response.status_code == 413
 
     java = psutil.Process(server.pid()).cmdline()
-    # As rendered: the profile's vmargs with the log4j2 configuration's path made absolute (scripts/server.py).
+    # As rendered: the profile's vmargs with the log4j2 configuration's path made absolute (scripts/ops/server.py).
     for option in server.props["vmargs"].split():
         assert option in java
     assert f"-Dlog4j.configurationFile={REPO / 'config' / 'log4j2.xml'}" in java and "-Xmx1g" in java
@@ -134,8 +139,16 @@ def test_profile_limits_are_in_effect(server, profile):
 
 
 def modelctl(server, *args, key_file=None):
-    command = [sys.executable, "-m", "scripts.modelctl", "--management-url", server.management_url,
-               "--key-file", str(key_file or server.key_file), *args]
+    command = [
+        sys.executable,
+        "-m",
+        "scripts.modelctl",
+        "--management-url",
+        server.management_url,
+        "--key-file",
+        str(key_file or server.key_file),
+        *args,
+    ]
     return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
 
 
@@ -163,10 +176,12 @@ def test_modelctl_fails_clearly_without_or_with_a_wrong_token(server, tmp_path):
 
 
 def test_ready_probe_reads_the_key_file(server, tmp_path):
-    probe = [sys.executable, str(REPO / "scripts" / "ready_probe.py"), "--management-url", server.management_url]
-    ready = subprocess.run([*probe, "--key-file", str(server.key_file)], capture_output=True, text=True, timeout=60)
+    probe = [sys.executable, "-m", "scripts.ready_probe", "--management-url", server.management_url]
+    ready = subprocess.run(
+        [*probe, "--key-file", str(server.key_file)], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
     assert (ready.returncode, ready.stdout.strip()) == (0, "ready")
-    refused = subprocess.run([*probe, "--key-file", str(tmp_path / "none.json")], capture_output=True, text=True,
-                             timeout=60)
+    refused = subprocess.run(
+        [*probe, "--key-file", str(tmp_path / "none.json")], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
     assert refused.returncode == 1 and "answered 400" in refused.stdout
-

@@ -14,8 +14,16 @@ def test_reliability_quick(tmp_path, model_store):
     failed = [f"{c['check']}: {c['figure']}" for c in report["checks"] if not c["passed"]]
     assert exit_code == 0 and not failed, "\n".join(failed)
     names = " ".join(c["check"] for c in report["checks"])
-    for expected in ("distinct requests", "bad-input corpus", "SIGKILL", "hangs past responseTimeout",
-                     "never unpickles", "memory soak", "log volume", "cost of maximum-size requests"):
+    for expected in (
+        "distinct requests",
+        "bad-input corpus",
+        "SIGKILL",
+        "hangs past responseTimeout",
+        "never unpickles",
+        "memory soak",
+        "log volume",
+        "cost of maximum-size requests",
+    ):
         assert expected in names, f"the quick run skipped: {expected}"
     soak = next(c for c in report["checks"] if "memory soak" in c["check"])
     assert len(soak["details"]["samples"]) >= 3 and all(s["worker_rss_mb"][0] > 0 for s in soak["details"]["samples"])

@@ -43,8 +43,16 @@ def rows(count, seed=7):
 
 
 def modelctl(server, *args, timeout=600):
-    command = [sys.executable, "-m", "scripts.modelctl", "--management-url", server.management_url,
-               "--key-file", str(server.key_file), *args]
+    command = [
+        sys.executable,
+        "-m",
+        "scripts.modelctl",
+        "--management-url",
+        server.management_url,
+        "--key-file",
+        str(server.key_file),
+        *args,
+    ]
     return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 
@@ -57,12 +65,11 @@ def distance(answer, other):
     """Largest difference between two answers' class probabilities (inf if either is not an answer)."""
     if not (isinstance(answer, dict) and isinstance(other, dict)):
         return float("inf")
-    return max(abs(a - b) for a, b in zip(answer["probabilities"], other["probabilities"]))
+    return max(abs(a - b) for a, b in zip(answer["probabilities"], other["probabilities"], strict=True))
 
 
 def registered_versions(server):
-    response = requests.get(f"{server.management_url}/models/classifier/all", timeout=10)
-    return sorted(v["modelVersion"] for v in response.json())
+    return sorted(v["modelVersion"] for v in server.management(timeout=10).versions("classifier"))
 
 
 class Traffic:
@@ -123,13 +130,19 @@ def test_rollout_under_traffic_has_no_failed_requests(server, versions_built):
 
     after = [predict(session, server, {"inputs": row}, "2.0").json() for row in inputs]
     default_route = [predict(session, server, {"inputs": row}).json() for row in inputs]
-    assert all(distance(default, new) < SAME for default, new in zip(default_route, after))
-    assert all(distance(old, new) > DIFFERENT for old, new in zip(before, after)), "2.0 answers as 1.0 did"
-    served_by = [min(("1.0", distance(answer, before[index])), ("2.0", distance(answer, after[index])),
-                     key=lambda pair: pair[1]) for _, index, _, answer in traffic.outcomes]
+    assert all(distance(default, new) < SAME for default, new in zip(default_route, after, strict=True))
+    assert all(distance(old, new) > DIFFERENT for old, new in zip(before, after, strict=True)), "2.0 answers as 1.0 did"
+    served_by = [
+        min(("1.0", distance(answer, before[index])), ("2.0", distance(answer, after[index])), key=lambda pair: pair[1])
+        for _, index, _, answer in traffic.outcomes
+    ]
     assert all(gap < SAME for _, gap in served_by), "an answer that is neither 1.0's nor 2.0's"
     assert {version for version, _ in served_by} == {"1.0", "2.0"}, "traffic did not see the switch"
-    assert all(version == "2.0" for (when, *_), (version, _) in zip(traffic.outcomes, served_by) if when > finished)
+    assert all(
+        version == "2.0"
+        for (when, *_), (version, _) in zip(traffic.outcomes, served_by, strict=True)
+        if when > finished
+    )
     assert registered_versions(server) == ["2.0"]
     assert predict(session, server, {"inputs": inputs[0]}, "1.0").status_code == 404
 
@@ -150,7 +163,7 @@ def broken_archive(source, target, version):
 
 def test_failed_rollout_leaves_the_old_version_serving(server, model_store, versions_built):
     before = registered_versions(server)
-    default = requests.get(f"{server.management_url}/models/classifier", timeout=10).json()[0]["modelVersion"]
+    default = server.management(timeout=10).default_version("classifier")
     archive = model_store / "classifier-broken-for-test.mar"
     broken_archive(model_store / versions_built, archive, "9.9")
     try:
@@ -158,7 +171,9 @@ def test_failed_rollout_leaves_the_old_version_serving(server, model_store, vers
     finally:
         archive.unlink()
     assert result.returncode == 1
-    assert "rollout of classifier 9.9 failed" in result.stderr and f"classifier {default} keeps serving" in result.stderr
+    assert (
+        "rollout of classifier 9.9 failed" in result.stderr and f"classifier {default} keeps serving" in result.stderr
+    )
     assert len(result.stderr.strip().splitlines()) == 1
     assert registered_versions(server) == before
     answer = predict(requests.Session(), server, {"inputs": rows(1)[0]})

@@ -8,13 +8,15 @@
 
 import json
 import math
+from dataclasses import dataclass
 
 import pytest
 import torch
 
-from handlers.base import ServingHandler, to_json
-from handlers.errors import RequestError
-from tests.unit.fake_context import make_context, set_requests, statuses
+from handlers.core.base import Loaded, ServingHandler
+from handlers.core.errors import RequestError
+from handlers.core.http import to_json
+from scripts.ops.handler_loader import make_context, set_requests, statuses
 
 JSON = {"Content-Type": "application/json"}
 
@@ -24,6 +26,15 @@ def strict_loads(text):
         raise ValueError(f"non-standard JSON token {token}")
 
     return json.loads(text, parse_constant=refuse)
+
+
+@dataclass
+class ToyBatch:
+    values: list
+
+    @property
+    def rows(self):
+        return len(self.values)
 
 
 class ToyHandler(ServingHandler):
@@ -36,9 +47,9 @@ class ToyHandler(ServingHandler):
         self.failure = RuntimeError("simulated kernel failure")
 
     def load_model(self, model_dir):
-        return torch.nn.Identity()
+        return Loaded(torch.nn.Identity())
 
-    def reference_batch(self):
+    def reference_batch(self, loaded):
         return torch.ones(1)
 
     def forward(self, model, batch):
@@ -52,13 +63,13 @@ class ToyHandler(ServingHandler):
         return body["x"]
 
     def preprocess(self, payloads):
-        return list(payloads)
+        return ToyBatch(list(payloads))
 
-    def inference(self, batch):
-        self.batches.append(list(batch))
-        if "boom" in batch:
+    def inference(self, batch, scope):
+        self.batches.append(batch.values)
+        if "boom" in batch.values:
             raise self.failure
-        return batch
+        return batch.values
 
     def postprocess(self, outputs, payloads):
         results = [{"y": 2 * x} for x in outputs]
@@ -131,3 +142,14 @@ def test_a_bug_in_request_validation_fails_that_request_only(toy):
     answers = run(handler, context, [{"x": 1}, {"x": "parser bug"}, {}])
     assert statuses(context, 3) == [200, 500, 400]
     assert answers[0] == {"y": 2} and answers[1]["code"] == 500 and answers[2]["message"] == "missing field 'x'"
+
+
+def test_config_refusals_say_what_the_key_is_for_and_the_docs_table_lists_every_key():
+    from handlers.core.config import COMMON_OPTIONS, ConfigError, options_table, validate
+
+    with pytest.raises(ConfigError, match=r"handler.threads: expected int, got 'two' \(threads: torch intra-op"):
+        validate({"threads": "two"}, COMMON_OPTIONS)
+    table = options_table(COMMON_OPTIONS)
+    for key, option in COMMON_OPTIONS.items():
+        assert f"| `{key}` |" in table and option.help in table
+    assert "auto | fp32 | bf16 | fp16 | int8" in table and "float (>= 0, <= 1)" in table

@@ -6,7 +6,7 @@ import zipfile
 import pytest
 import yaml
 
-from loadtests import capacity, compare, run, tune
+from loadtests import capacity, compare, compare_report, run, tune, tune_report, variants
 
 
 def fake_server(capacity_rate, base_ms=10.0, failures_above=None):
@@ -18,8 +18,15 @@ def fake_server(capacity_rate, base_ms=10.0, failures_above=None):
         overloaded = rate > capacity_rate
         p99 = base_ms * (1 + rate / capacity_rate) if not overloaded else 1000.0
         failures = 5 if failures_above is not None and rate > failures_above else 0
-        return capacity.Step(rate=rate, p50_ms=base_ms, p99_ms=p99, failures=failures, requests=int(rate * 10),
-                             achieved_rate=rate, throughput=min(rate, capacity_rate))
+        return capacity.Step(
+            rate=rate,
+            p50_ms=base_ms,
+            p99_ms=p99,
+            failures=failures,
+            requests=int(rate * 10),
+            achieved_rate=rate,
+            throughput=min(rate, capacity_rate),
+        )
 
     return measure, asked
 
@@ -67,14 +74,16 @@ def test_failures_and_a_lagging_generator_fail_a_step_even_within_the_slo():
     measure, _ = fake_server(capacity_rate=1000.0, failures_above=20)
     found = capacity.search(measure, slo_ms=50, start_rate=10, max_rate=1000, tolerance=0.1, log=quiet)
     assert 18 <= found["capacity_rate"] <= 20
-    step = capacity.judge(capacity.Step(rate=100, p50_ms=5, p99_ms=9, failures=0, requests=900, late_share=0.2),
-                          slo_ms=50)
+    step = capacity.judge(
+        capacity.Step(rate=100, p50_ms=5, p99_ms=9, failures=0, requests=900, late_share=0.2), slo_ms=50
+    )
     assert not step.passed and "generator" in step.reason
     step = capacity.judge(capacity.Step(rate=100, p50_ms=5, p99_ms=9, failures=0, requests=900, not_started=1), 50)
     assert not step.passed and "generator" in step.reason
     # A Poisson schedule that happened to offer 8 % less than its target is not a generator failure.
-    assert capacity.judge(capacity.Step(rate=100, p50_ms=5, p99_ms=9, failures=0, requests=900, achieved_rate=92,
-                                        late_share=0.01), 50).passed
+    assert capacity.judge(
+        capacity.Step(rate=100, p50_ms=5, p99_ms=9, failures=0, requests=900, achieved_rate=92, late_share=0.01), 50
+    ).passed
     step = capacity.judge(capacity.Step(rate=10, p50_ms=5, p99_ms=9, failures=0, requests=90, unfinished=2), 50)
     assert not step.passed and "open at the end" in step.reason
     assert not capacity.judge(capacity.Step(rate=10, p50_ms=None, p99_ms=None, failures=0), 50).passed
@@ -90,12 +99,24 @@ def test_bad_search_arguments_are_refused():
 
 
 def test_capacity_report_files_are_written(tmp_path):
-    steps = [capacity.judge(capacity.Step(rate=r, p50_ms=5, p99_ms=p, failures=0, requests=100, achieved_rate=r,
-                                          throughput=r), 50) for r, p in ((10, 20), (20, 80))]
+    steps = [
+        capacity.judge(
+            capacity.Step(rate=r, p50_ms=5, p99_ms=p, failures=0, requests=100, achieved_rate=r, throughput=r), 50
+        )
+        for r, p in ((10, 20), (20, 80))
+    ]
     assert capacity.plot_curve(steps, 50, tmp_path / "c.png", "t", capacity_rate=10)
-    result = {"model": "minilm", "slo_ms": 50, "capacity_rate": 10, "stopped_because": "x", "host": "h",
-              "step_seconds": 5, "arrivals": "poisson", "started_at": "now",
-              "steps": [capacity.asdict(step) for step in steps]}
+    result = {
+        "model": "minilm",
+        "slo_ms": 50,
+        "capacity_rate": 10,
+        "stopped_because": "x",
+        "host": "h",
+        "step_seconds": 5,
+        "arrivals": "poisson",
+        "started_at": "now",
+        "steps": [capacity.asdict(step) for step in steps],
+    }
     text = capacity.render_markdown(result)
     assert "**10 requests/s**" in text and "FAIL: p99 80 ms > SLO 50 ms" in text
 
@@ -103,51 +124,95 @@ def test_capacity_report_files_are_written(tmp_path):
 def test_variant_archive_changes_only_the_config(tmp_path):
     source = tmp_path / "m.mar"
     with zipfile.ZipFile(source, "w") as mar:
-        mar.writestr("MAR-INF/MANIFEST.json", json.dumps({"model": {"modelName": "m", "handler": "h.py",
-                                                                    "configFile": "model-config.yaml"}}))
-        mar.writestr("model-config.yaml", "minWorkers: 1\nmaxWorkers: 1\nbatchSize: 16\nhandler:\n  threads: 0\n"
-                                          "  precision: auto\n")
+        mar.writestr(
+            "MAR-INF/MANIFEST.json",
+            json.dumps({"model": {"modelName": "m", "handler": "h.py", "configFile": "model-config.yaml"}}),
+        )
+        mar.writestr(
+            "model-config.yaml",
+            "minWorkers: 1\nmaxWorkers: 1\nbatchSize: 16\nhandler:\n  threads: 0\n  precision: auto\n",
+        )
         mar.writestr("weights.bin", b"\x00\x01")
-    config = tune.variant_archive(source, tmp_path / "out" / "v.mar", {"minWorkers": 2, "maxWorkers": 2},
-                                  {"threads": 1})
+    config = variants.variant_archive(
+        source, tmp_path / "out" / "v.mar", {"minWorkers": 2, "maxWorkers": 2}, {"threads": 1}
+    )
     with zipfile.ZipFile(tmp_path / "out" / "v.mar") as variant:
         written = yaml.safe_load(variant.read("model-config.yaml"))
         assert variant.read("weights.bin") == b"\x00\x01"
         assert sorted(variant.namelist()) == ["MAR-INF/MANIFEST.json", "model-config.yaml", "weights.bin"]
-    assert written == config == {"minWorkers": 2, "maxWorkers": 2, "batchSize": 16,
-                                 "handler": {"threads": 1, "precision": "auto"}}
+    assert (
+        written
+        == config
+        == {"minWorkers": 2, "maxWorkers": 2, "batchSize": 16, "handler": {"threads": 1, "precision": "auto"}}
+    )
 
 
 def test_threads_never_oversubscribe_the_cores():
-    assert tune.threads_for(1, available=2) == 2
-    assert tune.threads_for(2, available=2) == 1
-    assert tune.threads_for(4, available=2) == 1
-    assert tune.threads_for(2, available=8) == 4
+    assert variants.threads_for(1, available=2) == 2
+    assert variants.threads_for(2, available=2) == 1
+    assert variants.threads_for(4, available=2) == 1
+    assert variants.threads_for(2, available=8) == 4
 
 
 def test_tuner_recommends_highest_capacity_and_lowest_low_load_latency(tmp_path):
     points = [
-        {"workers": 1, "threads": 2, "batch_size": 1, "max_batch_delay": 2, "capacity_rate": 40,
-         "p99_at_capacity_ms": 90, "low_load_p50_ms": 8, "low_load_p99_ms": 12},
-        {"workers": 1, "threads": 2, "batch_size": 16, "max_batch_delay": 10, "capacity_rate": 120,
-         "p99_at_capacity_ms": 95, "low_load_p50_ms": 15, "low_load_p99_ms": 25},
-        {"workers": 2, "threads": 1, "batch_size": 16, "max_batch_delay": 5, "capacity_rate": None,
-         "error": "registration failed", "low_load_p99_ms": None},
+        {
+            "workers": 1,
+            "threads": 2,
+            "batch_size": 1,
+            "max_batch_delay": 2,
+            "capacity_rate": 40,
+            "p99_at_capacity_ms": 90,
+            "low_load_p50_ms": 8,
+            "low_load_p99_ms": 12,
+        },
+        {
+            "workers": 1,
+            "threads": 2,
+            "batch_size": 16,
+            "max_batch_delay": 10,
+            "capacity_rate": 120,
+            "p99_at_capacity_ms": 95,
+            "low_load_p50_ms": 15,
+            "low_load_p99_ms": 25,
+        },
+        {
+            "workers": 2,
+            "threads": 1,
+            "batch_size": 16,
+            "max_batch_delay": 5,
+            "capacity_rate": None,
+            "error": "registration failed",
+            "low_load_p99_ms": None,
+        },
     ]
     best = tune.recommend(points)
     assert best["throughput"]["capacity_rate"] == 120 and best["latency"]["batch_size"] == 1
-    result = {"model": "minilm", "slo_ms": 100, "cores": 2, "step_seconds": 10, "started_at": "now",
-              "start_rate": 8, "points": points, "recommendation": best}
-    text = tune.render_markdown(result)
+    result = {
+        "model": "minilm",
+        "slo_ms": 100,
+        "cores": 2,
+        "step_seconds": 10,
+        "started_at": "now",
+        "start_rate": 8,
+        "points": points,
+        "recommendation": best,
+    }
+    text = tune_report.render_markdown(result)
     assert "batchSize: 16" in text and "maxBatchDelay: 10" in text and "registration failed" in text
-    assert tune.plot_heatmap(points, tmp_path / "h.png", "t") and (tmp_path / "h.png").stat().st_size > 0
+    assert tune_report.plot_heatmap(points, tmp_path / "h.png", "t") and (tmp_path / "h.png").stat().st_size > 0
     assert tune.parse_list("1, 8,16") == [1, 8, 16]
 
 
 def test_comparison_ratios_and_targets_are_reported_not_asserted():
-    results = {"ours": {"capacity_rate": 100.0}, "naive": {"capacity_rate": 10.0},
-               "ray-fp32": {"capacity_rate": 60.0}, "ray-same": {"same_as": "ray-fp32"},
-               "inprocess": {"capacity_rate": 150.0}, "flask": {"error": "did not start"}}
+    results = {
+        "ours": {"capacity_rate": 100.0},
+        "naive": {"capacity_rate": 10.0},
+        "ray-fp32": {"capacity_rate": 60.0},
+        "ray-same": {"same_as": "ray-fp32"},
+        "inprocess": {"capacity_rate": 150.0},
+        "flask": {"error": "did not start"},
+    }
     compare.add_ratios(results)
     assert results["naive"]["ratio_to_ours"] == 0.1
     assert results["ours"]["ratio_to_ceiling"] == pytest.approx(0.667, abs=1e-3)
@@ -158,19 +223,30 @@ def test_comparison_ratios_and_targets_are_reported_not_asserted():
     assert verdicts["ours / inprocess"]["met"] is False
     missing = compare.evaluate_targets("minilm", {"ours": {"capacity_rate": 5.0}})
     assert all(v["met"] is None for v in missing)
-    classifier = compare.evaluate_targets("classifier", {"ours": {"low_p50_ms": 7, "max_batch_delay_ms": 5},
-                                                         "inprocess": {"raw_forward_ms": 0.1}})
+    classifier = compare.evaluate_targets(
+        "classifier", {"ours": {"low_p50_ms": 7, "max_batch_delay_ms": 5}, "inprocess": {"raw_forward_ms": 0.1}}
+    )
     assert classifier[0]["met"] is True and classifier[0]["bound"] == pytest.approx(8.1)
-    text = compare.render_markdown({"model": "minilm", "slo_ms": 100, "cores": 2, "started_at": "now",
-                                    "search": {"step_seconds": 20}, "moderate_rate": 10, "systems": results,
-                                    "targets": compare.evaluate_targets("minilm", results)})
+    text = compare_report.render_markdown(
+        {
+            "model": "minilm",
+            "slo_ms": 100,
+            "cores": 2,
+            "started_at": "now",
+            "search": {"step_seconds": 20},
+            "moderate_rate": 10,
+            "systems": results,
+            "targets": compare.evaluate_targets("minilm", results),
+        }
+    )
     assert "MISSED" in text and "did not start" in text and "= ray-fp32" in text
 
 
 def test_profiles_build_the_locust_command_lines(tmp_path):
     steady = run.settings_for("minilm", "steady", users=3, duration=7)
-    master, workers = run.locust_commands(steady, "http://127.0.0.1:1", tmp_path / "locust", tmp_path / "r.html", "",
-                                          tmp_path / "final.json")
+    master, workers = run.locust_commands(
+        steady, "http://127.0.0.1:1", tmp_path / "locust", tmp_path / "r.html", "", tmp_path / "final.json"
+    )
     assert master[-1] == "MinilmUser" and workers == []
     assert master[master.index("-u") + 1] == "3" and master[master.index("-t") + 1] == "7s"
     assert "--csv-full-history" in master and master[master.index("--html") + 1] == str(tmp_path / "r.html")
@@ -183,8 +259,9 @@ def test_profiles_build_the_locust_command_lines(tmp_path):
     assert workers[0][workers[0].index("--master-port") + 1] == master[master.index("--master-bind-port") + 1]
 
     open_loop = run.settings_for("minilm", "open", rate=30, workers=3)
-    master, workers = run.locust_commands(open_loop, "http://h", tmp_path / "l", tmp_path / "r.html",
-                                          tmp_path / "o.json", tmp_path / "f")
+    master, workers = run.locust_commands(
+        open_loop, "http://h", tmp_path / "l", tmp_path / "r.html", tmp_path / "o.json", tmp_path / "f"
+    )
     assert master[-1] == "OpenLoopUser" and master[master.index("-u") + 1] == "3"  # one open-loop user per worker
     assert master[master.index("--rate") + 1] == "30" and master[master.index("--open-loop-users") + 1] == "3"
     with pytest.raises(ValueError, match="profile"):
@@ -194,8 +271,8 @@ def test_profiles_build_the_locust_command_lines(tmp_path):
 
 
 def test_a_step_lasts_long_enough_for_its_minimum_number_of_requests():
-    assert capacity.step_duration(4.0, 12.0, min_requests=300) == 75.0   # p99 of 48 requests is just the slowest
+    assert capacity.step_duration(4.0, 12.0, min_requests=300) == 75.0  # p99 of 48 requests is just the slowest
     assert capacity.step_duration(50.0, 12.0, min_requests=300) == 12.0  # the floor wins at high rates
     assert capacity.step_duration(4.0, 12.0, min_requests=0) == 12.0
     assert capacity.step_duration(1.0, 12.0, min_requests=300, max_step_seconds=120) == 120  # capped at low rates
-    assert capacity.step_duration(4.0, 12.0, min_requests=300, max_step_seconds=5) == 12.0   # never below the floor
+    assert capacity.step_duration(4.0, 12.0, min_requests=300, max_step_seconds=5) == 12.0  # never below the floor

@@ -6,18 +6,12 @@ import math
 import pytest
 import torch
 
-from handlers.classifier import ClassifierHandler
-from handlers.config import ConfigError
-from tests.unit.fake_context import make_context, set_requests, statuses
+from handlers.core.config import ConfigError
+from scripts.ops.handler_loader import load_handler, set_requests, statuses
 
 
 def load(model_dir, **handler_overrides):
-    handler = ClassifierHandler()
-    context = make_context(model_dir, "classifier")
-    context.model_yaml_config = {**context.model_yaml_config,
-                                 "handler": {**context.model_yaml_config["handler"], **handler_overrides}}
-    handler.initialize(context)
-    return handler, context
+    return load_handler(model_dir, "classifier", handler_overrides)
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +50,7 @@ def test_requests_with_different_row_counts_get_their_own_rows(classifier):
     answers = run(handler, context, bodies)
     assert statuses(context, 4) == [200] * 4
     assert isinstance(answers[1], dict)
-    for body, answer in zip(bodies, answers):
+    for body, answer in zip(bodies, answers, strict=True):
         rows = body["inputs"] if isinstance(body["inputs"][0], list) else [body["inputs"]]
         got = answer if isinstance(answer, list) else [answer]
         assert len(got) == len(rows)
@@ -76,7 +70,7 @@ BAD_BODIES = {
     "bool value": ({"inputs": [True] + [0.0] * 127}, "is bool, not a number"),
     "nan": ({"inputs": [float("nan")] + [0.0] * 127}, "finite"),
     "inf": ({"inputs": [float("inf")] + [0.0] * 127}, "finite"),
-    "huge int": ({"inputs": [10 ** 400] + [0.0] * 127}, "finite"),
+    "huge int": ({"inputs": [10**400] + [0.0] * 127}, "finite"),
     "empty list": ({"inputs": []}, "non-empty"),
     "inputs not a list": ({"inputs": "0,1,2"}, "non-empty list"),
 }
@@ -120,14 +114,15 @@ def test_unknown_handler_option_is_refused_with_its_name(unpacked_model):
 
 
 def test_jit_compile_warms_up_every_served_size_so_load_causes_no_recompilation(unpacked_model):
-    from handlers import runtime
+    from handlers.core import runtime
 
     handler, context = load(unpacked_model("classifier"), compile="jit")
     compiled_before = runtime.compile_count()
     generator = torch.Generator().manual_seed(5)
     for rows in (1, 2, 7, 64, 3, 100, 16 * 64):
-        chunks = [{"inputs": torch.randn(min(64, rows - i), 128, generator=generator).tolist()}
-                  for i in range(0, rows, 64)]
+        chunks = [
+            {"inputs": torch.randn(min(64, rows - i), 128, generator=generator).tolist()} for i in range(0, rows, 64)
+        ]
         answers = run(handler, context, chunks)
         assert all(isinstance(a, list) for a in answers)
     assert runtime.compile_count() == compiled_before
@@ -141,8 +136,11 @@ def test_inputs_that_overflow_inside_the_model_get_a_422_and_the_batch_mates_are
     mixed = {"inputs": [good, [-2.9e38, 2.9e38] * 64]}
     set_requests(context, [{"Content-Type": "application/json"}] * 4)
     raw = handler.handle([{"body": body} for body in ({"inputs": good}, overflow, mixed, {"inputs": good})], context)
-    answers = [json.loads(answer, parse_constant=lambda token: pytest.fail(f"{token} in {answer[:80]}"))
-               for answer in raw]
+
+    def strict_loads(answer):
+        return json.loads(answer, parse_constant=lambda token: pytest.fail(f"{token} in {answer[:80]}"))
+
+    answers = [strict_loads(answer) for answer in raw]
     assert statuses(context, 4) == [200, 422, 422, 200]
     assert answers[1]["type"] == "InputOverflow" and "overflow inside the model" in answers[1]["message"]
     assert "rows [1]" in answers[2]["message"]
@@ -153,9 +151,31 @@ def test_every_finite_float32_value_is_accepted_and_larger_ones_are_refused(clas
     """Regression (issue 11, repro 2): 3.3e38 is a float32 (max 3.4028e38) and was refused as not finite."""
     handler, context = classifier
     largest = float(torch.finfo(torch.float32).max)
-    answers = run(handler, context, [{"inputs": [3.3e38] + [0.0] * 127}, {"inputs": [-largest] + [0.0] * 127},
-                                     {"inputs": [1e-45, 5e-324] + [0.0] * 126}, {"inputs": [3.5e38] + [0.0] * 127}])
+    answers = run(
+        handler,
+        context,
+        [
+            {"inputs": [3.3e38] + [0.0] * 127},
+            {"inputs": [-largest] + [0.0] * 127},
+            {"inputs": [1e-45, 5e-324] + [0.0] * 126},
+            {"inputs": [3.5e38] + [0.0] * 127},
+        ],
+    )
     codes = statuses(context, 4)
     assert codes[0] in (200, 422) and codes[1] in (200, 422)  # accepted: answered, or an overflow named as such
     assert codes[2] == 200 and codes[3] == 400
     assert "at most 3.4028235e+38 in magnitude" in answers[3]["message"]
+
+
+def test_every_batch_records_its_size_and_stage_times(classifier):
+    from scripts.ops.handler_loader import record_metrics
+
+    handler, context = classifier
+    metrics = record_metrics(context)
+    try:
+        run(handler, context, [{"inputs": [[0.5] * 128] * 3}, {"inputs": [0.5] * 128}, {"inputs": []}])
+    finally:
+        context.metrics = None
+    assert metrics.values("Batches") == [1] and metrics.values("BatchRequests") == [3]
+    assert metrics.values("BatchRows") == [4]  # the accepted requests' rows; the refused one has none
+    assert metrics.values("RequestErrors") == [1] and len(metrics.values("InferenceSeconds")) == 1

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from handlers.embedding_requests import EmbeddingLimits, parse_embedding_request
+from handlers.embedding.requests import EmbeddingLimits, parse_embedding_request
 from scripts.reliability.cost import archive_config, classifier_requests, judge, minilm_requests
 
 GOOD_TIMES = {"chars": 0.40, "padding": 0.68}
@@ -24,8 +24,12 @@ BAD = {
     "nothing timed": ({}, GOOD_RSS, [], "no maximum-size request was timed"),
     "RSS not read": (GOOD_TIMES, {"steady": {101: 500.0}, "after": {101: None}}, [], "could not be read"),
     "no workers measured": (GOOD_TIMES, {"steady": {}, "after": {}}, [], "not measured on the same workers"),
-    "worker replaced": (GOOD_TIMES, {"steady": {101: 500.0}, "after": {103: 480.0}}, [],
-                        "not measured on the same workers"),
+    "worker replaced": (
+        GOOD_TIMES,
+        {"steady": {101: 500.0}, "after": {103: 480.0}},
+        [],
+        "not measured on the same workers",
+    ),
     "a refused max-size request": (GOOD_TIMES, GOOD_RSS, ["chars request: answered 413"], "answered 413"),
 }
 
@@ -51,18 +55,20 @@ def minilm_limits(model_store):
 def test_minilm_max_requests_are_accepted_and_reach_the_shipped_limits(minilm_limits, unpacked_model):
     """Each kind parses under the shipped limits and hits the token/char limits exactly (checked with the archive's
     own tokenizer), so the check times the real worst case and not something smaller."""
-    from handlers.sentence_encoder import load_tokenizer
+    from handlers.embedding.encoder import load_tokenizer
 
     tokenizer = load_tokenizer(unpacked_model("minilm"), 256)
-    limits = EmbeddingLimits(minilm_limits["max_inputs"], minilm_limits["max_text_chars"],
-                             minilm_limits["max_request_chars"])
+    limits = EmbeddingLimits(
+        minilm_limits["max_inputs"], minilm_limits["max_text_chars"], minilm_limits["max_request_chars"]
+    )
     kinds = {kind.name: kind for kind in minilm_requests(minilm_limits, 1 << 20)}
     assert set(kinds) == {"chars", "padding", "rows", "plain", "body"}
     tokens = {}
     for name, kind in kinds.items():
         body = kind.make(3)
-        parsed = parse_embedding_request(json.loads(body) if kind.content_type == "application/json" else body,
-                                         kind.content_type, 384, limits)
+        parsed = parse_embedding_request(
+            json.loads(body) if kind.content_type == "application/json" else body, kind.content_type, 384, limits
+        )
         counts = [len(e.ids) for e in tokenizer.encode_batch(parsed.texts)]
         tokens[name] = (sum(counts), len(counts), sum(len(t) for t in parsed.texts))
         assert kind.make(3) == body and kind.make(4) != body  # reproducible, and distinct per repetition

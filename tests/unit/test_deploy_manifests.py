@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from scripts import deploy_manifests, package
-from scripts.server import loaded_model_names, read_properties
+from scripts.ops.server import loaded_model_names, read_properties
 
 REPO = Path(__file__).resolve().parents[2]
 SETTINGS = yaml.safe_load((REPO / "deploy" / "deploy.yaml").read_text())
@@ -57,7 +57,7 @@ def test_deployment_has_probes_resources_ports_and_scrape_annotations(generated)
     # (TorchServe's /ping says Healthy before the workers are up); liveness is the frontend's /ping.
     for probe in ("readinessProbe", "startupProbe"):
         command = container[probe]["exec"]["command"]
-        assert command[1] == f"{SETTINGS['home']}/ready_probe.py"
+        assert command[1:3] == ["-m", "scripts.ready_probe"]
         assert command[command.index("--management-url") + 1] == f"http://127.0.0.1:{SETTINGS['ports']['management']}"
     assert container["livenessProbe"]["httpGet"] == {"path": "/ping", "port": "inference"}
     startup_budget = container["startupProbe"]["periodSeconds"] * container["startupProbe"]["failureThreshold"]
@@ -106,7 +106,9 @@ def test_kserve_layout_is_produced(generated):
     layout = out / "kserve"
     props = read_properties(layout / "config" / "config.properties")
     assert props["model_store"] == "/mnt/models/model-store"
-    assert props["metrics_config"] == "/mnt/models/config/metrics.yaml" and (layout / "config" / "metrics.yaml").is_file()
+    assert (
+        props["metrics_config"] == "/mnt/models/config/metrics.yaml" and (layout / "config" / "metrics.yaml").is_file()
+    )
     archives = sorted(p.name for p in (layout / "model-store").glob("*.mar"))
     assert archives == result["archives"] == sorted(f"{m}.mar" for m in deployed_models())
     for archive in archives:
@@ -133,13 +135,22 @@ def test_dockerfile_builds_what_the_deployment_runs():
     dockerfile = (REPO / "deploy" / "Dockerfile").read_text()
     assert re.search(r"^FROM python:", dockerfile, re.M)
     assert "-r requirements.txt" in dockerfile and "openjdk-17" in dockerfile
-    copied = re.findall(r"^COPY (?:--chown=\S+ )?(\S+) ", dockerfile, re.M)
-    assert {"deploy/k8s/config.properties", "deploy/kserve/model-store/", "config/metrics.yaml",
-            "scripts/ready_probe.py"} <= set(copied)
-    assert re.search(r"^COPY \S+ scripts/ready_probe.py ready_probe.py$", dockerfile, re.M)
+    copies = [line.split()[1:] for line in dockerfile.splitlines() if line.startswith("COPY ")]
+    copied = {source for sources in copies for source in sources[:-1] if not source.startswith("--")}
+    assert {
+        "deploy/k8s/config.properties",
+        "deploy/kserve/model-store/",
+        "config/metrics.yaml",
+        "scripts/ready_probe.py",
+        "scripts/__init__.py",
+        "scripts/ops/",
+    } <= copied
+    # The probe runs as `python -m scripts.ready_probe` from the WORKDIR: the package keeps its layout there.
+    assert ["--chown=model-server", "scripts/__init__.py", "scripts/ready_probe.py", "scripts/"] in copies
+    assert ["--chown=model-server", "scripts/ops/", "scripts/ops/"] in copies
     assert re.search(r"^WORKDIR " + re.escape(SETTINGS["home"]) + "$", dockerfile, re.M)
     included = {line[1:] for line in (REPO / ".dockerignore").read_text().splitlines() if line.startswith("!")}
-    assert set(copied) <= included, "the build context leaves out a file the Dockerfile copies"
+    assert copied <= included, "the build context leaves out a file the Dockerfile copies"
     exposed = {int(p) for p in re.findall(r"^EXPOSE (.+)$", dockerfile, re.M)[0].split()}
     assert exposed == {SETTINGS["ports"]["inference"], SETTINGS["ports"]["metrics"]}
 

@@ -1,19 +1,21 @@
-"""Length bucketing (handlers/length_buckets.py) and the LRU cache (handlers/embedding_cache.py), without a model."""
+"""Length bucketing (handlers/embedding/buckets.py) and the LRU cache (handlers/embedding/cache.py), without a model."""
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from handlers.embedding_cache import CachedEmbedding, EmbeddingCache
-from handlers.length_buckets import bucket_length, check_buckets, padding_ratio, plan_forward_groups
+from handlers.embedding.buckets import bucket_length, check_buckets, padding_ratio, plan_forward_groups
+from handlers.embedding.cache import CachedEmbedding, EmbeddingCache
 
 BUCKETS = [16, 32, 64, 128, 256]
 
 
 @settings(max_examples=200, deadline=None)
-@given(lengths=st.lists(st.integers(min_value=2, max_value=256), max_size=80),
-       max_forward_tokens=st.sampled_from([256, 1000, 8192]))
+@given(
+    lengths=st.lists(st.integers(min_value=2, max_value=256), max_size=80),
+    max_forward_tokens=st.sampled_from([256, 1000, 8192]),
+)
 def test_every_row_lands_in_exactly_one_group_in_order_and_fits(lengths, max_forward_tokens):
     groups = plan_forward_groups(lengths, BUCKETS, max_forward_tokens)
     rows = [row for group in groups for row in group.rows]
@@ -41,10 +43,17 @@ def test_a_full_bucket_is_split_into_passes_of_bounded_size():
     assert [g.rows[0] for g in groups] == [0, 32, 64]
 
 
-@pytest.mark.parametrize("buckets, fragment", [
-    ([], "integers"), ([16, 8, 256], "increasing"), ([16, 16, 256], "increasing"), ([16, 128], "token limit 256"),
-    ([1, 256], "integers >= 2"), ([16.0, 256], "integers"),
-])
+@pytest.mark.parametrize(
+    "buckets, fragment",
+    [
+        ([], "integers"),
+        ([16, 8, 256], "increasing"),
+        ([16, 16, 256], "increasing"),
+        ([16, 128], "token limit 256"),
+        ([1, 256], "integers >= 2"),
+        ([16.0, 256], "integers"),
+    ],
+)
 def test_bad_bucket_lists_are_refused(buckets, fragment):
     with pytest.raises(ValueError, match=fragment):
         check_buckets(buckets, 256)

@@ -10,11 +10,10 @@ import random
 import pytest
 import torch
 
-from handlers import runtime
-from handlers.config import ConfigError
-from handlers.embeddings import EmbeddingHandler
+from handlers.core import runtime
+from handlers.core.config import ConfigError
+from scripts.ops.handler_loader import load_handler, set_requests, statuses
 from scripts.prepare_minilm import build_aot
-from tests.unit.fake_context import make_context, set_requests, statuses
 from tests.unit.tiny_minilm import make_tiny_model_dir
 
 WORDS = "the of serving tensor café 東京 🙂 batch token model request queue latency x".split()
@@ -26,13 +25,7 @@ def tiny_model_dir(unpacked_model, tmp_path_factory):
 
 
 def load(model_dir, **handler_overrides):
-    handler = EmbeddingHandler()
-    context = make_context(model_dir, "minilm")
-    context.model_yaml_config = {**context.model_yaml_config,
-                                 "handler": {**context.model_yaml_config["handler"], "precision": "fp32",
-                                             "cache_size": 0, **handler_overrides}}
-    handler.initialize(context)
-    return handler, context
+    return load_handler(model_dir, "minilm", {"precision": "fp32", "cache_size": 0, **handler_overrides})
 
 
 def mixed_load(seed=0):
@@ -42,8 +35,10 @@ def mixed_load(seed=0):
     for requests in (1, 3, 16, 2, 7, 1, 40):
         batch = []
         for _ in range(requests):
-            texts = [" ".join(rng.choice(WORDS) for _ in range(rng.choice([1, 3, 9, 20, 45, 100, 400])))
-                     for _ in range(rng.choice([1, 1, 2, 5]))]
+            texts = [
+                " ".join(rng.choice(WORDS) for _ in range(rng.choice([1, 3, 9, 20, 45, 100, 400])))
+                for _ in range(rng.choice([1, 1, 2, 5]))
+            ]
             batch.append({"input": texts})
         batches.append(batch)
     return batches
@@ -66,8 +61,8 @@ def eager_answers(tiny_model_dir):
 
 
 def assert_same_answers(got, expected):
-    for got_batch, expected_batch in zip(got, expected):
-        for got_rows, expected_rows in zip(got_batch, expected_batch):
+    for got_batch, expected_batch in zip(got, expected, strict=True):
+        for got_rows, expected_rows in zip(got_batch, expected_batch, strict=True):
             assert torch.nn.functional.cosine_similarity(got_rows, expected_rows).min() > 0.9999
 
 

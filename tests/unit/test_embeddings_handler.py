@@ -5,21 +5,14 @@ import json
 import pytest
 import torch
 
-from handlers.config import ConfigError
-from handlers.embeddings import EmbeddingHandler
-from tests.unit.fake_context import make_context, set_requests, statuses
+from handlers.core.config import ConfigError
+from scripts.ops.handler_loader import load_handler, record_metrics, set_requests, statuses
 
 LONG = "The quick brown fox jumps over the lazy dog near the riverbank. " * 40  # ~520 tokens
 
 
 def load(model_dir, **handler_overrides):
-    handler = EmbeddingHandler()
-    context = make_context(model_dir, "minilm")
-    context.model_yaml_config = {**context.model_yaml_config,
-                                 "handler": {**context.model_yaml_config["handler"], "precision": "fp32",
-                                             **handler_overrides}}
-    handler.initialize(context)
-    return handler, context
+    return load_handler(model_dir, "minilm", {"precision": "fp32", **handler_overrides})
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +66,14 @@ def test_embeddings_match_sentence_transformers_and_have_unit_length(minilm, ref
 
 def test_each_request_gets_its_own_rows_in_order_inside_a_mixed_batch(unpacked_model):
     handler, context = load(unpacked_model("minilm"), cache_size=0)
-    bodies = [{"text": "short one"}, {"input": ["first", LONG, "third text here"]}, {"text": ""},
-              "plain text request", {"input": "single string"}, {"text": "medium " * 40}]
+    bodies = [
+        {"text": "short one"},
+        {"input": ["first", LONG, "third text here"]},
+        {"text": ""},
+        "plain text request",
+        {"input": "single string"},
+        {"text": "medium " * 40},
+    ]
     kinds = ["application/json"] * 3 + ["text/plain"] + ["application/json"] * 2
     together = run(handler, context, bodies, kinds)
     assert statuses(context, len(bodies)) == [200, 200, 400, 200, 200, 200]
@@ -84,17 +83,27 @@ def test_each_request_gets_its_own_rows_in_order_inside_a_mixed_batch(unpacked_m
         [alone] = run(handler, context, [body], [kinds[index]])
         assert torch.allclose(vectors(together[index]), vectors(alone), atol=1e-5), index
     assert together[1]["usage"]["prompt_tokens"] == sum(
-        len(e.ids) for e in handler.tokenizer.encode_batch(["first", LONG, "third text here"]))
+        len(e.ids) for e in handler.loaded.tokenizer.encode_batch(["first", LONG, "third text here"])
+    )
 
 
 def test_a_long_text_is_truncated_and_says_so_unless_truncate_is_false(minilm, reference):
     handler, context = minilm
-    answers = run(handler, context, [{"text": LONG}, {"input": ["short", LONG]}, {"text": LONG, "truncate": False},
-                                     {"input": ["short", LONG], "truncate": False}, {"text": "short", "truncate": False}])
+    answers = run(
+        handler,
+        context,
+        [
+            {"text": LONG},
+            {"input": ["short", LONG]},
+            {"text": LONG, "truncate": False},
+            {"input": ["short", LONG], "truncate": False},
+            {"text": "short", "truncate": False},
+        ],
+    )
     assert statuses(context, 5) == [200, 200, 400, 400, 200]
     assert answers[0]["truncated"] is True
     assert [item["truncated"] for item in answers[1]["data"]] == [False, True]
-    assert answers[1]["usage"]["prompt_tokens"] == len(handler.tokenizer.encode("short").ids) + 256
+    assert answers[1]["usage"]["prompt_tokens"] == len(handler.loaded.tokenizer.encode("short").ids) + 256
     assert "'text' is longer than the model's limit of 256 tokens" in answers[2]["message"]
     assert "'input'[1] is longer" in answers[3]["message"]
     assert answers[4]["truncated"] is False
@@ -105,12 +114,15 @@ def test_a_long_text_is_truncated_and_says_so_unless_truncate_is_false(minilm, r
 def test_length_buckets_run_one_pass_per_bucket_and_record_the_padding_ratio(unpacked_model):
     handler, context = load(unpacked_model("minilm"), cache_size=0)
     shapes = counting_forward(handler)
+    metrics = record_metrics(context)
     texts = [f"short text number {i}" for i in range(15)] + [LONG]
     run(handler, context, [{"input": texts[:8]}, {"input": texts[8:]}])
     assert sorted(shapes) == [(1, 256), (15, 16)]
-    ratio = handler.batch_stats["padded_tokens"] / handler.batch_stats["real_tokens"]
-    real = sum(len(e.ids) for e in handler.tokenizer.encode_batch(texts))
-    assert handler.batch_stats["real_tokens"] == real
+    assert metrics.values("BatchRows") == [16] and metrics.values("Batches") == [1]
+    assert metrics.values("BatchRequests") == [2]
+    ratio = metrics.last("PaddedTokens") / metrics.last("RealTokens")
+    real = sum(len(e.ids) for e in handler.loaded.tokenizer.encode_batch(texts))
+    assert metrics.last("RealTokens") == real and metrics.last("PaddedTokens") == 15 * 16 + 256
     assert ratio == pytest.approx((15 * 16 + 256) / real)
     assert ratio < 256 * 16 / real / 5  # padding everything to the longest would be > 5x more work
 
@@ -118,12 +130,13 @@ def test_length_buckets_run_one_pass_per_bucket_and_record_the_padding_ratio(unp
 def test_cached_texts_skip_the_forward_pass_and_give_the_same_embedding(unpacked_model):
     handler, context = load(unpacked_model("minilm"), cache_size=8)
     shapes = counting_forward(handler)
+    metrics = record_metrics(context)
     [first] = run(handler, context, [{"input": ["alpha", "beta"]}])
-    assert shapes == [(2, 16)] and handler.batch_stats["misses"] == 2 and handler.batch_stats["hits"] == 0
+    assert shapes == [(2, 16)] and metrics.last("CacheMisses") == 2 and metrics.last("CacheHits") == 0
     shapes.clear()
     answers = run(handler, context, [{"text": "beta"}, {"input": ["gamma", "alpha", "gamma"]}])
     assert shapes == [(1, 16)]  # only "gamma", once, although it appears twice
-    assert handler.batch_stats["hits"] == 2 and handler.batch_stats["misses"] == 1
+    assert metrics.last("CacheHits") == 2 and metrics.last("CacheMisses") == 1
     assert torch.equal(vectors(answers[0])[0], vectors(first)[1])
     assert torch.equal(vectors(answers[1])[1], vectors(first)[0])
     assert torch.equal(vectors(answers[1])[0], vectors(answers[1])[2])
@@ -152,37 +165,62 @@ def test_a_cached_truncated_text_still_refuses_truncate_false(unpacked_model):
 
 
 def test_size_limits_refuse_one_request_with_413_and_serve_its_batch_mates(unpacked_model):
-    handler, context = load(unpacked_model("minilm"), max_text_chars=600, max_request_chars=1000,
-                            max_request_tokens=300, max_inputs=3)
-    bodies = [{"text": "ok " * 50}, {"text": "x" * 601}, {"input": ["y" * 600, "y" * 401]},
-              {"input": ["a " * 300, "c " * 200]}, {"input": ["a", "b", "c", "d"]}, "plain " * 120]
+    handler, context = load(
+        unpacked_model("minilm"), max_text_chars=600, max_request_chars=1000, max_request_tokens=300, max_inputs=3
+    )
+    bodies = [
+        {"text": "ok " * 50},
+        {"text": "x" * 601},
+        {"input": ["y" * 600, "y" * 401]},
+        {"input": ["a " * 300, "c " * 200]},
+        {"input": ["a", "b", "c", "d"]},
+        "plain " * 120,
+    ]
     kinds = ["application/json"] * 5 + ["text/plain"]
     answers = run(handler, context, bodies, kinds)
     assert statuses(context, len(bodies)) == [200, 413, 413, 413, 413, 413]
-    expected = ["'text' has 601 characters; handler.max_text_chars is 600",
-                "have 1001 characters together; handler.max_request_chars is 1000",
-                "tokens after truncation; handler.max_request_tokens is 300",
-                "(handler.max_inputs)", "body has 720 characters; handler.max_text_chars is 600"]
-    for answer, fragment in zip(answers[1:], expected):
+    expected = [
+        "'text' has 601 characters; handler.max_text_chars is 600",
+        "have 1001 characters together; handler.max_request_chars is 1000",
+        "tokens after truncation; handler.max_request_tokens is 300",
+        "(handler.max_inputs)",
+        "body has 720 characters; handler.max_text_chars is 600",
+    ]
+    for answer, fragment in zip(answers[1:], expected, strict=True):
         assert answer["type"] == "RequestTooLarge" and fragment in answer["message"], answer
-    assert handler.describe()["limits"] == {"max_inputs": 3, "max_text_chars": 600, "max_request_chars": 1000,
-                                            "max_request_tokens": 300}
+    assert handler.describe()["limits"] == {
+        "max_inputs": 3,
+        "max_text_chars": 600,
+        "max_request_chars": 1000,
+        "max_request_tokens": 300,
+    }
 
 
 def test_the_token_limit_counts_cached_texts_too(unpacked_model):
     """Whether a request is accepted must not depend on which of its texts happen to be cached."""
     handler, context = load(unpacked_model("minilm"), max_request_tokens=300, cache_size=8)
     run(handler, context, [{"text": LONG}])  # 256 tokens, now cached
-    [answer] = run(handler, context, [{"input": [LONG, "one two three four five six seven eight nine ten "
-                                                       "eleven twelve thirteen fourteen fifteen sixteen seventeen "
-                                                       "eighteen nineteen twenty " * 3]}])
+    [answer] = run(
+        handler,
+        context,
+        [
+            {
+                "input": [
+                    LONG,
+                    "one two three four five six seven eight nine ten "
+                    "eleven twelve thirteen fourteen fifteen sixteen seventeen "
+                    "eighteen nineteen twenty " * 3,
+                ]
+            }
+        ],
+    )
     assert statuses(context, 1) == [413] and "handler.max_request_tokens is 300" in answer["message"]
     [answer] = run(handler, context, [{"input": [LONG, "a few more words"]}])
     assert statuses(context, 1) == [200] and answer["usage"]["prompt_tokens"] <= 300
 
 
 def test_freed_memory_is_returned_after_a_large_batch_only(unpacked_model, monkeypatch):
-    from handlers import memory
+    from handlers.core import memory
 
     calls = []
     monkeypatch.setattr(memory, "release_free_memory", lambda: calls.append(1) or True)

@@ -1,11 +1,11 @@
-"""Embedding request validation and response shapes (handlers/embedding_requests.py), without a model."""
+"""Embedding request validation and response shapes (handlers/embedding/requests.py), without a model."""
 
 import pytest
 import torch
 
-from handlers.embedding_cache import CachedEmbedding
-from handlers.embedding_requests import EmbeddingLimits, format_response, parse_embedding_request
-from handlers.errors import RequestError
+from handlers.core.errors import RequestError
+from handlers.embedding.cache import CachedEmbedding
+from handlers.embedding.requests import EmbeddingLimits, format_response, parse_embedding_request
 
 JSON = "application/json"
 LIMITS = EmbeddingLimits(max_inputs=4, max_text_chars=100, max_request_chars=250)
@@ -81,17 +81,26 @@ def test_invalid_request_is_refused_with_a_message_naming_the_problem(case):
 
 
 TOO_LARGE = {
-    "too many inputs": ({"input": ["a"] * 5}, JSON, "'input' has 5 items; at most 4 are allowed per request "
-                                                    "(handler.max_inputs)"),
+    "too many inputs": (
+        {"input": ["a"] * 5},
+        JSON,
+        "'input' has 5 items; at most 4 are allowed per request (handler.max_inputs)",
+    ),
     "long text field": ({"text": "x" * 101}, JSON, "'text' has 101 characters; handler.max_text_chars is 100"),
     "long input string": ({"input": "é" * 101}, JSON, "'input' has 101 characters; handler.max_text_chars is 100"),
-    "long list item": ({"input": ["a", "🙂" * 101]}, JSON,
-                       "'input'[1] has 101 characters; handler.max_text_chars is 100"),
+    "long list item": (
+        {"input": ["a", "🙂" * 101]},
+        JSON,
+        "'input'[1] has 101 characters; handler.max_text_chars is 100",
+    ),
     "long plain text": ("y" * 101, "text/plain", "body has 101 characters; handler.max_text_chars is 100"),
     "long plain text bytes": (("ü" * 101).encode(), "text/plain", "body has 101 characters"),
     "long but only whitespace": ({"text": " " * 101}, JSON, "handler.max_text_chars is 100"),  # length first
-    "texts together too long": ({"input": ["z" * 100, "z" * 100, "z" * 51]}, JSON,
-                                "the request's texts have 251 characters together; handler.max_request_chars is 250"),
+    "texts together too long": (
+        {"input": ["z" * 100, "z" * 100, "z" * 51]},
+        JSON,
+        "the request's texts have 251 characters together; handler.max_request_chars is 250",
+    ),
 }
 
 

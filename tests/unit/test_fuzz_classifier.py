@@ -6,13 +6,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from handlers.classifier import ClassifierHandler
-from handlers.errors import RequestError
-from tests.unit.fake_context import make_context
+from handlers.core.errors import RequestError
+from scripts.ops.handler_loader import load_handler
 
 json_scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)
-json_values = st.recursive(json_scalars, lambda children: st.lists(children, max_size=6)
-                           | st.dictionaries(st.text(max_size=8), children, max_size=4), max_leaves=40)
+json_values = st.recursive(
+    json_scalars,
+    lambda children: st.lists(children, max_size=6) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=40,
+)
 rows = st.lists(st.floats(allow_nan=True, allow_infinity=True) | st.integers(), min_size=120, max_size=136)
 near_valid = st.fixed_dictionaries({"inputs": rows | st.lists(rows, max_size=3) | json_values})
 
@@ -24,8 +26,7 @@ class Request:
 
 @pytest.fixture(scope="module")
 def handler(unpacked_model):
-    handler = ClassifierHandler()
-    handler.initialize(make_context(unpacked_model("classifier"), "classifier"))
+    handler, _ = load_handler(unpacked_model("classifier"), "classifier")
     return handler
 
 
@@ -35,7 +36,7 @@ def parse_or_reject(handler, body, content_type="application/json"):
     except RequestError as error:
         assert 400 <= error.code < 500 and error.message
         return None
-    assert payload["rows"].shape[1] == 128 and payload["rows"].isfinite().all()
+    assert payload.rows.shape[1] == 128 and payload.rows.isfinite().all()
     return payload
 
 
@@ -46,8 +47,11 @@ def test_parsed_json_values(handler, body):
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(raw=st.binary(max_size=300) | st.text(max_size=300).map(str.encode)
-       | near_valid.map(lambda v: json.dumps(v).encode()))
+@given(
+    raw=st.binary(max_size=300)
+    | st.text(max_size=300).map(str.encode)
+    | near_valid.map(lambda v: json.dumps(v).encode())
+)
 def test_raw_bodies(handler, raw):
     parse_or_reject(handler, raw, content_type="application/octet-stream")
     parse_or_reject(handler, raw.decode("utf-8", "replace"), content_type="text/plain")

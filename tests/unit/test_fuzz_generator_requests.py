@@ -4,21 +4,41 @@ whatever it accepts is within the configured limits."""
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from handlers.errors import RequestError
-from handlers.generation_requests import FIELDS, MAX_SEED, GenerationLimits, parse_generation_request
+from handlers.core.errors import RequestError
+from handlers.generation.requests import FIELDS, MAX_SEED, GenerationLimits, parse_generation_request
 
-LIMITS = GenerationLimits(max_prompt_tokens=16, max_new_tokens=64, default_max_new_tokens=8, max_temperature=5.0,
-                          vocab_size=512, max_prompt_chars=17 * 16)
+LIMITS = GenerationLimits(
+    max_prompt_tokens=16,
+    max_new_tokens=64,
+    default_max_new_tokens=8,
+    max_temperature=5.0,
+    vocab_size=512,
+    max_prompt_chars=17 * 16,
+)
 
-json_scalars = (st.none() | st.booleans() | st.integers() | st.integers(min_value=-(10 ** 400), max_value=10 ** 400)
-                | st.floats() | st.text(max_size=40))
-json_values = st.recursive(json_scalars, lambda children: st.lists(children, max_size=4)
-                           | st.dictionaries(st.text(max_size=8), children, max_size=4), max_leaves=20)
+json_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.integers(min_value=-(10**400), max_value=10**400)
+    | st.floats()
+    | st.text(max_size=40)
+)
+json_values = st.recursive(
+    json_scalars,
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=20,
+)
 near_valid = st.dictionaries(st.sampled_from(FIELDS + ("extra",)), json_values, max_size=6) | st.fixed_dictionaries(
     {"prompt": st.text(max_size=300)},
-    optional={"max_new_tokens": st.integers(-5, 100) | json_scalars, "temperature": st.floats() | json_scalars,
-              "top_k": st.integers(-3, 600) | json_scalars, "seed": st.integers(-3, 2 ** 65) | json_scalars,
-              "stream": json_scalars})
+    optional={
+        "max_new_tokens": st.integers(-5, 100) | json_scalars,
+        "temperature": st.floats() | json_scalars,
+        "top_k": st.integers(-3, 600) | json_scalars,
+        "seed": st.integers(-3, 2**65) | json_scalars,
+        "stream": json_scalars,
+    },
+)
 
 
 def byte_tokens(prompt):

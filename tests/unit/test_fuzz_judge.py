@@ -32,36 +32,42 @@ def answer(status, body, content_type="application/json"):
 ERROR_BODY = {"code": 400, "type": "InvalidRequest", "message": "'inputs' has 3 values; expected 128"}
 
 
-@pytest.mark.parametrize("the_case, the_answer, verdict", [
-    (case(OK), answer(200, b'{"label": 1, "probabilities": [NaN]}'), "not_strict_json"),
-    (case(OK), answer(200, b'{"x": Infinity}'), "not_strict_json"),
-    (case(OK), answer(200, b'{"x": 1'), "not_strict_json"),
-    (case(ERROR), answer(200, b"\xff\xfe"), "not_strict_json"),
-    (case(ERROR), answer(500, {"code": 500, "message": "inference failed"}), "server_error_on_client_body"),
-    (case(EITHER), answer(503, {"code": 503, "message": "Prediction failed"}), "server_error_on_client_body"),
-    (case(OK), answer(500, {"code": 500, "message": "inference failed: RuntimeError"}), "good_failed"),
-    (case(OK), answer(400, ERROR_BODY), "good_failed"),
-    (case(OK), answer(200, {"label": 2}), "wrong_answer"),
-    (case(ERROR), answer(200, {"label": 1}), "bad_accepted"),
-    (case(ERROR), answer(400, {"code": 400}), "error_without_message"),
-    (case(ERROR), answer(400, {"code": 400, "message": "  "}), "error_without_message"),
-    (case(ERROR), answer(400, [1, 2]), "error_without_message"),
-    (case(ERROR, oversize=True), answer(400, ERROR_BODY), "error_without_message"),
-    (case(ERROR, oversize=True), answer(200, {"label": 1}), "bad_accepted"),
-    (case(OK), fuzz.Answer(0, "", b"", 60.0, "TimeoutError"), "lost"),
-])
+@pytest.mark.parametrize(
+    "the_case, the_answer, verdict",
+    [
+        (case(OK), answer(200, b'{"label": 1, "probabilities": [NaN]}'), "not_strict_json"),
+        (case(OK), answer(200, b'{"x": Infinity}'), "not_strict_json"),
+        (case(OK), answer(200, b'{"x": 1'), "not_strict_json"),
+        (case(ERROR), answer(200, b"\xff\xfe"), "not_strict_json"),
+        (case(ERROR), answer(500, {"code": 500, "message": "inference failed"}), "server_error_on_client_body"),
+        (case(EITHER), answer(503, {"code": 503, "message": "Prediction failed"}), "server_error_on_client_body"),
+        (case(OK), answer(500, {"code": 500, "message": "inference failed: RuntimeError"}), "good_failed"),
+        (case(OK), answer(400, ERROR_BODY), "good_failed"),
+        (case(OK), answer(200, {"label": 2}), "wrong_answer"),
+        (case(ERROR), answer(200, {"label": 1}), "bad_accepted"),
+        (case(ERROR), answer(400, {"code": 400}), "error_without_message"),
+        (case(ERROR), answer(400, {"code": 400, "message": "  "}), "error_without_message"),
+        (case(ERROR), answer(400, [1, 2]), "error_without_message"),
+        (case(ERROR, oversize=True), answer(400, ERROR_BODY), "error_without_message"),
+        (case(ERROR, oversize=True), answer(200, {"label": 1}), "bad_accepted"),
+        (case(OK), fuzz.Answer(0, "", b"", 60.0, "TimeoutError"), "lost"),
+    ],
+)
 def test_bad_answers_fail(the_case, the_answer, verdict):
     result = fuzz.judge(the_case, the_answer, FakeOracle({"label": 1}))
     assert result is not None and result[0] == verdict, result
 
 
-@pytest.mark.parametrize("the_case, the_answer", [
-    (case(OK), answer(200, {"label": 1})),
-    (case(EITHER), answer(200, {"label": 1})),
-    (case(EITHER), answer(422, {"code": 422, "message": "the input overflows float32 inside the model"})),
-    (case(ERROR), answer(415, {"code": 415, "message": "form fields"})),
-    (case(ERROR, oversize=True), answer(413, b"<html>not ours to check</html>", "text/html")),
-])
+@pytest.mark.parametrize(
+    "the_case, the_answer",
+    [
+        (case(OK), answer(200, {"label": 1})),
+        (case(EITHER), answer(200, {"label": 1})),
+        (case(EITHER), answer(422, {"code": 422, "message": "the input overflows float32 inside the model"})),
+        (case(ERROR), answer(415, {"code": 415, "message": "form fields"})),
+        (case(ERROR, oversize=True), answer(413, b"<html>not ours to check</html>", "text/html")),
+    ],
+)
 def test_right_answers_pass(the_case, the_answer):
     assert fuzz.judge(the_case, the_answer, FakeOracle({"label": 1})) is None
 
@@ -99,10 +105,11 @@ def test_grammar_is_reproducible_and_walks_every_production():
     first, again = Grammar("classifier", limits, seed=3), Grammar("classifier", limits, seed=3)
     count = len(first.productions) + 50
     cases = first.cases(count)
-    assert [(c.body, c.content_type, c.expect) for c in cases] == \
-        [(c.body, c.content_type, c.expect) for c in again.cases(count)]
+    assert [(c.body, c.content_type, c.expect) for c in cases] == [
+        (c.body, c.content_type, c.expect) for c in again.cases(count)
+    ]
     assert again.case(count - 1).body == cases[-1].body  # one case alone: the reproducer's path
-    walked = {c.production for c in cases[:len(first.productions)]}
+    walked = {c.production for c in cases[: len(first.productions)]}
     assert len(walked) == len(first.productions)
     assert any(c.oversize and c.expect == ERROR for c in cases)
     assert Grammar("classifier", limits, seed=4).case(count - 1).body != cases[-1].body
@@ -120,11 +127,14 @@ def test_classifier_oracle_expects_overflow_to_be_refused(model_store):
     assert oracle.check(normal, {"label": 0, "probabilities": [0.1] * 10}) is not None
 
 
-@pytest.mark.parametrize("model, handler", [
-    ("classifier", {"max_rows": 64}),
-    ("minilm", {"max_inputs": 64, "max_text_chars": 20000}),
-    ("generator", {"max_new_tokens": 256, "max_prompt_tokens": 256, "max_temperature": 5.0}),
-])
+@pytest.mark.parametrize(
+    "model, handler",
+    [
+        ("classifier", {"max_rows": 64}),
+        ("minilm", {"max_inputs": 64, "max_text_chars": 20000}),
+        ("generator", {"max_new_tokens": 256, "max_prompt_tokens": 256, "max_temperature": 5.0}),
+    ],
+)
 def test_every_production_builds_its_bodies(model, handler):
     """A thousand draws per grammar without a production failing to build its body (a campaign would stop)."""
     limits = Limits(max_request_size=70000, handler=handler, vocab_size=512, max_prompt_chars=3584)

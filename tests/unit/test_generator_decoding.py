@@ -1,4 +1,5 @@
-"""handlers.decoding and handlers.streaming on the packaged demo model (random weights), without a server.
+"""handlers.generation.decoding and handlers.generation.streaming on the packaged demo model (random weights),
+without a server.
 
 The model is the archive's own lm/ folder. Its weights are random, so no expected text is hard-coded: every
 assertion compares two ways of computing the same thing (cache vs recompute, batch vs alone, seed vs seed).
@@ -7,8 +8,8 @@ assertion compares two ways of computing the same thing (cache vs recompute, bat
 import pytest
 import torch
 
-from handlers.decoding import SamplingSettings, Sequence, choose_token, generate, left_pad
-from handlers.streaming import INCOMPLETE_CHARACTER, IncrementalText
+from handlers.generation.decoding import SamplingSettings, Sequence, choose_token, generate, left_pad
+from handlers.generation.streaming import INCOMPLETE_CHARACTER, IncrementalText
 
 PROMPTS = [
     "Hello world",
@@ -48,14 +49,14 @@ def lm(unpacked_model):
 
 
 def decode(model, prompt_ids, settings, stop_token_ids=(), use_cache=True):
-    sequences = [Sequence(list(ids), s) for ids, s in zip(prompt_ids, settings)]
+    sequences = [Sequence(list(ids), s) for ids, s in zip(prompt_ids, settings, strict=True)]
     with torch.inference_mode():
         generate(model, sequences, stop_token_ids, pad_token_id=0, use_cache=use_cache)
     return sequences
 
 
 def decode_alone(model, prompt_ids, settings, stop_token_ids=()):
-    return [decode(model, [ids], [s], stop_token_ids)[0] for ids, s in zip(prompt_ids, settings)]
+    return [decode(model, [ids], [s], stop_token_ids)[0] for ids, s in zip(prompt_ids, settings, strict=True)]
 
 
 def test_left_pad_puts_tokens_right_and_counts_positions_over_real_tokens():
@@ -69,7 +70,7 @@ def test_greedy_with_cache_equals_recomputing_the_prefix_every_step(lm):
     model, tokenizer = lm
     prompt_ids = [tokenizer.encode(p) for p in PROMPTS]
     settings = [SamplingSettings(max_new_tokens=40)] * len(PROMPTS)
-    for ids, setting in zip(prompt_ids, settings):
+    for ids, setting in zip(prompt_ids, settings, strict=True):
         model.input_shapes.clear()
         [cached] = decode(model, [ids], [setting], use_cache=True)
         cached_shapes = list(model.input_shapes)
@@ -96,7 +97,7 @@ def test_batch_of_different_lengths_gives_each_prompt_its_tokens_alone(lm):
     batched = decode(model, prompt_ids, settings)
     batch_rows = [shape[0] for shape in model.input_shapes]
     alone = decode_alone(model, prompt_ids, settings)
-    for together, by_itself, setting in zip(batched, alone, settings):
+    for together, by_itself, setting in zip(batched, alone, settings, strict=True):
         assert together.token_ids == by_itself.token_ids
         assert len(together.token_ids) == setting.max_new_tokens and together.finish_reason == "length"
     # Finished rows left the batch: 4 rows until the 3-token one ends, 3 until the 7-token one, 2, then 1.
@@ -113,8 +114,8 @@ def test_stop_token_ends_its_row_early_without_changing_the_others(lm):
     alone = decode_alone(model, prompt_ids, settings, stop_token_ids=[stop_token])
     first = batched[0]
     assert first.finish_reason == "stop" and first.token_ids[-1] == stop_token
-    assert first.token_ids == free_run[:free_run.index(stop_token) + 1]
-    for together, by_itself in zip(batched, alone):
+    assert first.token_ids == free_run[: free_run.index(stop_token) + 1]
+    for together, by_itself in zip(batched, alone, strict=True):
         assert together.token_ids == by_itself.token_ids
         assert together.finish_reason == by_itself.finish_reason
 
@@ -142,8 +143,9 @@ def test_incremental_text_concatenates_to_the_decoded_text(lm):
     _, tokenizer = lm
     generator = torch.Generator().manual_seed(5)
     for _ in range(50):
-        token_ids = torch.randint(0, len(tokenizer), (int(torch.randint(1, 40, (1,), generator=generator)),),
-                                  generator=generator).tolist()
+        token_ids = torch.randint(
+            0, len(tokenizer), (int(torch.randint(1, 40, (1,), generator=generator)),), generator=generator
+        ).tolist()
         text = IncrementalText(tokenizer, tokenizer.encode("Hello"))
         pieces = [text.push(token) for token in token_ids]
         assert all(not piece.endswith(INCOMPLETE_CHARACTER) for piece in pieces)

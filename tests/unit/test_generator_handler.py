@@ -6,21 +6,15 @@ import struct
 import pytest
 import torch
 
-from handlers.config import ConfigError
-from handlers.decoding import SamplingSettings, Sequence, generate
-from handlers.generator import GeneratorHandler
-from tests.unit.fake_context import make_context, set_requests, statuses
+from handlers.core.config import ConfigError
+from handlers.generation.decoding import SamplingSettings, Sequence, generate
+from scripts.ops.handler_loader import load_handler, set_requests, statuses
 
 JSON = {"Content-Type": "application/json"}
 
 
 def load(model_dir, **handler_overrides):
-    handler = GeneratorHandler()
-    context = make_context(model_dir, "generator")
-    context.model_yaml_config = {**context.model_yaml_config,
-                                 "handler": {**context.model_yaml_config["handler"], **handler_overrides}}
-    handler.initialize(context)
-    return handler, context
+    return load_handler(model_dir, "generator", handler_overrides)
 
 
 @pytest.fixture(scope="module")
@@ -48,10 +42,11 @@ def run(handler, context, bodies):
 
 
 def alone(handler, prompt, settings):
-    """What handlers.decoding produces for this prompt by itself (the reference for answers in a batch)."""
-    sequence = Sequence(handler.tokenizer.encode(prompt), settings)
+    """What handlers.generation.decoding produces for this prompt by itself (the reference for answers in a batch)."""
+    loaded = handler.loaded
+    sequence = Sequence(loaded.tokenizer.encode(prompt), settings)
     with torch.inference_mode():
-        generate(handler.model, [sequence], handler.stop_token_ids, handler.pad_token_id)
+        generate(loaded.model, [sequence], loaded.stop_token_ids, loaded.pad_token_id)
     return sequence
 
 
@@ -65,7 +60,7 @@ def test_answer_has_text_counts_finish_reason_and_labelled_model(generator):
     [answer], messages = run(handler, context, [{"prompt": "Hello world", "max_new_tokens": 12}])
     reference = alone(handler, "Hello world", SamplingSettings(12))
     assert statuses(context, 1) == [200] and messages == []
-    assert answer["text"] == handler.tokenizer.decode(reference.token_ids, skip_special_tokens=True)
+    assert answer["text"] == handler.loaded.tokenizer.decode(reference.token_ids, skip_special_tokens=True)
     assert answer["prompt_tokens"] == len(reference.prompt_ids)
     assert answer["completion_tokens"] == len(reference.token_ids)
     assert answer["finish_reason"] == reference.finish_reason
@@ -76,8 +71,9 @@ def test_answer_has_text_counts_finish_reason_and_labelled_model(generator):
 def test_sampling_without_seed_reports_the_seed_that_reproduces_it(generator):
     handler, context = generator
     [first], _ = run(handler, context, [{"prompt": "Hello", "temperature": 1.0, "max_new_tokens": 16}])
-    [again], _ = run(handler, context, [{"prompt": "Hello", "temperature": 1.0, "max_new_tokens": 16,
-                                         "seed": first["seed"]}])
+    [again], _ = run(
+        handler, context, [{"prompt": "Hello", "temperature": 1.0, "max_new_tokens": 16, "seed": first["seed"]}]
+    )
     assert again["text"] == first["text"] and again["seed"] == first["seed"]
 
 
@@ -96,8 +92,9 @@ def test_streams_go_only_to_streaming_requests_and_add_up_to_the_plain_answer(ge
         final, plain = lines[-1], answers[plain_idx]
         for key in ("finish_reason", "prompt_tokens", "completion_tokens"):
             assert final[key] == plain[key]
-    assert answers[3]["text"] == handler.tokenizer.decode(
-        alone(handler, sampled["prompt"], SamplingSettings(20, 0.9, 50, 4)).token_ids, skip_special_tokens=True)
+    assert answers[3]["text"] == handler.loaded.tokenizer.decode(
+        alone(handler, sampled["prompt"], SamplingSettings(20, 0.9, 50, 4)).token_ids, skip_special_tokens=True
+    )
 
 
 def read_int(buffer, offset):
@@ -106,7 +103,7 @@ def read_int(buffer, offset):
 
 def read_bytes(buffer, offset):
     length, offset = read_int(buffer, offset)
-    return bytes(buffer[offset:offset + length]), offset + length
+    return bytes(buffer[offset : offset + length]), offset + length
 
 
 def parse_predict_response(message):
@@ -129,8 +126,12 @@ def parse_predict_response(message):
             value, offset = read_bytes(message, offset)
             headers[key.decode()] = value.decode()
         body, offset = read_bytes(message, offset)
-        predictions[request_id.decode()] = {"status": status, "content_type": content_type.decode(),
-                                            "headers": headers, "body": body.decode()}
+        predictions[request_id.decode()] = {
+            "status": status,
+            "content_type": content_type.decode(),
+            "headers": headers,
+            "body": body.decode(),
+        }
 
 
 class FakeSocket:
@@ -142,7 +143,7 @@ class FakeSocket:
 
 
 def test_intermediate_responses_on_the_wire_carry_stream_next_for_streaming_requests_only(generator):
-    from handlers.streaming import send_chunks
+    from handlers.generation.streaming import send_chunks
 
     handler, context = generator
     bodies = [{"prompt": "Hello world", "max_new_tokens": 10, "stream": True}, {"prompt": "Hi", "max_new_tokens": 4}]
@@ -186,11 +187,11 @@ BAD_BODIES = {
     "temperature too large": ({"prompt": "x", "temperature": 50}, "between 0 (greedy) and 5.0"),
     "temperature string": ({"prompt": "x", "temperature": "hot"}, "'temperature' must be a number"),
     "temperature nan": ({"prompt": "x", "temperature": float("nan")}, "'temperature' is nan"),
-    "temperature huge int": ({"prompt": "x", "temperature": 10 ** 400}, "'temperature' is 1000"),
+    "temperature huge int": ({"prompt": "x", "temperature": 10**400}, "'temperature' is 1000"),
     "top_k negative": ({"prompt": "x", "top_k": -1}, "'top_k' is -1"),
     "top_k above vocabulary": ({"prompt": "x", "top_k": 513}, "between 0 and 512"),
     "seed negative": ({"prompt": "x", "seed": -1}, "'seed' is -1"),
-    "seed too large": ({"prompt": "x", "seed": 2 ** 64}, "'seed' is 18446744073709551616"),
+    "seed too large": ({"prompt": "x", "seed": 2**64}, "'seed' is 18446744073709551616"),
     "seed string": ({"prompt": "x", "seed": "7"}, "'seed' must be an integer"),
     "stream string": ({"prompt": "x", "stream": "yes"}, "'stream' must be true or false"),
     "prompt too many tokens": ({"prompt": "\x01" * 257}, "257 tokens; at most 256"),
@@ -233,11 +234,14 @@ def test_describe_reports_model_info_and_limits(generator):
     assert described["limits"]["max_new_tokens"] == 256
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"default_max_new_tokens": 300}, "handler.default_max_new_tokens (300) is above handler.max_new_tokens"),
-    ({"max_prompt_tokens": 900}, "exceeds the model's 1024 positions"),
-    ({"model_subdir": "missing"}, "handler.model_subdir"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"default_max_new_tokens": 300}, "handler.default_max_new_tokens (300) is above handler.max_new_tokens"),
+        ({"max_prompt_tokens": 900}, "exceeds the model's 1024 positions"),
+        ({"model_subdir": "missing"}, "handler.model_subdir"),
+    ],
+)
 def test_inconsistent_config_is_refused_at_load(unpacked_model, overrides, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load(unpacked_model("generator"), **overrides)
@@ -258,7 +262,7 @@ def test_a_tiny_temperature_is_near_greedy_and_cannot_fail_its_batch(generator, 
 
 def test_non_finite_logits_stop_only_their_own_request(generator, monkeypatch):
     handler, context = generator
-    import handlers.decoding as decoding
+    import handlers.generation.decoding as decoding
 
     real_choose = decoding.choose_token
 
@@ -275,3 +279,21 @@ def test_non_finite_logits_stop_only_their_own_request(generator, monkeypatch):
     assert "non-finite logits" in answers[1]["message"]
     assert answers[2].endswith("\n") and json.loads(answers[2])["done"] is True
     assert answers[0] == answers[3] and answers[0]["completion_tokens"] == 3
+
+
+def test_every_batch_records_rows_generated_tokens_and_time_to_first_token(generator):
+    from scripts.ops.handler_loader import record_metrics
+
+    handler, context = generator
+    metrics = record_metrics(context)
+    try:
+        answers, _ = run(
+            handler,
+            context,
+            [{"prompt": "Hello", "max_new_tokens": 3}, {"prompt": "Hi", "stream": True, "max_new_tokens": 2}],
+        )
+    finally:
+        context.metrics = None
+    assert metrics.values("BatchRows") == [2] and metrics.values("Batches") == [1]
+    assert metrics.values("GeneratedTokens") == [answers[0]["completion_tokens"] + 2]
+    assert len(metrics.values("TimeToFirstTokenSeconds")) == 1

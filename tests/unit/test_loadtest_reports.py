@@ -2,8 +2,10 @@
 and counters, payload mixes and response checks. No server; Locust itself only in a child process (for its own
 statistics and CSV writer)."""
 
+import itertools
 import json
 import math
+import os
 import subprocess
 import sys
 import textwrap
@@ -12,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from loadtests import openloop, payloads, prometheus, report
+from scripts.ops.stats import bucket_upper_bound
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -20,10 +23,9 @@ LOCUST_STATS_SCRIPT = textwrap.dedent("""
     import csv, json, sys
     from locust.env import Environment
     from locust.stats import PERCENTILES_TO_REPORT, StatsCSV
-    sys.path.insert(0, sys.argv[1])
     from loadtests.report import PERCENTILES, stats_snapshot
 
-    times, failures, out = json.loads(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    times, failures, out = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     environment = Environment()
     for number, time_ms in enumerate(times):
         environment.stats.log_request("POST", "minilm", time_ms, 100)
@@ -39,8 +41,13 @@ LOCUST_STATS_SCRIPT = textwrap.dedent("""
 def locust_stats(tmp_path, times_ms, failures=0):
     """Locust's own stats for these response times: (path of its _stats.csv, its percentiles, our snapshot)."""
     out = tmp_path / "run"
-    subprocess.run([sys.executable, "-c", LOCUST_STATS_SCRIPT, str(REPO), json.dumps(times_ms), str(failures),
-                    str(out)], check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [sys.executable, "-c", LOCUST_STATS_SCRIPT, json.dumps(times_ms), str(failures), str(out)],
+        check=True,
+        capture_output=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     produced = json.loads((tmp_path / "run.json").read_text())
     return tmp_path / "run_stats.csv", produced["locust"], produced["snapshot"]
 
@@ -76,9 +83,11 @@ def test_stats_csv_without_aggregated_row_is_refused(tmp_path):
 
 
 def test_history_gives_per_second_throughput_and_skips_empty_windows(tmp_path):
-    header = ("Timestamp,User Count,Type,Name,Requests/s,Failures/s,50%,66%,75%,80%,90%,95%,98%,99%,99.9%,99.99%,100%,"
-              "Total Request Count,Total Failure Count,Total Median Response Time,Total Average Response Time,"
-              "Total Min Response Time,Total Max Response Time,Total Average Content Size")
+    header = (
+        "Timestamp,User Count,Type,Name,Requests/s,Failures/s,50%,66%,75%,80%,90%,95%,98%,99%,99.9%,99.99%,100%,"
+        "Total Request Count,Total Failure Count,Total Median Response Time,Total Average Response Time,"
+        "Total Min Response Time,Total Max Response Time,Total Average Content Size"
+    )
     rows = [
         "1000,0,,Aggregated,0,0,N/A,N/A,N/A,N/A,N/A,N/A,N/A,N/A,N/A,N/A,N/A,0,0,0,0,0,0,0",
         "1001,2,POST,minilm,5,0,12,13,14,15,16,17,18,19,20,20,20,10,0,12,12,5,20,100",  # per-endpoint row: skipped
@@ -118,8 +127,8 @@ InferenceSeconds_count{ModelName="minilm",Level="Model",Hostname="vm",} 102.0
 InferenceSeconds_sum{ModelName="minilm",Level="Model",Hostname="vm",} 1.012
 InferenceSeconds_count{ModelName="classifier",Level="Model",Hostname="vm",} 90.0
 InferenceSeconds_sum{ModelName="classifier",Level="Model",Hostname="vm",} 0.9
-BatchRequests_count{ModelName="minilm",Level="Model",Hostname="vm",} 100.0
-BatchRequests_sum{ModelName="minilm",Level="Model",Hostname="vm",} 400.0
+Batches{ModelName="minilm",Level="Model",Hostname="vm",} 100.0
+BatchRequests{ModelName="minilm",Level="Model",Hostname="vm",} 400.0
 CacheHits{ModelName="minilm",Level="Model",Hostname="vm",} 100.0
 CacheMisses{ModelName="minilm",Level="Model",Hostname="vm",} 300.0
 ts_inference_requests_total{model_name="minilm",model_version="default",hostname="vm",} 410.0
@@ -149,17 +158,19 @@ def test_server_figures_are_the_difference_between_two_scrapes():
 
 
 def test_unreachable_metrics_are_reported_not_invented():
-    assert prometheus.server_figures(None, None, "minilm") == {"available": False,
-                                                               "reason": "metrics endpoint did not answer"}
+    assert prometheus.server_figures(None, None, "minilm") == {
+        "available": False,
+        "reason": "metrics endpoint did not answer",
+    }
     assert prometheus.scrape("http://127.0.0.1:9", timeout=0.5) is None
 
 
-def test_quantile_upper_bound_is_the_bucket_bound():
+def test_bucket_upper_bound_is_the_bucket_holding_the_quantile():
     cumulative = [(0.005, 50.0), (0.01, 98.0), (0.025, 100.0), (math.inf, 100.0)]
-    assert prometheus.quantile_upper_bound(0.5, cumulative) == 0.005
-    assert prometheus.quantile_upper_bound(0.99, cumulative) == 0.025
-    assert prometheus.quantile_upper_bound(0.99, []) is None
-    assert prometheus.quantile_upper_bound(0.99, [(math.inf, 0.0)]) is None
+    assert bucket_upper_bound(0.5, cumulative) == 0.005
+    assert bucket_upper_bound(0.99, cumulative) == 0.025
+    assert bucket_upper_bound(0.99, []) is None
+    assert bucket_upper_bound(0.99, [(math.inf, 0.0)]) is None
 
 
 def test_uniform_arrivals_are_evenly_spaced_and_poisson_ones_seeded():
@@ -169,7 +180,7 @@ def test_uniform_arrivals_are_evenly_spaced_and_poisson_ones_seeded():
     second = openloop.arrival_offsets(50.0, "poisson", seed=7)
     times = [next(first) for _ in range(5000)]
     assert times == [next(second) for _ in range(5000)]
-    assert all(b > a for a, b in zip(times, times[1:]))
+    assert all(b > a for a, b in itertools.pairwise(times))
     assert 5000 / times[-1] == pytest.approx(50.0, rel=0.05)
     with pytest.raises(ValueError):
         next(openloop.arrival_offsets(0, "uniform"))

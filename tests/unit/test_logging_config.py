@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from scripts import deploy_manifests
-from scripts.server import LOG_CONFIG_OPTION, REPO, log_config_path, read_properties, render_config
+from scripts.ops.server import LOG_CONFIG_OPTION, REPO, log_config_path, read_properties, render_config
 
 LOG4J = REPO / "config" / "log4j2.xml"
 PROFILES = [REPO / "config.properties", REPO / "config" / "production.properties"]
-UNITS = {"KB": 1024, "MB": 1024 ** 2, "GB": 1024 ** 3}
+UNITS = {"KB": 1024, "MB": 1024**2, "GB": 1024**3}
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +30,7 @@ def test_every_file_log_rolls_by_size_with_a_total_cap(config):
     size_text = props["max_file_size"]
     number, unit = re.fullmatch(r"(\d+) (KB|MB|GB)", size_text).groups()
     cap = int(number) * UNITS[unit] * (1 + int(props["max_rolled_files"]))
-    assert cap <= 60 * 2 ** 20, "each log's cap (current file + rolled ones) should stay small"
+    assert cap <= 60 * 2**20, "each log's cap (current file + rolled ones) should stay small"
     rolling = config.find("Appenders").findall("RollingFile")
     assert {a.get("name") for a in rolling} == {"ts_log", "model_log", "access_log", "model_metrics", "ts_metrics"}
     for appender in rolling:
@@ -95,7 +95,7 @@ def test_deployments_ship_it(tmp_path):
 
 def test_start_log_holds_one_start_and_keeps_the_previous(tmp_path, monkeypatch):
     """torchserve-start.log is the JVM's stdout: a restart must not append to it forever."""
-    from scripts import server as server_module
+    from scripts.ops import server as server_module
 
     starts = iter(["first start\n", "second start\n"])
 

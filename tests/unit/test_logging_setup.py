@@ -10,7 +10,7 @@ import struct
 import pytest
 from ts.protocol import otf_message_handler
 
-from handlers import logging_setup
+from handlers.core import logging_setup
 
 
 class WireConnection:
@@ -34,7 +34,7 @@ def worker_log():
     handler = logging.StreamHandler(buffer)
     handler.setFormatter(logging.Formatter("%(message)s"))
     old_level = root.level
-    # Start without the filter even when handlers.base (which installs it at import) was imported by another test.
+    # Start without the filter even when handlers.core.base (which installs it at import) was imported by another test.
     installed = [f for f in root.filters if isinstance(f, logging_setup.OneLineClientDecodeErrors)]
     for existing in installed:
         root.removeFilter(existing)
@@ -60,11 +60,14 @@ def test_without_the_filter_torchserve_logs_a_traceback_per_malformed_body(worke
     assert len(worker_log.getvalue().splitlines()) > 5
 
 
-@pytest.mark.parametrize("content_type, body, error", [
-    ("application/json", b'{"inputs": [1,', "JSONDecodeError"),
-    ("application/json", b"\xff\xfe not utf-8", "UnicodeDecodeError"),
-    ("text/plain", b"caf\xe9 latin-1", "UnicodeDecodeError"),
-])
+@pytest.mark.parametrize(
+    "content_type, body, error",
+    [
+        ("application/json", b'{"inputs": [1,', "JSONDecodeError"),
+        ("application/json", b"\xff\xfe not utf-8", "UnicodeDecodeError"),
+        ("text/plain", b"caf\xe9 latin-1", "UnicodeDecodeError"),
+    ],
+)
 def test_a_malformed_body_costs_one_line_naming_the_error(worker_log, content_type, body, error):
     logging_setup.install()
     model_input = decode(content_type, body)
@@ -76,7 +79,7 @@ def test_a_malformed_body_costs_one_line_naming_the_error(worker_log, content_ty
 
 def test_a_huge_malformed_body_still_makes_a_short_line(worker_log):
     logging_setup.install()
-    decode("application/json", b'{"text": "' + b"x" * 100_000 + b'\n')
+    decode("application/json", b'{"text": "' + b"x" * 100_000 + b"\n")
     (line,) = worker_log.getvalue().splitlines()
     assert len(line) < 400
 

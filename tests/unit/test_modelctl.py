@@ -3,59 +3,69 @@ answers TorchServe 0.12 gives (recorded from a real server), served by a stub ma
 The real server paths (register, scale, rollout, tokens) are covered by tests/integration/test_rollout.py and
 test_production_profile.py."""
 
-import http.server
 import json
-import threading
 
 import pytest
 
 from scripts import modelctl
-from scripts.server import free_ports
+from scripts.ops import model_views
+from scripts.ops.management import EXIT_AUTH, EXIT_UNREACHABLE, EXIT_USAGE
+from scripts.ops.server import free_ports
+from tests.stub_http import stub_http_server
 
 # What TorchServe 0.12 answers, as seen on a real server.
-INVALID_KEY = (400, {"code": 400, "type": "InvalidKeyException",
-                     "message": "Token Authorization failed. Token either incorrect, expired, or not provided correctly"})
-VERSIONS = [{"modelName": "classifier", "modelVersion": v, "modelUrl": f"classifier-{v}.mar", "minWorkers": 1,
-             "maxWorkers": 1, "workers": [{"id": "9000", "status": "READY", "pid": 1, "memoryUsage": 0}],
-             "jobQueueStatus": {"remainingCapacity": 100, "pendingRequests": 0}} for v in ("1.0", "2.0")]
+INVALID_KEY = (
+    400,
+    {
+        "code": 400,
+        "type": "InvalidKeyException",
+        "message": "Token Authorization failed. Token either incorrect, expired, or not provided correctly",
+    },
+)
+VERSIONS = [
+    {
+        "modelName": "classifier",
+        "modelVersion": v,
+        "modelUrl": f"classifier-{v}.mar",
+        "minWorkers": 1,
+        "maxWorkers": 1,
+        "workers": [{"id": "9000", "status": "READY", "pid": 1, "memoryUsage": 0}],
+        "jobQueueStatus": {"remainingCapacity": 100, "pendingRequests": 0},
+    }
+    for v in ("1.0", "2.0")
+]
 ROUTES = {
     ("GET", "/models"): (200, {"models": [{"modelName": "classifier", "modelUrl": "classifier-1.0.mar"}]}),
     ("GET", "/models/classifier/all"): (200, VERSIONS),
     ("GET", "/models/classifier"): (200, VERSIONS[:1]),
     ("GET", "/models/nope"): (404, {"code": 404, "type": "ModelNotFoundException", "message": "Model not found: nope"}),
-    ("POST", "/models"): (409, {"code": 409, "type": "ConflictStatusException",
-                                "message": "Model version 2.0 is already registered for model classifier"}),
+    ("GET", "/models/classifier/1.0"): (200, VERSIONS[:1]),
+    ("DELETE", "/models/classifier/1.0"): (200, {"status": 'Model "classifier" unregistered'}),
+    ("POST", "/models"): (
+        409,
+        {
+            "code": 409,
+            "type": "ConflictStatusException",
+            "message": "Model version 2.0 is already registered for model classifier",
+        },
+    ),
 }
+CALLS = []  # (method, path) of every request the stub answered
 
 
 @pytest.fixture(scope="module")
 def stub_api():
-    """A management API that answers from ROUTES, and INVALID_KEY to any request whose token is not 'good'."""
+    """A management API that answers from ROUTES (and records the calls), and INVALID_KEY to any request whose token
+    is not 'good'."""
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def answer(self):
-            path = self.path.split("?")[0]
-            if self.headers.get("Authorization") != "Bearer good":
-                status, body = INVALID_KEY
-            else:
-                status, body = ROUTES.get((self.command, path), (500, {"code": 500, "type": "Unexpected"}))
-            payload = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
+    def answer(method, path, headers):
+        CALLS.append((method, path))
+        if headers.get("Authorization") != "Bearer good":
+            return INVALID_KEY
+        return ROUTES.get((method, path), (500, {"code": 500, "type": "Unexpected"}))
 
-        do_GET = do_POST = do_PUT = do_DELETE = answer
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with stub_http_server(answer) as url:
+        yield url
 
 
 def run(capsys, *argv):
@@ -66,15 +76,16 @@ def run(capsys, *argv):
 
 def test_unreachable_server_is_exit_3_in_one_line(capsys, tmp_path):
     (port,) = free_ports(1)
-    code, _, err = run(capsys, "--management-url", f"http://127.0.0.1:{port}", "--key-file", str(tmp_path / "k"),
-                       "list")
-    assert code == modelctl.EXIT_UNREACHABLE == 3
+    code, _, err = run(
+        capsys, "--management-url", f"http://127.0.0.1:{port}", "--key-file", str(tmp_path / "k"), "list"
+    )
+    assert code == EXIT_UNREACHABLE == 3
     assert err.count("\n") == 1 and "cannot reach" in err and str(port) in err
 
 
 def test_missing_token_is_exit_6_with_a_key_file_hint(capsys, stub_api, tmp_path):
     code, _, err = run(capsys, "--management-url", stub_api, "--key-file", str(tmp_path / "key_file.json"), "list")
-    assert code == modelctl.EXIT_AUTH == 6
+    assert code == EXIT_AUTH == 6
     assert err.count("\n") == 1 and "requires a token" in err and "key_file.json" in err
 
 
@@ -100,14 +111,65 @@ def test_unknown_model_is_exit_4(capsys, stub_api):
 
 
 def test_existing_version_is_exit_5(capsys, stub_api, tmp_path):
-    code, _, err = run(capsys, "--management-url", stub_api, "--token", "good", "--model-store", str(tmp_path),
-                       "register", "classifier-2.0.mar")
+    code, _, err = run(
+        capsys,
+        "--management-url",
+        stub_api,
+        "--token",
+        "good",
+        "--model-store",
+        str(tmp_path),
+        "register",
+        "classifier-2.0.mar",
+    )
     assert code == 5 and "already registered" in err
 
 
 def test_unregister_needs_a_version_when_there_are_several(capsys, stub_api):
     code, _, err = run(capsys, "--management-url", stub_api, "--token", "good", "unregister", "classifier")
-    assert code == modelctl.EXIT_USAGE and "--all-versions" in err and "1.0" in err
+    assert code == EXIT_USAGE and "--all-versions" in err and "1.0" in err
+
+
+def test_json_is_accepted_after_the_command(capsys, stub_api):
+    code, out, _ = run(capsys, "--management-url", stub_api, "--token", "good", "list", "--json")
+    assert code == 0 and json.loads(out)["models"][0]["model"] == "classifier"
+    code, out, _ = run(capsys, "--management-url", stub_api, "--token", "good", "--json", "describe", "classifier")
+    assert code == 0 and json.loads(out)["default_version"] == "1.0"
+
+
+def test_unregister_drains_by_default(capsys, stub_api):
+    CALLS.clear()
+    code, out, _ = run(
+        capsys,
+        "--management-url",
+        stub_api,
+        "--token",
+        "good",
+        "--json",
+        "unregister",
+        "classifier",
+        "1.0",
+        "--drain-seconds",
+        "0.2",
+    )
+    assert code == 0 and json.loads(out) == {"model": "classifier", "unregistered": ["1.0"], "drained": True}
+    deleted = CALLS.index(("DELETE", "/models/classifier/1.0"))
+    assert ("GET", "/models/classifier/1.0") in CALLS[:deleted], "unregistered without looking at the queue first"
+    CALLS.clear()
+    code, out, _ = run(
+        capsys,
+        "--management-url",
+        stub_api,
+        "--token",
+        "good",
+        "--json",
+        "unregister",
+        "classifier",
+        "1.0",
+        "--no-drain",
+    )
+    assert code == 0 and json.loads(out)["drained"] is False
+    assert ("GET", "/models/classifier/1.0") not in CALLS
 
 
 def test_json_errors_are_machine_readable(capsys, stub_api):
@@ -123,3 +185,17 @@ def test_help_documents_commands_and_exit_codes(capsys):
     for command in ("register", "scale", "describe", "list", "set-default", "unregister", "rollout"):
         assert command in text
     assert "Exit codes" in text and "6 token missing or refused" in text
+
+
+def test_describe_shows_the_handlers_choices_as_json_not_python_reprs():
+    description = {
+        **VERSIONS[0],
+        "customizedMetadata": json.dumps(
+            {"precision": "fp32", "limits": {"max_prompt_tokens": 512, "stop": ["\n"]}, "compile": None}
+        ),
+    }
+    view = model_views.version_view(description, "1.0", "http://127.0.0.1:8081", customized=True)
+    (handler_line,) = [line for line in model_views.describe_lines(view) if line.startswith("  handler")]
+    assert '"max_prompt_tokens": 512' in handler_line and '["\\n"]' in handler_line
+    assert "{'" not in handler_line and "None" not in handler_line and "compile null" in handler_line
+    assert view["customized"]["limits"] == {"max_prompt_tokens": 512, "stop": ["\n"]}

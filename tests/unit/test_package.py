@@ -16,8 +16,13 @@ from scripts import package
 
 REPO = Path(package.__file__).resolve().parent.parent
 VALID_CONFIG = {
-    "minWorkers": 1, "maxWorkers": 1, "batchSize": 16, "maxBatchDelay": 5, "responseTimeout": 30,
-    "startupTimeout": 120, "handler": {"precision": "fp32", "compile": "none", "threads": 1},
+    "minWorkers": 1,
+    "maxWorkers": 1,
+    "batchSize": 16,
+    "maxBatchDelay": 5,
+    "responseTimeout": 30,
+    "startupTimeout": 120,
+    "handler": {"precision": "fp32", "compile": "none", "threads": 1},
 }
 
 
@@ -30,10 +35,17 @@ def spec(monkeypatch):
     root = Path(tempfile.mkdtemp(prefix="test-package-", dir=build_root))
     model_dir = root / "models" / "unitpkg"
     model_dir.mkdir(parents=True)
-    (model_dir / "model.yaml").write_text(yaml.safe_dump({
-        "name": "unitpkg", "version": "1.0", "handler": "handlers/classifier.py", "config": "model-config.yaml",
-        "files": ["notes.txt"],
-    }))
+    (model_dir / "model.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": "unitpkg",
+                "version": "1.0",
+                "handler": "handlers/classifier.py",
+                "config": "model-config.yaml",
+                "files": ["notes.txt"],
+            }
+        )
+    )
     (model_dir / "notes.txt").write_text("weights would go here\n")
     monkeypatch.setattr(package, "MODELS_DIR", root / "models")
 
@@ -125,15 +137,18 @@ def test_cli_builds_then_reports_up_to_date(spec, capsys):
     assert "unitpkg.mar up to date" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("change, named", [
-    ({"batchsize": 16}, "batchsize"),                                   # unknown (misspelt) TorchServe key
-    ({"batchSize": "16"}, "batchSize"),                                 # wrong type
-    ({"responseTimeout": True}, "responseTimeout"),                     # a bool is not an int
-    ({"startupTimeout": 5}, "startupTimeout"),                          # too short for load and warm-up
-    ({"handler": {**VALID_CONFIG["handler"], "precison": "fp32"}}, "precison"),  # unknown handler option
-    ({"handler": {**VALID_CONFIG["handler"], "threads": "two"}}, "handler.threads"),
-    ({"minWorkers": 3}, "minWorkers"),                                  # more than maxWorkers
-])
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        ({"batchsize": 16}, "batchsize"),  # unknown (misspelt) TorchServe key
+        ({"batchSize": "16"}, "batchSize"),  # wrong type
+        ({"responseTimeout": True}, "responseTimeout"),  # a bool is not an int
+        ({"startupTimeout": 5}, "startupTimeout"),  # too short for load and warm-up
+        ({"handler": {**VALID_CONFIG["handler"], "precison": "fp32"}}, "precison"),  # unknown handler option
+        ({"handler": {**VALID_CONFIG["handler"], "threads": "two"}}, "handler.threads"),
+        ({"minWorkers": 3}, "minWorkers"),  # more than maxWorkers
+    ],
+)
 def test_invalid_model_config_fails_naming_the_key(spec, capsys, change, named):
     spec.write_config({**VALID_CONFIG, **change})
     assert package.main(["unitpkg", "--store", str(spec.store)]) == 1
@@ -178,3 +193,40 @@ def test_manifest_keeps_entries_written_by_a_concurrent_build(spec):
         package.make_archive = real_make_archive
     assert set(spec.manifest()) == {"unitpkg.mar", "other.mar"}
     assert not list(spec.store.glob(".manifest.json.*.tmp"))
+
+
+def test_the_archive_holds_the_handlers_subpackages_and_a_change_in_one_rebuilds(spec, monkeypatch):
+    import zipfile
+
+    handlers_copy = spec.dir.parent.parent / "handlers"
+    shutil.copytree(package.HANDLERS_DIR, handlers_copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(package, "HANDLERS_DIR", handlers_copy)
+    first = build(spec)
+    with zipfile.ZipFile(spec.archive()) as archive:
+        names = set(archive.namelist())
+    for module in (
+        "handlers/core/base.py",
+        "handlers/embedding/batch.py",
+        "handlers/generation/decoding.py",
+        "handlers/classification/nets.py",
+        "classifier.py",
+    ):
+        assert module in names, module
+    nested = handlers_copy / "embedding" / "cache.py"
+    nested.write_text(nested.read_text() + "# a change deep in a subpackage\n")
+    second = build(spec)
+    assert second["rebuilt"] and second["input_hash"] != first["input_hash"]
+
+
+def test_metrics_yaml_is_generated_from_the_handlers_declarations():
+    from handlers.core.metrics import MODEL_METRICS, dimension_names
+
+    assert package.METRICS_CONFIG.read_text() == package.render_metrics_config(), (
+        "config/metrics.yaml is out of step with handlers/core/metrics.py: run python -m scripts.package --metrics"
+    )
+    declared = yaml.safe_load(package.METRICS_CONFIG.read_text())["model_metrics"]
+    for name, metric in MODEL_METRICS.items():
+        [entry] = [e for e in declared[metric.kind] if e["name"] == name]
+        assert entry["dimensions"] == dimension_names(name) and entry["unit"] == metric.unit
+        # TorchServe's histograms have fixed latency buckets (5 ms .. 10 s): only times in seconds fit them.
+        assert metric.kind != "histogram" or metric.unit == "s", name

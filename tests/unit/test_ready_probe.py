@@ -1,19 +1,23 @@
-"""scripts/ready_probe.py against a stub management API: ready only when every model has its workers READY.
+"""scripts/ready_probe.py (through scripts/ops/management.py) against a stub management API: ready only when every
+model has its workers READY.
 (Worker states as TorchServe 0.12 reports them: a loading worker is "UNLOADING" until it is "READY".)"""
-
-import http.server
-import json
-import threading
 
 import pytest
 
 from scripts import ready_probe
-from scripts.server import free_ports
+from scripts.ops.server import free_ports
+from tests.stub_http import stub_http_server
 
 
 def describe(name, statuses, min_workers=1):
-    return [{"modelName": name, "modelVersion": "1.0", "minWorkers": min_workers,
-             "workers": [{"id": str(9000 + n), "status": s} for n, s in enumerate(statuses)]}]
+    return [
+        {
+            "modelName": name,
+            "modelVersion": "1.0",
+            "minWorkers": min_workers,
+            "workers": [{"id": str(9000 + n), "status": s} for n, s in enumerate(statuses)],
+        }
+    ]
 
 
 @pytest.fixture
@@ -21,28 +25,14 @@ def stub_api():
     """Answers GET /models and /models/{name} from `state` (name -> worker statuses)."""
     state = {}
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            path = self.path.split("?")[0]
-            if path == "/models":
-                body = {"models": [{"modelName": n, "modelUrl": f"{n}.mar"} for n in state]}
-            else:
-                name = path.rsplit("/", 1)[-1]
-                body = describe(name, *state[name])
-            payload = json.dumps(body).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
+    def answer(method, path, headers):
+        if path == "/models":
+            return 200, {"models": [{"modelName": n, "modelUrl": f"{n}.mar"} for n in state]}
+        name = path.rsplit("/", 1)[-1]
+        return 200, describe(name, *state[name])
 
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", state
-    server.shutdown()
-    server.server_close()
+    with stub_http_server(answer) as url:
+        yield url, state
 
 
 def test_ready_when_every_model_has_its_workers(stub_api, capsys):

@@ -11,10 +11,28 @@ from types import SimpleNamespace
 
 import pytest
 
-from scripts.reliability import checks, corpus, soak
+from scripts.ops.auth import bearer
+from scripts.reliability import corpus, correctness, resilience, rows, security, soak
 from scripts.reliability.traffic import Outcome, strict_json
 
 BATCH_SIZE = 4
+
+
+class FakeManagement:
+    """The management client as the checks use it: the model's description and worker PIDs from `state`, and raw
+    answers from `respond(method, path, token, params)` (the security check's calls)."""
+
+    def __init__(self, state, token=None, respond=None):
+        self.state, self.token, self.respond = state, token, respond
+
+    def description(self, model):
+        return {"batchSize": BATCH_SIZE, "workers": [dict(w) for w in self.state["workers"]]}
+
+    def worker_pids(self, model):
+        return sorted(worker["pid"] for worker in self.state["workers"])
+
+    def request(self, method, path, params=None, timeout=None):
+        return self.respond(method, path, self.token, params)
 
 
 class FakeServer:
@@ -24,9 +42,17 @@ class FakeServer:
     def __init__(self, tokens=None, props=None):
         self.tokens = tokens or {}
         self.props = props or {}
+        self.state = {"workers": [{"pid": 100, "status": "READY"}]}
+        self.respond = None
+        self.client = None  # a test may put its own client here
 
     def headers(self, api):
         return {"Authorization": f"Bearer {self.tokens[api]}"} if api in self.tokens else {}
+
+    def management(self, timeout=30.0, authorized=True):
+        return self.client or FakeManagement(
+            self.state, self.tokens.get("management") if authorized else None, self.respond
+        )
 
     def pid(self):
         return 1
@@ -59,77 +85,85 @@ def server():
 
 
 @pytest.fixture
-def workers(monkeypatch):
-    """The model's workers as `describe` reports them; a test changes state["workers"] to simulate restarts."""
-    state = {"workers": [{"pid": 100, "status": "READY"}]}
-    monkeypatch.setattr(checks, "describe",
-                        lambda server, model: {"batchSize": BATCH_SIZE, "workers": [dict(w) for w in state["workers"]]})
-    return state
+def workers(server):
+    """The model's workers as the management API reports them; a test changes state["workers"] to simulate
+    restarts."""
+    return server.state
 
 
 def test_strict_json_refuses_the_tokens_python_accepts():
     assert strict_json('{"a": [1.5, -2e-300]}') == {"a": [1.5, -2e-300]}
-    for text in ('{"p": [NaN]}', '{"p": Infinity}', '[-Infinity]'):
+    for text in ('{"p": [NaN]}', '{"p": Infinity}', "[-Infinity]"):
         json.loads(text)  # Python's own parser takes them...
         with pytest.raises(ValueError):
             strict_json(text)  # ...a strict client does not
 
 
 # ------------------------------------------------------------------------------------------------ concurrency
-@pytest.mark.parametrize("breakage, expected", [
-    (lambda o: o.__setitem__(3, None), "1 lost"),
-    (lambda o: o.__setitem__(3, answer(3, status=0, body=b"timed out")), "1 lost"),
-    (lambda o: o.__setitem__(3, answer(3, status=500, body=b'{"message": "x"}')), "1 errors"),
-    (lambda o: o.__setitem__(3, answer(3, body=b'{"echo": 4}')), "1 mismatches"),
-    (lambda o: o.__setitem__(3, answer(3, body=b'{"echo": NaN}')), "1 mismatches"),
-    (lambda o: o.__setitem__(3, answer(3, body=b"null")), "1 mismatches"),
-])
+@pytest.mark.parametrize(
+    "breakage, expected",
+    [
+        (lambda o: o.__setitem__(3, None), "1 lost"),
+        (lambda o: o.__setitem__(3, answer(3, status=0, body=b"timed out")), "1 lost"),
+        (lambda o: o.__setitem__(3, answer(3, status=500, body=b'{"message": "x"}')), "1 errors"),
+        (lambda o: o.__setitem__(3, answer(3, body=b'{"echo": 4}')), "1 mismatches"),
+        (lambda o: o.__setitem__(3, answer(3, body=b'{"echo": NaN}')), "1 mismatches"),
+        (lambda o: o.__setitem__(3, answer(3, body=b"null")), "1 mismatches"),
+    ],
+)
 def test_concurrency_fails_on_a_lost_failed_or_wrong_answer(monkeypatch, server, breakage, expected):
     outcomes = good(10)
-    monkeypatch.setattr(checks, "closed_loop", lambda url, bodies, clients, headers=None: outcomes)
-    assert checks.concurrency(server, EchoReference(), 10, 2).passed
+    monkeypatch.setattr(correctness, "closed_loop", lambda url, bodies, clients, headers=None: outcomes)
+    assert correctness.concurrency(server, EchoReference(), 10, 2).passed
     breakage(outcomes)
-    row = checks.concurrency(server, EchoReference(), 10, 2)
+    row = correctness.concurrency(server, EchoReference(), 10, 2)
     assert not row.passed and expected in row.figure
 
 
 def test_concurrency_fails_when_nothing_was_sent(monkeypatch, server):
-    monkeypatch.setattr(checks, "closed_loop", lambda url, bodies, clients, headers=None: [])
-    assert not checks.concurrency(server, EchoReference(), 0, 2).passed
+    monkeypatch.setattr(correctness, "closed_loop", lambda url, bodies, clients, headers=None: [])
+    assert not correctness.concurrency(server, EchoReference(), 0, 2).passed
 
 
 def test_concurrency_fails_when_outcomes_are_missing(monkeypatch, server):
-    monkeypatch.setattr(checks, "closed_loop", lambda url, bodies, clients, headers=None: good(5))
-    assert not checks.concurrency(server, EchoReference(), 10, 2).passed
+    monkeypatch.setattr(correctness, "closed_loop", lambda url, bodies, clients, headers=None: good(5))
+    assert not correctness.concurrency(server, EchoReference(), 10, 2).passed
 
 
 # ------------------------------------------------------------------------------------------------ bad input
 CASE = corpus.BadRequest("json null", b"null", "application/json", 400, "JSON object")
 
 
-@pytest.mark.parametrize("case, status, text, expected", [
-    (CASE, 500, '{"code": 500, "message": "inference failed"}', "status 500 (wanted 400)"),
-    (CASE, 200, '{"label": 1}', "status 200 (wanted 400)"),
-    (CASE, 400, '{"code": 400, "message": "something else"}', "lacks 'JSON object'"),
-    (CASE, 400, '{"code": 400, "message": "not a JSON object", "x": NaN}', "not strict JSON"),
-    (CASE, 400, "Bad Request", "not strict JSON"),
-    (CASE, 400, '{"code": 400}', "has no 'message'"),
-    (corpus.BadRequest("no fragment", b"null", "application/json", 400, ""), 400,
-     '{"code": 400, "message": "anything"}', "gives no expected message"),
-])
+@pytest.mark.parametrize(
+    "case, status, text, expected",
+    [
+        (CASE, 500, '{"code": 500, "message": "inference failed"}', "status 500 (wanted 400)"),
+        (CASE, 200, '{"label": 1}', "status 200 (wanted 400)"),
+        (CASE, 400, '{"code": 400, "message": "something else"}', "lacks 'JSON object'"),
+        (CASE, 400, '{"code": 400, "message": "not a JSON object", "x": NaN}', "not strict JSON"),
+        (CASE, 400, "Bad Request", "not strict JSON"),
+        (CASE, 400, '{"code": 400}', "has no 'message'"),
+        (
+            corpus.BadRequest("no fragment", b"null", "application/json", 400, ""),
+            400,
+            '{"code": 400, "message": "anything"}',
+            "gives no expected message",
+        ),
+    ],
+)
 def test_a_bad_request_answer_is_judged_on_status_json_and_message(case, status, text, expected):
-    assert expected in checks.judge_bad_answer(case, status, text)
+    assert expected in correctness.judge_bad_answer(case, status, text)
 
 
 def test_the_expected_bad_request_answer_passes():
-    assert checks.judge_bad_answer(CASE, 400, '{"code": 400, "message": "body must be a JSON object"}') is None
+    assert correctness.judge_bad_answer(CASE, 400, '{"code": 400, "message": "body must be a JSON object"}') is None
 
 
 def test_torchserves_own_413_is_judged_on_its_status():
     """The frontend refuses a body over max_request_size before any handler, with an empty answer (seen)."""
     oversized = corpus.BadRequest("oversized body", b"x", "application/json", 413, "")
-    assert checks.judge_bad_answer(oversized, 413, "") is None
-    assert "status 400 (wanted 413)" in checks.judge_bad_answer(oversized, 400, '{"message": "x"}')
+    assert correctness.judge_bad_answer(oversized, 413, "") is None
+    assert "status 400 (wanted 413)" in correctness.judge_bad_answer(oversized, 400, '{"message": "x"}')
 
 
 class FakeSession:
@@ -145,12 +179,12 @@ class FakeSession:
 
 
 def run_bad_input(monkeypatch, server, workers, cases, bad, good_answer=(200, '{"echo": 0}'), restart=False):
-    monkeypatch.setattr(checks.corpus, "load", lambda model: cases)
-    monkeypatch.setattr(checks.requests, "Session", lambda: FakeSession(bad, good_answer))
+    monkeypatch.setattr(correctness.corpus, "load", lambda model: cases)
+    monkeypatch.setattr(correctness.requests, "Session", lambda: FakeSession(bad, good_answer))
     if restart:
         calls = iter([[100], [101]])
-        monkeypatch.setattr(checks, "worker_pids", lambda server, model: next(calls))
-    return checks.bad_input(server, EchoReference())
+        server.client = SimpleNamespace(worker_pids=lambda model: next(calls))
+    return correctness.bad_input(server, EchoReference())
 
 
 def test_bad_input_passes_when_every_case_is_answered_as_expected(monkeypatch, server, workers):
@@ -158,11 +192,14 @@ def test_bad_input_passes_when_every_case_is_answered_as_expected(monkeypatch, s
     assert row.passed and row.figure.startswith("3/3 answered as expected")
 
 
-@pytest.mark.parametrize("kwargs, expected", [
-    ({"bad": (500, '{"message": "boom"}')}, "status 500"),
-    ({"bad": (400, '{"message": "a JSON object"}'), "good_answer": (500, '{"message": "x"}')}, "good request"),
-    ({"bad": (400, '{"message": "a JSON object"}'), "good_answer": (200, '{"echo": 7}')}, "answered wrongly"),
-])
+@pytest.mark.parametrize(
+    "kwargs, expected",
+    [
+        ({"bad": (500, '{"message": "boom"}')}, "status 500"),
+        ({"bad": (400, '{"message": "a JSON object"}'), "good_answer": (500, '{"message": "x"}')}, "good request"),
+        ({"bad": (400, '{"message": "a JSON object"}'), "good_answer": (200, '{"echo": 7}')}, "answered wrongly"),
+    ],
+)
 def test_bad_input_fails_on_a_wrong_answer(monkeypatch, server, workers, kwargs, expected):
     row = run_bad_input(monkeypatch, server, workers, [CASE], **kwargs)
     assert not row.passed and any(expected in failure for failure in row.details["failures"])
@@ -197,34 +234,46 @@ def fake_steady_load(outcomes):
 
 
 def test_capacity_is_measured_from_correct_answers(monkeypatch, server):
-    monkeypatch.setattr(checks, "steady_load", fake_steady_load(good(20)))
-    assert checks.measure_capacity(server, EchoReference(), 0.01) > 0
+    monkeypatch.setattr(resilience, "steady_load", fake_steady_load(good(20)))
+    assert resilience.measure_capacity(server, EchoReference(), 0.01) > 0
 
 
-@pytest.mark.parametrize("outcomes, expected", [
-    ([], "no correct answer"),
-    ([answer(i, status=503, body=b'{"code": 503}') for i in range(20)], "no correct answer"),
-    (good(19) + [answer(19, status=500, body=b"{}")], "errors under plain closed-loop load"),
-    (good(19) + [answer(19, body=b'{"echo": 0}')], "1 wrong"),
-])
+@pytest.mark.parametrize(
+    "outcomes, expected",
+    [
+        ([], "no correct answer"),
+        ([answer(i, status=503, body=b'{"code": 503}') for i in range(20)], "no correct answer"),
+        (good(19) + [answer(19, status=500, body=b"{}")], "errors under plain closed-loop load"),
+        (good(19) + [answer(19, body=b'{"echo": 0}')], "1 wrong"),
+    ],
+)
 def test_capacity_estimate_fails_instead_of_inventing_a_figure(monkeypatch, server, outcomes, expected):
-    monkeypatch.setattr(checks, "steady_load", fake_steady_load(outcomes))
-    with pytest.raises(checks.CheckFailed) as failure:
-        checks.measure_capacity(server, EchoReference(), 0.01)
+    monkeypatch.setattr(resilience, "steady_load", fake_steady_load(outcomes))
+    with pytest.raises(rows.CheckFailed) as failure:
+        resilience.measure_capacity(server, EchoReference(), 0.01)
     assert not failure.value.row.passed and expected in failure.value.row.figure
 
 
 # ------------------------------------------------------------------------------------------------ overload
 def run_overload(monkeypatch, server, outcomes, after=None):
-    monkeypatch.setattr(checks, "open_loop", lambda *args, **kwargs: outcomes)
-    monkeypatch.setattr(checks, "closed_loop", lambda url, bodies, clients, headers=None: after or good(len(bodies)))
-    return checks.overload(server, EchoReference(), 10.0, 2.0, 1, settle_s=0)
+    monkeypatch.setattr(resilience, "open_loop", lambda *args, **kwargs: outcomes)
+    monkeypatch.setattr(
+        resilience, "closed_loop", lambda url, bodies, clients, headers=None: after or good(len(bodies))
+    )
+    return resilience.overload(server, EchoReference(), 10.0, 2.0, 1, settle_s=0)
 
 
 def mixed(accepted=10, rejected=10, reject_latency_s=0.005):
-    return ([answer(i, started_at=i * 0.05) for i in range(accepted)]
-            + [answer(accepted + i, status=503, body=b'{"code": 503}', started_at=(accepted + i) * 0.05,
-                      latency_s=reject_latency_s) for i in range(rejected)])
+    return [answer(i, started_at=i * 0.05) for i in range(accepted)] + [
+        answer(
+            accepted + i,
+            status=503,
+            body=b'{"code": 503}',
+            started_at=(accepted + i) * 0.05,
+            latency_s=reject_latency_s,
+        )
+        for i in range(rejected)
+    ]
 
 
 def test_overload_passes_with_fast_rejections_and_correct_acceptances(monkeypatch, server):
@@ -232,24 +281,28 @@ def test_overload_passes_with_fast_rejections_and_correct_acceptances(monkeypatc
     assert row.passed, row.figure
 
 
-@pytest.mark.parametrize("outcomes, after, expected", [
-    (mixed(accepted=0, rejected=20), None, "no request was accepted"),  # a server answering everything 503
-    ([], None, "no request was sent"),
-    (mixed() + [answer(99, status=500, body=b"{}", started_at=2.0)], None, "neither 200 nor 503"),
-    (mixed() + [None], None, "neither 200 nor 503"),
-    (mixed()[:-1] + [answer(9, body=b'{"echo": 1}', started_at=1.0)], None, "accepted answers wrong"),
-    (mixed(reject_latency_s=0.5), None, "rejection p99 500 ms > 50 ms"),
-    (mixed(), good(49) + [answer(49, status=503, body=b"{}")], "after the overload: 1 errors"),
-    (mixed(), good(49) + [answer(49, body=b'{"echo": 1}')], "1 wrong of 50"),
-])
+@pytest.mark.parametrize(
+    "outcomes, after, expected",
+    [
+        (mixed(accepted=0, rejected=20), None, "no request was accepted"),  # a server answering everything 503
+        ([], None, "no request was sent"),
+        (mixed() + [answer(99, status=500, body=b"{}", started_at=2.0)], None, "neither 200 nor 503"),
+        (mixed() + [None], None, "neither 200 nor 503"),
+        (mixed()[:-1] + [answer(9, body=b'{"echo": 1}', started_at=1.0)], None, "accepted answers wrong"),
+        (mixed(reject_latency_s=0.5), None, "rejection p99 500 ms > 50 ms"),
+        (mixed(), good(49) + [answer(49, status=503, body=b"{}")], "after the overload: 1 errors"),
+        (mixed(), good(49) + [answer(49, body=b'{"echo": 1}')], "1 wrong of 50"),
+    ],
+)
 def test_overload_fails(monkeypatch, server, outcomes, after, expected):
     row = run_overload(monkeypatch, server, outcomes, after)
     assert not row.passed and expected in row.figure, row.figure
 
 
 # ------------------------------------------------------------------------------------------------ worker kill
-def run_worker_kill(monkeypatch, server, workers, failures=2, recover=True, replace=True, wrong=0,
-                    served_before=True, after_s=2.0):
+def run_worker_kill(
+    monkeypatch, server, workers, failures=2, recover=True, replace=True, wrong=0, served_before=True, after_s=2.0
+):
     outcomes = [answer(i, started_at=time.perf_counter() - 1) for i in range(20 if served_before else 0)]
 
     def steady_load(url, make_body, clients, stop, headers=None):
@@ -259,17 +312,18 @@ def run_worker_kill(monkeypatch, server, workers, failures=2, recover=True, repl
         assert pid == 100
         now = time.perf_counter()
         start = len(outcomes)
-        outcomes.extend(answer(start + i, status=500, body=b'{"message": "Worker died."}', started_at=now)
-                        for i in range(failures))
+        outcomes.extend(
+            answer(start + i, status=500, body=b'{"message": "Worker died."}', started_at=now) for i in range(failures)
+        )
         if recover:
             start = len(outcomes)
             outcomes.extend(answer(start + i, started_at=now + 0.01) for i in range(5))
         outcomes.extend(answer(0, body=b'{"echo": 99}', started_at=now + 0.02) for _ in range(wrong))
         workers["workers"] = [{"pid": 101 if replace else 100, "status": "READY"}]
 
-    monkeypatch.setattr(checks, "steady_load", steady_load)
-    monkeypatch.setattr(checks.os, "kill", kill)
-    return checks.worker_kill(server, EchoReference(), clients=4, before_s=0, after_s=after_s, settle_s=0)
+    monkeypatch.setattr(resilience, "steady_load", steady_load)
+    monkeypatch.setattr(resilience.os, "kill", kill)
+    return resilience.worker_kill(server, EchoReference(), clients=4, before_s=0, after_s=after_s, settle_s=0)
 
 
 def test_worker_kill_passes_when_only_the_in_flight_batch_fails(monkeypatch, server, workers):
@@ -278,13 +332,16 @@ def test_worker_kill_passes_when_only_the_in_flight_batch_fails(monkeypatch, ser
     assert row.details["in_flight_bound"] == BATCH_SIZE and row.details["failed"] == BATCH_SIZE
 
 
-@pytest.mark.parametrize("kwargs, expected", [
-    ({"failures": BATCH_SIZE + 1}, f"{BATCH_SIZE + 1} failed > in-flight batch {BATCH_SIZE}"),
-    ({"recover": False, "after_s": 0.3}, "no answer within 20 s"),
-    ({"replace": False, "after_s": 0.3}, "worker not replaced"),
-    ({"wrong": 1}, "1 wrong answers"),
-    ({"served_before": False}, "not run: no answer"),
-])
+@pytest.mark.parametrize(
+    "kwargs, expected",
+    [
+        ({"failures": BATCH_SIZE + 1}, f"{BATCH_SIZE + 1} failed > in-flight batch {BATCH_SIZE}"),
+        ({"recover": False, "after_s": 0.3}, "no answer within 20 s"),
+        ({"replace": False, "after_s": 0.3}, "worker not replaced"),
+        ({"wrong": 1}, "1 wrong answers"),
+        ({"served_before": False}, "not run: no answer"),
+    ],
+)
 def test_worker_kill_fails(monkeypatch, server, workers, kwargs, expected):
     row = run_worker_kill(monkeypatch, server, workers, **kwargs)
     assert not row.passed and expected in row.figure, row.figure
@@ -308,8 +365,8 @@ def run_hang(monkeypatch, server, workers, hung_status=500, later=(200, '{"label
             return SimpleNamespace(status_code=hung_status, text='{"code": 500, "message": "Worker died."}')
         return SimpleNamespace(status_code=later[0], text=later[1])
 
-    monkeypatch.setattr(checks.requests, "post", post)
-    return checks.hang(server, "fake", GOOD, HANG, 0, good_check=lambda answer: "label" in answer, recover_s=0.3)
+    monkeypatch.setattr(resilience.requests, "post", post)
+    return resilience.hang(server, "fake", GOOD, HANG, 0, good_check=lambda answer: "label" in answer, recover_s=0.3)
 
 
 def test_hang_passes_when_the_batch_fails_and_the_worker_is_replaced(monkeypatch, server, workers):
@@ -317,13 +374,16 @@ def test_hang_passes_when_the_batch_fails_and_the_worker_is_replaced(monkeypatch
     assert row.passed, row.figure
 
 
-@pytest.mark.parametrize("kwargs, expected", [
-    ({"hung_status": 200}, "not a 5xx"),
-    ({"later": (503, '{"message": "x"}')}, "no correct answer within 0.3 s"),
-    ({"later": (200, '{"other": 1}')}, "5 of 5 later requests failed or were wrong"),
-    ({"later": (200, '{"label": NaN}')}, "later requests failed or were wrong"),
-    ({"replace": False}, "worker not replaced"),
-])
+@pytest.mark.parametrize(
+    "kwargs, expected",
+    [
+        ({"hung_status": 200}, "not a 5xx"),
+        ({"later": (503, '{"message": "x"}')}, "no correct answer within 0.3 s"),
+        ({"later": (200, '{"other": 1}')}, "5 of 5 later requests failed or were wrong"),
+        ({"later": (200, '{"label": NaN}')}, "later requests failed or were wrong"),
+        ({"replace": False}, "worker not replaced"),
+    ],
+)
 def test_hang_fails(monkeypatch, server, workers, kwargs, expected):
     row = run_hang(monkeypatch, server, workers, **kwargs)
     assert not row.passed and expected in row.figure, row.figure
@@ -341,33 +401,47 @@ def fake_http(monkeypatch, answers):
         if "/predictions/" in url:
             if data and len(data) > 1000:
                 return "oversized_body"
-            return {"": "inference_without_token", "inf-key": "inference_with_token"}.get(token,
-                                                                                          "inference_wrong_token")
+            return {"": "inference_without_token", "inf-key": "inference_with_token"}.get(
+                token, "inference_wrong_token"
+            )
         if params:
             return "register_outside_url"
         return "management_with_token" if token == "mgmt-key" else "management_without_token"
 
+    def answer(name):
+        status = answers[name]
+        text = '{"label": 1}' if status == 200 else f'{{"code": {status}, "message": "refused"}}'
+        return SimpleNamespace(status_code=status, text=answers.get(f"{name}_text", text))
+
     def respond(method):
         def call(url, headers=None, params=None, data=None, timeout=None):
-            name = classify(method, url, headers, params, data)
-            status = answers[name]
-            text = '{"label": 1}' if status == 200 else '{"code": %d, "message": "refused"}' % status
-            return SimpleNamespace(status_code=status, text=answers.get(f"{name}_text", text))
+            return answer(classify(method, url, headers, params, data))
+
         return call
 
-    monkeypatch.setattr(checks.requests, "post", respond("POST"))
-    monkeypatch.setattr(checks.requests, "get", respond("GET"))
+    def management(method, path, token, params):
+        return answer(classify(method, f"{FakeServer.management_url}{path}", bearer(token), params))
+
+    monkeypatch.setattr(security.requests, "post", respond("POST"))
+    return management
 
 
-SECURE_ANSWERS = {"inference_without_token": 400, "inference_wrong_token": 400, "inference_with_token": 200,
-                  "management_without_token": 400, "management_with_token": 200, "register_outside_url": 404,
-                  "oversized_body": 413}
+SECURE_ANSWERS = {
+    "inference_without_token": 400,
+    "inference_wrong_token": 400,
+    "inference_with_token": 200,
+    "management_without_token": 400,
+    "management_with_token": 200,
+    "register_outside_url": 404,
+    "oversized_body": 413,
+}
 
 
 def run_security(monkeypatch, tokens=SECURE, **changes):
-    fake_http(monkeypatch, {**SECURE_ANSWERS, **changes})
+    management = fake_http(monkeypatch, {**SECURE_ANSWERS, **changes})
     server = FakeServer(tokens=tokens, props={"max_request_size": "100"})
-    return checks.security(server, b'{"inputs": []}', "fake", good_check=lambda answer: answer == {"label": 1})
+    server.respond = management
+    return security.security(server, b'{"inputs": []}', "fake", good_check=lambda answer: answer == {"label": 1})
 
 
 def test_security_passes_with_the_production_settings(monkeypatch):
@@ -375,16 +449,19 @@ def test_security_passes_with_the_production_settings(monkeypatch):
     assert row.passed, row.figure
 
 
-@pytest.mark.parametrize("changes, expected", [
-    ({"inference_without_token": 200}, "inference_without_token answered 200"),
-    ({"inference_wrong_token": 200}, "inference_wrong_token answered 200"),
-    ({"management_without_token": 200}, "management_without_token answered 200"),
-    ({"inference_with_token": 400}, "with the token: 400"),
-    ({"inference_with_token_text": '{"label": 2}'}, "with the token: 200"),
-    ({"management_with_token": 400}, "management with the token answered 400"),
-    ({"register_outside_url": 200}, "outside URL answered 200"),
-    ({"oversized_body": 500}, "oversized body answered 500"),
-])
+@pytest.mark.parametrize(
+    "changes, expected",
+    [
+        ({"inference_without_token": 200}, "inference_without_token answered 200"),
+        ({"inference_wrong_token": 200}, "inference_wrong_token answered 200"),
+        ({"management_without_token": 200}, "management_without_token answered 200"),
+        ({"inference_with_token": 400}, "with the token: 400"),
+        ({"inference_with_token_text": '{"label": 2}'}, "with the token: 200"),
+        ({"management_with_token": 400}, "management with the token answered 400"),
+        ({"register_outside_url": 200}, "outside URL answered 200"),
+        ({"oversized_body": 500}, "oversized body answered 500"),
+    ],
+)
 def test_security_fails(monkeypatch, changes, expected):
     row = run_security(monkeypatch, **changes)
     assert not row.passed and expected in row.figure, row.figure
@@ -401,18 +478,19 @@ def test_unsafe_loading_finds_an_unpickling_load(monkeypatch, tmp_path):
     (tmp_path / "handlers").mkdir()
     safe = tmp_path / "handlers" / "safe.py"
     safe.write_text("import torch\nstate = torch.load('w.pt', weights_only=True)\n")
-    monkeypatch.setattr(checks, "REPO", tmp_path)
-    assert checks.unsafe_loading(("handlers",)).passed
-    (tmp_path / "handlers" / "unsafe.py").write_text("import pickle, torch\nm = torch.load('m.pt')\n"
-                                                     "o = pickle.loads(b'')\n")
-    row = checks.unsafe_loading(("handlers",))
+    monkeypatch.setattr(security, "REPO", tmp_path)
+    assert security.unsafe_loading(("handlers",)).passed
+    (tmp_path / "handlers" / "unsafe.py").write_text(
+        "import pickle, torch\nm = torch.load('m.pt')\no = pickle.loads(b'')\n"
+    )
+    row = security.unsafe_loading(("handlers",))
     assert not row.passed and row.figure.startswith("2 unsafe load(s)")
 
 
 def test_unsafe_loading_fails_when_it_scanned_nothing(monkeypatch, tmp_path):
     (tmp_path / "handlers").mkdir()
-    monkeypatch.setattr(checks, "REPO", tmp_path)
-    row = checks.unsafe_loading(("handlers",))
+    monkeypatch.setattr(security, "REPO", tmp_path)
+    row = security.unsafe_loading(("handlers",))
     assert not row.passed and "in 0 files" in row.figure
 
 
@@ -422,7 +500,7 @@ def run_soak(monkeypatch, server, rss=lambda n: 500.0, statuses=None, pids=lambd
     taken = {"n": 0}
     enough = threading.Event()
 
-    def worker_pids(server, model):
+    def worker_pids(model):
         taken["n"] += 1
         if taken["n"] >= samples:
             enough.set()
@@ -431,10 +509,14 @@ def run_soak(monkeypatch, server, rss=lambda n: 500.0, statuses=None, pids=lambd
     def open_loop(url, make_body, rate, seconds, headers=None):
         enough.wait(10)
         count = len(statuses) if statuses is not None else 20
-        return [answer(i, status=(statuses or [200] * count)[i],
-                       body=None if (statuses or [200] * count)[i] == 200 else b"{}") for i in range(count)]
+        return [
+            answer(
+                i, status=(statuses or [200] * count)[i], body=None if (statuses or [200] * count)[i] == 200 else b"{}"
+            )
+            for i in range(count)
+        ]
 
-    monkeypatch.setattr(soak, "worker_pids", worker_pids)
+    server.client = SimpleNamespace(worker_pids=worker_pids)
     monkeypatch.setattr(soak, "open_loop", open_loop)
     monkeypatch.setattr(soak, "rss_mb", lambda pid: rss(taken["n"]))
     return soak.soak(server, EchoReference(), 1, 10, sample_every=0.001)
@@ -445,13 +527,16 @@ def test_soak_passes_with_flat_memory_and_clean_answers(monkeypatch, server):
     assert row.passed, row.figure
 
 
-@pytest.mark.parametrize("kwargs, expected", [
-    ({"rss": lambda n: 500.0 + 20 * n}, "worker RSS grew"),
-    ({"rss": lambda n: None}, "worker RSS not measured"),
-    ({"statuses": [200] * 19 + [500]}, "1 errors"),
-    ({"statuses": []}, "no request was sent"),
-    ({"pids": lambda n: [100] if n < 4 else [101]}, "1 worker restarts"),
-])
+@pytest.mark.parametrize(
+    "kwargs, expected",
+    [
+        ({"rss": lambda n: 500.0 + 20 * n}, "worker RSS grew"),
+        ({"rss": lambda n: None}, "worker RSS not measured"),
+        ({"statuses": [200] * 19 + [500]}, "1 errors"),
+        ({"statuses": []}, "no request was sent"),
+        ({"pids": lambda n: [100] if n < 4 else [101]}, "1 worker restarts"),
+    ],
+)
 def test_soak_fails(monkeypatch, server, kwargs, expected):
     row = run_soak(monkeypatch, server, **kwargs)
     assert not row.passed and expected in "; ".join(row.details["reasons"]), row.figure

@@ -49,11 +49,22 @@ def good_phase(log_dir, requests=100):
 
 
 def bad_phase(log_dir, requests=100, model_lines=None):
-    model_lines = model_lines if model_lines is not None else "".join(
-        event(i, "MODEL_LOG", "Failed json decoding of input data (JSONDecodeError: x); answered 4xx", "W-9000-stdout")
-        for i in range(requests))
-    return phase(log_dir, "bad", {"access_log.log": "".join(access(i, 50000 + i) for i in range(requests)),
-                                  "model_log.log": model_lines}, requests)
+    model_lines = (
+        model_lines
+        if model_lines is not None
+        else "".join(
+            event(
+                i, "MODEL_LOG", "Failed json decoding of input data (JSONDecodeError: x); answered 4xx", "W-9000-stdout"
+            )
+            for i in range(requests)
+        )
+    )
+    return phase(
+        log_dir,
+        "bad",
+        {"access_log.log": "".join(access(i, 50000 + i) for i in range(requests)), "model_log.log": model_lines},
+        requests,
+    )
 
 
 def test_bounded_logs_pass(log_dir):
@@ -67,16 +78,31 @@ def test_torchserve_default_config_fails(log_dir):
     """Every frontend event twice in ts_log, copies of worker and access lines in it, and all of it on stdout."""
     text = ""
     for i in range(100):
-        for logger, message in (("org.pytorch.serve.wlm.WorkerThread", f"Looping backend response at: {i}"),
-                                ("org.pytorch.serve.wlm.BatchAggregator", f"Sending response for jobId {i}")):
+        for logger, message in (
+            ("org.pytorch.serve.wlm.WorkerThread", f"Looping backend response at: {i}"),
+            ("org.pytorch.serve.wlm.BatchAggregator", f"Sending response for jobId {i}"),
+        ):
             text += event(i, logger, message) * 2
         text += event(i, "MODEL_LOG", "Backend received inference at: 1") + event(i, "ACCESS_LOG", f"/x:{i} 200")
-    good = phase(log_dir, "good", {"ts_log.log": text, "torchserve-start.log": text,
-                                   "access_log.log": "".join(access(i, 40000 + i) for i in range(100))}, 100)
+    good = phase(
+        log_dir,
+        "good",
+        {
+            "ts_log.log": text,
+            "torchserve-start.log": text,
+            "access_log.log": "".join(access(i, 40000 + i) for i in range(100)),
+        },
+        100,
+    )
     reasons = " | ".join(logs.judge(good, bad_phase(log_dir), 200_000))
     assert good.repeated_ts_events == 200 and good.copied_ts_events == 200
-    for expected in ("event(s) twice", "copies of other logs' lines", "grew by", "log bytes/request >",
-                     "more than start-up output"):
+    for expected in (
+        "event(s) twice",
+        "copies of other logs' lines",
+        "grew by",
+        "log bytes/request >",
+        "more than start-up output",
+    ):
         assert expected in reasons
 
 
@@ -86,7 +112,8 @@ def test_a_traceback_per_bad_request_fails(log_dir):
         + event(i, "MODEL_LOG", "Traceback (most recent call last):", "W-9000-stdout")
         + event(i, "MODEL_LOG", '  File "json/decoder.py", line 355, in raw_decode', "W-9000-stdout")
         + event(i, "MODEL_LOG", "json.decoder.JSONDecodeError: Expecting value", "W-9000-stdout")
-        for i in range(100))
+        for i in range(100)
+    )
     bad = bad_phase(log_dir, model_lines=traceback)
     reasons = logs.judge(good_phase(log_dir), bad, 2000)
     assert bad.tracebacks == 100
@@ -101,17 +128,27 @@ def test_two_lines_per_bad_request_fail_even_without_traceback(log_dir):
 
 def test_start_log_growing_while_serving_fails(log_dir):
     good = good_phase(log_dir)
-    bad = phase(log_dir, "bad", {"torchserve-start.log": "2026-... [ERROR] worker died\n",
-                                 "access_log.log": "".join(access(i, 50000 + i) for i in range(100))}, 100)
+    bad = phase(
+        log_dir,
+        "bad",
+        {
+            "torchserve-start.log": "2026-... [ERROR] worker died\n",
+            "access_log.log": "".join(access(i, 50000 + i) for i in range(100)),
+        },
+        100,
+    )
     assert bad.start_log_growth > 0
     assert any("torchserve-start.log grew" in r for r in logs.judge(good, bad, 2000))
 
 
-@pytest.mark.parametrize("change, reason", [
-    ({"requests": 0}, "no requests were sent"),
-    ({"wrong_answers": 3}, "not answered 200 with the reference answer"),
-    ({"bytes_by_file": {"access_log.log": 10_000_000}}, "log bytes/request >"),
-])
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        ({"requests": 0}, "no requests were sent"),
+        ({"wrong_answers": 3}, "not answered 200 with the reference answer"),
+        ({"bytes_by_file": {"access_log.log": 10_000_000}}, "log bytes/request >"),
+    ],
+)
 def test_each_rule_fails_alone(log_dir, change, reason):
     good, bad = good_phase(log_dir), bad_phase(log_dir)
     assert logs.judge(good, bad, 2000) == []

@@ -8,10 +8,13 @@ import time
 import psutil
 
 from scripts import server_watchdog
+from scripts.ops.server import PID_FILE, Server, process_alive
 
 # A stand-in "server": a process with a child of its own, like TorchServe's frontend and its Python workers.
-SERVER_WITH_CHILD = ("import subprocess, sys, time; "
-                     "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); time.sleep(120)")
+SERVER_WITH_CHILD = (
+    "import subprocess, sys, time; "
+    "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); time.sleep(120)"
+)
 
 
 def spawn(code):
@@ -20,9 +23,9 @@ def spawn(code):
 
 def wait_gone(pids, seconds=20):
     deadline = time.time() + seconds
-    while time.time() < deadline and any(server_watchdog.alive(pid) for pid in pids):
+    while time.time() < deadline and any(process_alive(pid) for pid in pids):
         time.sleep(0.2)
-    return [pid for pid in pids if server_watchdog.alive(pid)]
+    return [pid for pid in pids if process_alive(pid)]
 
 
 def children_of(pid, seconds=10):
@@ -38,12 +41,26 @@ def children_of(pid, seconds=10):
 def test_owner_killed_stops_the_server_and_its_children():
     owner, server = spawn("import time; time.sleep(120)"), spawn(SERVER_WITH_CHILD)
     workers = children_of(server.pid)
-    watchdog = subprocess.Popen([sys.executable, "-m", "scripts.server_watchdog", "--owner", str(owner.pid),
-                                 "--server-pid", str(server.pid), "--interval", "0.2", "--grace", "2"],
-                                stdout=subprocess.PIPE, text=True)
+    watchdog = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "scripts.server_watchdog",
+            "--owner",
+            str(owner.pid),
+            "--server-pid",
+            str(server.pid),
+            "--interval",
+            "0.2",
+            "--grace",
+            "2",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         time.sleep(1.0)
-        assert server_watchdog.alive(server.pid), "the watchdog stopped a server whose owner is alive"
+        assert process_alive(server.pid), "the watchdog stopped a server whose owner is alive"
         owner.send_signal(signal.SIGKILL)
         owner.wait()
         server.wait(timeout=20)
@@ -54,7 +71,7 @@ def test_owner_killed_stops_the_server_and_its_children():
         for process in (owner, server, watchdog):
             process.kill()
         for pid in workers:
-            if server_watchdog.alive(pid):
+            if process_alive(pid):
                 psutil.Process(pid).kill()
 
 
@@ -64,7 +81,30 @@ def test_watchdog_leaves_when_the_server_stops_normally():
         server.terminate()
         server.wait()
         assert server_watchdog.watch(owner.pid, server.pid, interval=0.1, grace=1) == "server stopped by its owner"
-        assert server_watchdog.alive(owner.pid)
+        assert process_alive(owner.pid)
     finally:
         owner.kill()
         server.kill()
+
+
+def test_server_stop_returns_after_the_frontend_and_its_workers_exited(tmp_path):
+    """Server.stop (`make stop`) must not say "stopped" while the frontend still lives (the JVM outlived the old
+    `torchserve --stop` by seconds): it waits for the process tree it stopped."""
+    server_process = spawn(SERVER_WITH_CHILD)
+    workers = children_of(server_process.pid)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / PID_FILE).write_text(str(server_process.pid))
+    (tmp_path / "config.properties").write_text("model_store=store\n")
+    server = Server(tmp_path / "config.properties", run_dir, tmp_path / "logs")
+    assert server.running()
+    try:
+        assert server.stop(timeout=3) is True
+        server_process.wait(timeout=5)  # reap it: it is our child here (a real frontend is not)
+        assert not any(process_alive(pid) for pid in workers), "stop returned while a worker still ran"
+        assert not server.running() and not (run_dir / PID_FILE).exists()
+        assert server.stop() is False  # nothing left to stop
+    finally:
+        for pid in [server_process.pid, *workers]:
+            if process_alive(pid):
+                psutil.Process(pid).kill()

@@ -1,0 +1,1 @@
+"""The classifier model kind: its network (``nets``) and its request bodies and answers (``requests``)."""

@@ -1,0 +1,349 @@
+"""The shared base of every handler: load-time choices once, then parse -> preprocess -> inference -> postprocess.
+
+A subclass supplies the model-specific parts:
+
+- ``options``: its ``handler:`` config schema (``config.COMMON_OPTIONS`` plus its own keys),
+- ``load_model(model_dir)``: what it loads, as a :class:`Loaded` object (the fp32 model in eval mode, plus e.g. its
+  tokenizer and limits),
+- ``reference_batch(loaded)`` and ``warmup_batches(loaded)``: fixed inputs for the accuracy gate and for warm-up,
+- ``forward(model, batch)``: one forward pass returning a tensor (used by the gate, warm-up and inference),
+- ``parse_request(body, request)``: validation of one request into its payload, raising :class:`RequestError`,
+- ``preprocess(payloads)`` -> a batch object (with ``rows``), ``inference(batch, scope)`` -> outputs,
+  ``postprocess(outputs, payloads)`` -> one result per payload: each stage gets what it needs from the one before by
+  return value; nothing about a batch is left on the handler.
+
+The base owns what is the same everywhere: the config, device, threads, precision with its accuracy gate, compilation
+and warm-up, per-request error mapping, one result per request, retrying a failed batch one request at a time, and
+the metrics every handler records.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from handlers.core import logging_setup, runtime
+from handlers.core.config import COMMON_OPTIONS, ConfigError, Option, validate
+from handlers.core.errors import RequestError, ServerError, server_failure
+from handlers.core.http import FORM_CONTENT_TYPES, RequestView, request_body, to_json
+from handlers.core.metrics import HandlerMetrics
+
+logger = logging.getLogger(__name__)
+logging_setup.install()  # a body TorchServe cannot decode costs one log line, not its ~15-line traceback
+
+JSON_CONTENT_TYPE = "application/json"
+
+
+@dataclass
+class Loaded:
+    """What ``load_model`` returns; a handler's own subclass adds what else it loaded (tokenizer, limits, ...).
+
+    After load, ``model`` is the served model (converted, compiled), not the fp32 one."""
+
+    model: Any  # a torch.nn.Module, or the callable torch.compile / AOTInductor made of it
+
+
+@dataclass(frozen=True)
+class PrecisionChoice:
+    """The accuracy gate's outcome: the model to serve, its precision, and what the gate measured."""
+
+    model: torch.nn.Module
+    precision: str
+    min_cosine: float  # smallest cosine similarity of its outputs to fp32's on the reference batch
+    rejected: str | None = None  # a precision the gate refused, if any
+
+
+class Batch(Protocol):
+    """What preprocess returns: the handler's own batch type, which says how many rows it computes."""
+
+    @property
+    def rows(self) -> int: ...
+
+
+@dataclass
+class BatchScope:
+    """What the stages of one ``handle`` call share besides their data, passed to them as an argument."""
+
+    context: Any  # TorchServe's context: intermediate responses go out through it
+    metrics: HandlerMetrics
+    # Batch indices that already received part of their answer (a streamed piece): computing such a request again
+    # would repeat what its client has, so it is never retried alone.
+    partly_answered: set[int] = field(default_factory=set)
+
+
+class ServingHandler:
+    options: dict[str, Option] = COMMON_OPTIONS
+
+    def __init__(self) -> None:
+        self.initialized = False
+        self.loaded: Loaded | None = None
+
+    @property
+    def model(self) -> Any:
+        """The served model (after precision choice and compilation)."""
+        return self.loaded.model if self.loaded is not None else None
+
+    # ----------------------------------------------------------------------------------------------- load time
+    def initialize(self, context: Any) -> None:
+        started = time.perf_counter()
+        properties = context.system_properties
+        self.model_dir = properties.get("model_dir")
+        yaml_config = getattr(context, "model_yaml_config", None) or {}
+        self.config = validate(yaml_config.get("handler"), self.options)
+        self.max_batch_requests = int(properties.get("batch_size") or yaml_config.get("batchSize") or 1)
+        model_info = (getattr(context, "manifest", None) or {}).get("model", {})
+        self.model_name = model_info.get("modelName", type(self).__name__)
+        self.model_version = str(model_info.get("modelVersion", "0"))
+        self.device = runtime.choose_device(properties.get("gpu_id"))
+        self.threads = runtime.set_threads(self.config["threads"], int(yaml_config.get("maxWorkers") or 1))
+
+        loaded = self.load_model(self.model_dir)
+        fp32_model = loaded.model.eval().to(self.device)
+        # Inputs are made outside inference mode, as served requests' are: a compiled graph guards on that too.
+        warmup_batches = list(self.warmup_batches(loaded)) if self.config["warmup"] else []
+        reference_batch = self.reference_batch(loaded)
+        with torch.inference_mode():
+            choice = self.select_precision(fp32_model, reference_batch)
+            served = self.prepare_compiled(choice, loaded, reference_batch)
+            for batch in warmup_batches:
+                self.forward(served, batch)
+        self.loaded = dataclasses.replace(loaded, model=served)  # the fp32 copy is not kept alive
+        self.precision, self.min_cosine, self.gate_rejected = choice.precision, choice.min_cosine, choice.rejected
+        self.compiles_after_warmup = runtime.compile_count()
+        self.load_seconds = time.perf_counter() - started
+        logger.info(
+            "%s %s ready on %s: precision=%s (requested %s, min cosine to fp32 %.6f), compile=%s, threads=%d, "
+            "load %.1fs",
+            self.model_name,
+            self.model_version,
+            self.device,
+            self.precision,
+            self.config["precision"],
+            self.min_cosine,
+            self.config["compile"],
+            self.threads,
+            self.load_seconds,
+        )
+        load_metrics = HandlerMetrics(context, self.model_name)
+        load_metrics.record("ServedPrecision", 1, [("Precision", self.precision)])
+        load_metrics.record("PrecisionMinCosine", self.min_cosine, [("Precision", self.precision)])
+        self.initialized = True
+
+    def select_precision(self, fp32_model: torch.nn.Module, reference: Any) -> PrecisionChoice:
+        """Convert to the configured precision, then keep it only if it passes the accuracy gate against fp32."""
+        wanted = runtime.resolve_precision(self.config["precision"], self.device)
+        if wanted == "fp32":
+            return PrecisionChoice(fp32_model, "fp32", 1.0)
+        if wanted == "int8" and self.device.type != "cpu":
+            raise ConfigError("handler.precision: int8 dynamic quantization runs on CPU only")
+        candidate = runtime.convert_model(fp32_model, wanted)
+        similarity = runtime.min_cosine_similarity(
+            self.forward(fp32_model, reference), self.forward(candidate, reference)
+        )
+        bound = self.config["min_cosine"]
+        if similarity < bound:
+            logger.warning(
+                "accuracy gate: %s reached min cosine %.6f to fp32, below the bound %.6f; serving fp32 instead",
+                wanted,
+                similarity,
+                bound,
+            )
+            return PrecisionChoice(fp32_model, "fp32", similarity, rejected=wanted)
+        logger.info("accuracy gate: %s passed with min cosine %.6f to fp32 (bound %.6f)", wanted, similarity, bound)
+        return PrecisionChoice(candidate, wanted, similarity)
+
+    def prepare_compiled(self, choice: PrecisionChoice, loaded: Any, reference: Any) -> Any:
+        mode = self.config["compile"]
+        if mode == "jit":
+            return runtime.compile_model(choice.model)
+        if mode == "aot":
+            return self.load_aot(choice, loaded, reference)
+        return choice.model
+
+    def load_aot(self, choice: PrecisionChoice, loaded: Any, reference: Any) -> Any:
+        raise ConfigError(f"handler.compile: {type(self).__name__} has no ahead-of-time package; use none or jit")
+
+    # ----------------------------------------------------------------------------------------------- per batch
+    def handle(self, data: list[Any], context: Any) -> list[str]:
+        """Answer every request of the batch: its own error for an invalid one, a result for each of the others."""
+        if len(data) == 1 and RequestView(context, 0).header("describe") == "True":
+            # GET /models/{name}?customized=true arrives as a request with this header (TorchServe's convention).
+            return [to_json(self.describe())]
+        scope = BatchScope(context, HandlerMetrics(context, self.model_name))
+        responses: list[str | None] = [None] * len(data)
+        accepted = []
+        for idx, request in enumerate(data):
+            try:
+                view = RequestView(context, idx)
+                if view.content_type in FORM_CONTENT_TYPES:
+                    # TorchServe splits form bodies into fields and drops the raw body: say so instead of "empty".
+                    raise RequestError(
+                        f"the body was sent as {view.content_type} (curl -d's default), which "
+                        f"TorchServe decodes as form fields; send it with "
+                        f"-H 'Content-Type: application/json' (or text/plain where accepted)",
+                        code=415,
+                        error_type="UnsupportedMediaType",
+                    )
+                accepted.append((idx, self.parse_request(request_body(request), view)))
+            except RequestError as error:
+                responses[idx] = self.reject(scope, idx, None, error)
+            except Exception as error:  # a parser bug must cost this request only, never the batch
+                logger.error("request %d: validation failed unexpectedly", idx, exc_info=True)
+                responses[idx] = self.reject(scope, idx, None, server_failure(error))
+        if accepted:
+            results = self.run_stages(accepted, scope)
+            for (idx, payload), result in zip(accepted, results, strict=True):
+                responses[idx] = self.answer(scope, idx, payload, result)
+        scope.metrics.record("Batches", 1)
+        scope.metrics.record("BatchRequests", len(data))
+        compiles = runtime.compile_count() - self.compiles_after_warmup if self.config["compile"] == "jit" else 0
+        if compiles > 0:
+            logger.warning("%d recompilation(s) after warm-up: a served shape was not warmed up", compiles)
+            scope.metrics.record("Recompilations", compiles)
+            self.compiles_after_warmup += compiles
+        return [response if response is not None else "" for response in responses]
+
+    def describe(self) -> dict[str, Any]:
+        """What ``describe --customized`` shows: the choices this worker made at load."""
+        return {
+            "precision": self.precision,
+            "requested_precision": self.config["precision"],
+            "precision_min_cosine": round(self.min_cosine, 6),
+            "gate_rejected": self.gate_rejected,
+            "compile": self.config["compile"],
+            "device": str(self.device),
+            "threads": self.threads,
+            "load_seconds": round(self.load_seconds, 2),
+        }
+
+    def run_stages(self, accepted: Sequence[tuple[int, Any]], scope: BatchScope) -> list[Any]:
+        """Results for the accepted (batch index, payload) pairs, one each, in order: a value or a RequestError.
+
+        A failure of the shared batch step must not fail requests that did not cause it: the batch is retried one
+        request at a time, so only the request that breaks the step (or one that already received part of its
+        answer, which cannot be repeated) gets the error."""
+        payloads = [payload for _, payload in accepted]
+        try:
+            return self.complete(self.run_batch(payloads, scope), len(payloads))
+        except RequestError as error:  # a stage found the whole group of accepted requests unservable
+            return [error] * len(payloads)
+        except Exception as error:  # our bug, the model's, or the machine's: answer with JSON, keep the worker
+            failure = server_failure(error)
+            if len(payloads) == 1:
+                logger.error("request failed: %s", failure.message, exc_info=True)
+                return [failure]
+            logger.warning(
+                "batch of %d failed (%s); retrying its requests one at a time",
+                len(payloads),
+                failure.message,
+                exc_info=True,
+            )
+            return [
+                self.run_stages([pair], scope)[0] if pair[0] not in scope.partly_answered else failure
+                for pair in accepted
+            ]
+
+    def run_batch(self, payloads: list[Any], scope: BatchScope) -> list[Any]:
+        """preprocess -> inference -> postprocess for the accepted requests, with per-stage timing."""
+        started = time.perf_counter()
+        batch = self.preprocess(payloads)
+        preprocessed = time.perf_counter()
+        with torch.inference_mode():
+            outputs = self.inference(batch, scope)
+        inferred = time.perf_counter()
+        results = self.postprocess(outputs, payloads)
+        finished = time.perf_counter()
+        scope.metrics.record("PreprocessSeconds", preprocessed - started)
+        scope.metrics.record("InferenceSeconds", inferred - preprocessed)
+        scope.metrics.record("PostprocessSeconds", finished - inferred)
+        self.after_batch(batch, scope.metrics)
+        return results
+
+    def after_batch(self, batch: Any, metrics: HandlerMetrics) -> None:
+        """Record what a computed batch was (a subclass adds its own figures and clean-up)."""
+        metrics.record("BatchRows", batch.rows)
+
+    @staticmethod
+    def complete(results: Sequence[Any] | None, expected: int) -> list[Any]:
+        """Exactly one result per accepted request: a missing one (a handler bug) is a 500 for that request alone."""
+        results = list(results) if results is not None else []
+        if len(results) > expected:  # which result belongs to which request is unknowable: fail them all
+            logger.error("postprocess returned %d results for %d requests", len(results), expected)
+            return [ServerError(f"the handler returned {len(results)} results for {expected} requests")] * expected
+        if len(results) < expected:
+            logger.error("postprocess returned %d results for %d requests", len(results), expected)
+        missing = ServerError("the handler returned no result for this request")
+        results += [None] * (expected - len(results))
+        return [missing if result is None else result for result in results]
+
+    def answer(self, scope: BatchScope, idx: int, payload: Any, result: Any) -> str:
+        """The response body of one accepted request: its result as strict JSON, or its own error."""
+        if not isinstance(result, RequestError):
+            try:
+                body = self.serialize(payload, result)
+                self.set_content_type(scope.context, idx, payload)
+                return body
+            except ValueError as error:  # NaN/Infinity or unencodable text: never answer 200 with broken JSON
+                logger.error("request %d: its answer is not strict JSON (%s)", idx, error)
+                result = ServerError("the model produced a non-finite number (NaN or Infinity); no answer was sent")
+        return self.reject(scope, idx, payload, result)
+
+    def reject(self, scope: BatchScope, idx: int, payload: Any, error: RequestError) -> str:
+        """Give one request its own status and error body; the rest of the batch is unaffected.
+
+        ``payload`` is None for a request refused before it was accepted."""
+        setter = getattr(scope.context, "set_response_status", None)
+        if setter is not None:
+            setter(error.code, error.phrase, idx)
+        self.set_content_type(scope.context, idx, payload)
+        scope.metrics.record("RequestErrors", 1, [("Code", error.code)])
+        return self.serialize(payload, self.error_value(payload, error))
+
+    def set_content_type(self, context: Any, idx: int, payload: Any) -> None:
+        setter = getattr(context, "set_response_content_type", None)
+        if setter is not None:
+            setter(idx, self.content_type(payload))
+
+    # ------------------------------------------------------------------------------ how answers are framed
+    def serialize(self, payload: Any, value: Any) -> str:
+        """One request's response body (a subclass may frame it differently, e.g. as a stream's last line)."""
+        return to_json(value)
+
+    def error_value(self, payload: Any, error: RequestError) -> dict[str, Any]:
+        """The JSON value that reports ``error`` to the request (payload None: refused before acceptance)."""
+        return error.to_body()
+
+    def content_type(self, payload: Any) -> str:
+        return JSON_CONTENT_TYPE
+
+    # ----------------------------------------------------------------------------------------------- subclass API
+    def load_model(self, model_dir: str) -> Loaded:
+        raise NotImplementedError
+
+    def reference_batch(self, loaded: Any) -> Any:
+        raise NotImplementedError
+
+    def warmup_batches(self, loaded: Any) -> Sequence[Any]:
+        return []
+
+    def forward(self, model: Any, batch: Any) -> torch.Tensor:
+        """One forward pass of ``model`` (the fp32 or converted module, or a compiled callable) on ``batch``."""
+        raise NotImplementedError
+
+    def parse_request(self, body: Any, request: RequestView) -> Any:
+        raise NotImplementedError
+
+    def preprocess(self, payloads: list[Any]) -> Batch:
+        raise NotImplementedError
+
+    def inference(self, batch: Any, scope: BatchScope) -> Any:
+        raise NotImplementedError
+
+    def postprocess(self, outputs: Any, payloads: list[Any]) -> list[Any]:
+        raise NotImplementedError

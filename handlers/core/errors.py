@@ -1,0 +1,62 @@
+"""Per-request errors, the JSON body that reports them, and the error a failed computation maps to.
+
+A handler raises :class:`RequestError` while it validates one request; the base handler turns it into that request's
+own HTTP status and JSON body, so the rest of the batch is answered normally and the worker keeps running.
+"""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+
+import torch
+
+
+class RequestError(Exception):
+    """A client error that belongs to one request (never to the whole batch)."""
+
+    def __init__(self, message: str, code: int = 400, error_type: str = "InvalidRequest") -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = int(code)
+        self.error_type = error_type
+
+    def to_body(self) -> dict[str, object]:
+        return {"code": self.code, "type": self.error_type, "message": self.message}
+
+    @property
+    def phrase(self) -> str:
+        try:
+            return HTTPStatus(self.code).phrase
+        except ValueError:
+            return "Error"
+
+
+class ServerError(RequestError):
+    """Something failed on our side while answering a valid request (500, or 507 when out of memory)."""
+
+    def __init__(self, message: str, code: int = 500, error_type: str = "InternalServerError") -> None:
+        super().__init__(message, code=code, error_type=error_type)
+
+
+def too_large(message: str) -> RequestError:
+    """A request over one of a model's size limits: 413, so a client can tell 'too big' from 'malformed'."""
+    return RequestError(message, code=413, error_type="RequestTooLarge")
+
+
+def server_failure(error: BaseException) -> ServerError:
+    """The 500 (or 507 when memory ran out) that answers a request whose computation raised ``error``.
+
+    Out of memory is recognised by the exception's type, never by its message."""
+    if isinstance(error, (MemoryError, torch.OutOfMemoryError)):
+        return ServerError(
+            f"out of memory while computing the answer ({type(error).__name__}); retry later or send a smaller request",
+            code=507,
+            error_type="InsufficientStorage",
+        )
+    return ServerError(f"inference failed: {type(error).__name__}")
+
+
+def shown(value: object, width: int = 40) -> str:
+    """A client's value for an error message, shortened so the message keeps what it says about it."""
+    text = repr(value)
+    return text if len(text) <= width else f"{text[: width - 3]}..."

@@ -1,0 +1,93 @@
+"""Custom metrics recorded by the handlers: declared here once, recorded through :class:`HandlerMetrics`.
+
+TorchServe's frontend drops a metric its metrics file does not declare, so ``config/metrics.yaml`` is generated from
+:data:`MODEL_METRICS` (``python -m scripts.package --metrics``; a unit test fails when the file is out of step).
+
+Why sizes are counters, not histograms: TorchServe 0.12 builds every Prometheus histogram with the client library's
+default buckets (5 ms ... 10 s; its metrics file has no bucket setting and the frontend's PrometheusHistogram sets
+none), which fit durations in seconds only: a batch of 64 rows would land in +Inf. So only times are histograms; sizes
+are counters whose ratios are the means a dashboard wants (BatchRows / Batches = mean rows per batch,
+PaddedTokens / RealTokens = padding ratio), computed over any window with ``rate()``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    kind: str  # TorchServe metric type: "counter", "gauge" or "histogram"
+    unit: str
+    help: str
+    labels: tuple[str, ...] = ()  # dimensions between ModelName and Level
+
+
+# Every dimension list is ModelName, the metric's own labels, Level (the order TorchServe exports them in).
+MODEL_METRICS: dict[str, MetricSpec] = {
+    # per-stage times of a batch: the percentiles TorchServe's built-in sums cannot give
+    "PreprocessSeconds": MetricSpec("histogram", "s", "time in preprocess per batch"),
+    "InferenceSeconds": MetricSpec("histogram", "s", "time in inference per batch"),
+    "PostprocessSeconds": MetricSpec("histogram", "s", "time in postprocess per batch"),
+    # batch sizes (every handler)
+    "Batches": MetricSpec("counter", "count", "batches TorchServe handed to the handler"),
+    "BatchRequests": MetricSpec("counter", "count", "requests in those batches; / Batches = mean batch size"),
+    "BatchRows": MetricSpec(
+        "counter", "count", "rows (inputs, texts, prompts) of accepted requests; / Batches = mean rows per batch"
+    ),
+    "RequestErrors": MetricSpec("counter", "count", "requests answered with an error, by HTTP code", ("Code",)),
+    "ServedPrecision": MetricSpec("gauge", "info", "1 for the precision the worker serves", ("Precision",)),
+    "PrecisionMinCosine": MetricSpec("gauge", "ratio", "accuracy gate: min cosine similarity to fp32", ("Precision",)),
+    "Recompilations": MetricSpec("counter", "count", "torch.compile recompilations after warm-up (jit)"),
+    # embeddings
+    "CacheHits": MetricSpec("counter", "count", "rows answered from the worker's embedding cache"),
+    "CacheMisses": MetricSpec("counter", "count", "rows computed by the model"),
+    "PaddedTokens": MetricSpec("counter", "count", "tokens the forward passes computed, padding included"),
+    "RealTokens": MetricSpec(
+        "counter", "count", "tokens of the computed texts; PaddedTokens / RealTokens = padding ratio (1.0 = none)"
+    ),
+    # generator
+    "TimeToFirstTokenSeconds": MetricSpec("histogram", "s", "from the start of a batch to its first generated token"),
+    "GeneratedTokens": MetricSpec("counter", "count", "tokens generated"),
+}
+
+
+def dimension_names(name: str) -> list[str]:
+    """The dimensions a metric is recorded with, in order (what config/metrics.yaml must declare for it)."""
+    return ["ModelName", *MODEL_METRICS[name].labels, "Level"]
+
+
+class HandlerMetrics:
+    """Records our custom metrics through TorchServe's metric cache; a context without one (unit tests) is fine."""
+
+    def __init__(self, context: Any, model_name: str) -> None:
+        self.cache = getattr(context, "metrics", None)
+        self.model_name = model_name
+        self.recorded: list[tuple[str, float, dict[str, str]]] = []  # what was recorded; unit tests read it
+
+    def record(self, name: str, value: float, dimensions: Iterable[tuple[str, Any]] = ()) -> None:
+        spec = MODEL_METRICS[name]
+        labels = {key: str(value_) for key, value_ in dimensions}
+        if tuple(labels) != spec.labels:
+            raise ValueError(f"metric {name} is declared with labels {spec.labels}, recorded with {tuple(labels)}")
+        self.recorded.append((name, value, labels))
+        if self.cache is None:
+            return
+        from ts.metrics.dimension import Dimension
+        from ts.metrics.metric_type_enum import MetricTypes
+
+        dims = [Dimension("ModelName", self.model_name)] + [Dimension(k, v) for k, v in labels.items()]
+        dims.append(Dimension("Level", "Model"))
+        try:
+            self.cache.add_metric(name, value, spec.unit, None, dims, MetricTypes[spec.kind.upper()])
+        except Exception:  # a metrics problem must never fail a request
+            logger.warning("could not record metric %s", name, exc_info=True)
+
+    def values(self, name: str) -> list[float]:
+        """Every value recorded for ``name`` by this recorder."""
+        return [value for recorded, value, _ in self.recorded if recorded == name]

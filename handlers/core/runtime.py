@@ -1,0 +1,94 @@
+"""Device, threads, precision and compilation: the choices every handler makes the same way at load."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+FLOAT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def choose_device(gpu_id: int | str | None) -> torch.device:
+    """CUDA when TorchServe assigned this worker a GPU and CUDA works, else CPU."""
+    if gpu_id is not None and torch.cuda.is_available():
+        return torch.device(f"cuda:{int(gpu_id)}")
+    return torch.device("cpu")
+
+
+def cpu_has_native_bf16() -> bool:
+    """True when the CPU executes bf16 matrix work natively (AVX512-BF16 or AMX); emulated bf16 is slower than fp32."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            flags = next((line for line in cpuinfo if line.startswith("flags")), "")
+    except OSError:
+        return False
+    return bool({"avx512_bf16", "amx_bf16"} & set(flags.split()))
+
+
+def resolve_precision(requested: str, device: torch.device) -> str:
+    """Turn ``auto`` into a concrete precision for this device; explicit choices pass through."""
+    if requested != "auto":
+        return requested
+    if device.type == "cuda":
+        return "fp16"
+    return "bf16" if cpu_has_native_bf16() else "fp32"
+
+
+def set_threads(requested: int, workers: int) -> int:
+    """Give each worker an equal share of the cores: N workers each using every core oversubscribe the CPU."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    threads = requested or max(1, cores // max(1, workers))
+    torch.set_num_threads(threads)
+    return threads
+
+
+def convert_model(model: torch.nn.Module, precision: str) -> torch.nn.Module:
+    """Return a copy of an fp32 eval model in the given precision (int8 = dynamic quantization of Linear layers)."""
+    if precision == "fp32":
+        return model
+    if precision == "int8":
+        return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+    import copy
+
+    return copy.deepcopy(model).to(FLOAT_DTYPES[precision])
+
+
+def input_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The float dtype a model takes its inputs in: that of its first floating parameter, else fp32.
+
+    Read from the model itself, so the fp32 reference and a reduced-precision candidate can be run one after the
+    other (the accuracy gate) without any state to switch; int8 dynamic quantization keeps fp32 inputs."""
+    for parameter in model.parameters():
+        if parameter.is_floating_point():
+            return parameter.dtype
+    return torch.float32
+
+
+def min_cosine_similarity(reference: torch.Tensor, candidate: torch.Tensor) -> float:
+    """Smallest row-wise cosine similarity between two output batches (compared in fp32)."""
+    reference = reference.float().flatten(1)
+    candidate = candidate.float().flatten(1)
+    return torch.nn.functional.cosine_similarity(reference, candidate, dim=1).min().item()
+
+
+def compile_model(model: torch.nn.Module) -> Any:
+    """torch.compile with dynamic shapes, so that every batch size and length after warm-up reuses the same graphs.
+
+    Returns a callable with the model's signature (and parameters)."""
+    import torch._dynamo
+
+    # Warm-up compiles each shape family once; raise the limit so none of them falls back to eager silently.
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    return torch.compile(model, dynamic=True)
+
+
+def compile_count() -> int:
+    """How many frames dynamo has compiled in this process (a recompilation raises it)."""
+    from torch._dynamo.utils import counters
+
+    return sum(counters["frames"].get(key, 0) for key in ("ok",))

@@ -1,0 +1,182 @@
+"""Batch assembly for the embedding model: cache lookups, one tokenizer call, limits, padded length groups; and the
+answers once the rows are computed. Each step returns what the next one needs (:class:`EmbeddingBatch`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from handlers.core.errors import RequestError, too_large
+from handlers.embedding.buckets import padded_tokens, plan_forward_groups
+from handlers.embedding.cache import CachedEmbedding, CacheKey, EmbeddingCache
+from handlers.embedding.encoder import LoadedEncoder
+from handlers.embedding.requests import EmbeddingRequest, format_response
+
+
+@dataclass(frozen=True)
+class BatchStats:
+    """What a batch cost, for its metrics and for the decision to return freed memory."""
+
+    rows: int  # texts of accepted requests (cached or computed)
+    hits: int  # distinct texts answered from the cache
+    misses: int  # distinct texts computed
+    padded_tokens: int  # tokens the forward passes compute, padding included
+    real_tokens: int  # tokens of the computed texts
+
+
+@dataclass(frozen=True)
+class ForwardPass:
+    rows: list[int]  # positions among the batch's computed rows
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+
+
+@dataclass
+class EmbeddingBatch:
+    """What preprocess hands on: cached rows, rows to compute (as padded groups) and per-request errors."""
+
+    keys: list[list[CacheKey]]  # per request, the cache key of each of its texts
+    known: dict[CacheKey, CachedEmbedding]  # key -> entry, for cache hits (and, after inference, computed rows)
+    errors: list[RequestError | None]  # per request: None or its error
+    compute_keys: list[CacheKey] = field(default_factory=list)  # rows to compute, in order
+    compute_tokens: list[int] = field(default_factory=list)
+    compute_truncated: list[bool] = field(default_factory=list)
+    passes: list[ForwardPass] = field(default_factory=list)
+    stats: BatchStats | None = None
+
+    @property
+    def rows(self) -> int:
+        return self.stats.rows if self.stats is not None else 0
+
+
+@dataclass(frozen=True)
+class ComputedBatch:
+    """What inference hands to postprocess: the batch and its computed rows ([len(compute_keys), dim], fp32)."""
+
+    batch: EmbeddingBatch
+    embeddings: torch.Tensor
+
+
+def pad_rows(id_lists: Sequence[Sequence[int]], pad_length: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token id lists -> (input_ids, attention_mask), right-padded to ``pad_length``."""
+    ids = [list(row) + [pad_id] * (pad_length - len(row)) for row in id_lists]
+    mask = [[1] * len(row) + [0] * (pad_length - len(row)) for row in id_lists]
+    return torch.tensor(ids, dtype=torch.long), torch.tensor(mask, dtype=torch.long)
+
+
+def encode_padded(
+    loaded: LoadedEncoder, texts: Sequence[str], pad_length: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokenize texts in one call and pad them to one length (for the gate and warm-up inputs)."""
+    encodings = loaded.tokenizer.encode_batch(list(texts))
+    pad_length = pad_length or max(len(e.ids) for e in encodings)
+    return pad_rows([e.ids for e in encodings], pad_length, loaded.pad_id)
+
+
+def assemble_batch(
+    payloads: Sequence[EmbeddingRequest],
+    loaded: LoadedEncoder,
+    cache: EmbeddingCache,
+    key_of: Callable[[str], CacheKey],
+    max_request_tokens: int,
+    max_forward_tokens: int,
+) -> EmbeddingBatch:
+    """Cache lookups, one tokenizer call for the misses, truncation and token checks, then padded length groups."""
+    batch = EmbeddingBatch(keys=[], known={}, errors=[None] * len(payloads))
+    miss_index: dict[CacheKey, int] = {}  # key -> position among the misses (a repeated text is computed once)
+    misses: list[str] = []
+    miss_keys: list[CacheKey] = []
+    for payload in payloads:
+        keys = [key_of(text) for text in payload.texts]
+        batch.keys.append(keys)
+        for key, text in zip(keys, payload.texts, strict=True):
+            if key in batch.known or key in miss_index:
+                continue
+            cached = cache.get(key)
+            if cached is not None:
+                batch.known[key] = cached
+            else:
+                miss_index[key] = len(misses)
+                misses.append(text)
+                miss_keys.append(key)
+    encodings = loaded.tokenizer.encode_batch(misses) if misses else []
+
+    needed: set[int] = set()
+    for number, (payload, keys) in enumerate(zip(payloads, batch.keys, strict=True)):
+        batch.errors[number] = request_error(
+            payload, keys, batch.known, miss_index, encodings, loaded.max_tokens, max_request_tokens
+        )
+        if batch.errors[number] is None:
+            needed.update(miss_index[key] for key in keys if key in miss_index)
+
+    order = sorted(needed)  # misses some accepted request needs, in arrival order
+    batch.compute_keys = [miss_keys[m] for m in order]
+    batch.compute_tokens = [len(encodings[m].ids) for m in order]
+    batch.compute_truncated = [bool(encodings[m].overflowing) for m in order]
+    groups = plan_forward_groups(batch.compute_tokens, loaded.buckets, max_forward_tokens)
+    for group in groups:
+        # Tensors are made here, outside inference mode, exactly like warm-up's (a compiled graph guards on it).
+        input_ids, attention_mask = pad_rows(
+            [encodings[order[row]].ids for row in group.rows], group.pad_length, loaded.pad_id
+        )
+        batch.passes.append(ForwardPass(group.rows, input_ids, attention_mask))
+    batch.stats = BatchStats(
+        rows=sum(len(keys) for keys, error in zip(batch.keys, batch.errors, strict=True) if error is None),
+        hits=len(batch.known),
+        misses=len(order),
+        padded_tokens=padded_tokens(groups),
+        real_tokens=sum(batch.compute_tokens),
+    )
+    return batch
+
+
+def request_error(
+    payload: EmbeddingRequest,
+    keys: Sequence[CacheKey],
+    known: dict[CacheKey, CachedEmbedding],
+    miss_index: dict[CacheKey, int],
+    encodings: Sequence[Any],
+    max_tokens: int,
+    max_request_tokens: int,
+) -> RequestError | None:
+    """Why one request cannot be served after tokenizing (a text over the token limit with truncate false, or too
+    many tokens in all), or None. Tokens are counted whether or not a text is cached, so that acceptance never
+    depends on the cache's state."""
+    tokens = 0
+    for key, name in zip(keys, payload.names, strict=True):
+        if key in known:
+            truncated, tokens = known[key].truncated, tokens + known[key].tokens
+        else:
+            encoding = encodings[miss_index[key]]
+            truncated, tokens = bool(encoding.overflowing), tokens + len(encoding.ids)
+        if truncated and not payload.truncate:
+            return RequestError(
+                f"{name} is longer than the model's limit of {max_tokens} tokens and 'truncate' is false"
+            )
+    if tokens > max_request_tokens:
+        return too_large(
+            f"the request has {tokens} tokens after truncation; handler.max_request_tokens is {max_request_tokens}"
+        )
+    return None
+
+
+def answer_requests(
+    computed: ComputedBatch, payloads: Sequence[EmbeddingRequest], cache: EmbeddingCache, model_name: str
+) -> list[Any]:
+    """Store the computed rows in the cache, then answer each request with its own rows in its own order."""
+    batch, embeddings = computed.batch, computed.embeddings
+    known = dict(batch.known)
+    for row, key in enumerate(batch.compute_keys):
+        entry = CachedEmbedding(embeddings[row].clone(), batch.compute_tokens[row], batch.compute_truncated[row])
+        known[key] = entry
+        cache.put(key, entry)
+    results: list[Any] = []
+    for payload, keys, error in zip(payloads, batch.keys, batch.errors, strict=True):
+        if error is not None:
+            results.append(error)
+        else:
+            results.append(format_response(payload, [known[key] for key in keys], model_name))
+    return results

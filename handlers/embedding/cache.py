@@ -1,0 +1,55 @@
+"""A bounded least-recently-used cache of computed embeddings, local to one worker.
+
+Keys say everything that determines the vector: the text, the model version, the served precision and the token
+limit it was truncated at. A capacity of 0 disables the cache (every lookup misses, nothing is stored).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+CacheKey = tuple[bytes, str, str, int]
+
+
+@dataclass(frozen=True)
+class CachedEmbedding:
+    embedding: torch.Tensor  # fp32, [dim], unit length
+    tokens: int  # tokens the model saw (after truncation, special tokens included)
+    truncated: bool
+
+
+def cache_key(text: str, model_version: str, precision: str, max_tokens: int) -> CacheKey:
+    """What determines a text's vector. A digest, not the text: a full cache of max_text_chars texts would hold up to
+    4 bytes x 20,000 characters x 4096 entries of keys (Python stores astral characters in 4 bytes each)."""
+    digest = hashlib.blake2b(text.encode("utf-8"), digest_size=16).digest()
+    return (digest, model_version, precision, max_tokens)
+
+
+class EmbeddingCache:
+    def __init__(self, capacity: int) -> None:
+        if capacity < 0:
+            raise ValueError(f"cache capacity must be >= 0, got {capacity}")
+        self.capacity = capacity
+        self._entries: OrderedDict[CacheKey, CachedEmbedding] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: CacheKey) -> CachedEmbedding | None:
+        """The cached entry (now the most recently used) or None."""
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._entries.move_to_end(key)
+        return entry
+
+    def put(self, key: CacheKey, entry: CachedEmbedding) -> None:
+        if self.capacity == 0:
+            return
+        self._entries[key] = entry
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.capacity:
+            self._entries.popitem(last=False)

@@ -1,0 +1,175 @@
+"""Embedding requests: what a body may say, validated into texts; and the JSON answers for each request shape.
+
+Accepted bodies (docs/embeddings.md):
+
+- plain text (``Content-Type: text/*``): the whole body is one text;
+- ``{"text": "...", "truncate": bool?}`` -> ``{"embedding": [...], "truncated": bool}``;
+- OpenAI style ``{"input": "..." | ["...", ...], "model": str?, "encoding_format": "float"?, "dimensions": int?,
+  "user": str?, "truncate": bool?}`` -> ``{"object": "list", "data": [...], "model": ..., "usage": {...}}``.
+
+``model`` and ``user`` are accepted and ignored (the URL picks the model). Fields that would change the answer and
+that we cannot honour are refused instead of silently ignored: ``encoding_format`` other than ``"float"``,
+``dimensions`` other than the model's own, token-id arrays, and any field not listed above.
+
+Size limits (``handler:`` config, :class:`EmbeddingLimits`) are checked here, before any text reaches the tokenizer:
+the tokenizer reads a whole text even though only its first 256 tokens are kept, so its cost grows with characters.
+Each refusal is a 413 whose message names the limit key and its value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from handlers.core.errors import RequestError, too_large
+from handlers.core.http import decode_json
+
+TEXT_FIELDS = {"text", "truncate"}
+OPENAI_FIELDS = {"input", "model", "encoding_format", "dimensions", "user", "truncate"}
+
+
+@dataclass(frozen=True)
+class EmbeddingLimits:
+    """What one request may cost before tokenizing (tokens after truncation are checked by the handler)."""
+
+    max_inputs: int  # texts in one 'input' list
+    max_text_chars: int  # characters (code points) of one text
+    max_request_chars: int  # characters of all the request's texts together
+
+
+@dataclass
+class EmbeddingRequest:
+    texts: list[str]
+    names: list[str]  # how error messages name each text: "'text'", "'input'[3]", "body"
+    shape: str  # "text" (plain body or {"text"}) or "openai"
+    truncate: bool  # False: a text over the token limit is an error instead of being cut
+
+
+def check_text(value: Any, where: str, max_chars: int) -> str:
+    if not isinstance(value, str):
+        hint = ": token-id arrays are not supported, send text" if isinstance(value, (int, list)) else ""
+        raise RequestError(f"{where} is {type(value).__name__}, not a string{hint}")
+    if len(value) > max_chars:  # first: the checks below copy or scan the whole text
+        raise too_large(f"{where} has {len(value)} characters; handler.max_text_chars is {max_chars}")
+    if not value.strip():
+        raise RequestError(f"{where} is empty (or only whitespace)")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as error:  # JSON "\ud800" parses to a lone surrogate the tokenizer cannot take
+        raise RequestError(f"{where} is not valid Unicode (unpaired surrogate at character {error.start})") from None
+    return value
+
+
+def parse_embedding_request(body: Any, content_type: str, dimension: int, limits: EmbeddingLimits) -> EmbeddingRequest:
+    """Validate one request body (as TorchServe hands it over) into an :class:`EmbeddingRequest`."""
+    request = parse_body(body, content_type, dimension, limits)
+    chars = sum(len(text) for text in request.texts)
+    if chars > limits.max_request_chars:
+        raise too_large(
+            f"the request's texts have {chars} characters together; handler.max_request_chars is "
+            f"{limits.max_request_chars}"
+        )
+    return request
+
+
+def parse_body(body: Any, content_type: str, dimension: int, limits: EmbeddingLimits) -> EmbeddingRequest:
+    body = decoded_body(body, content_type)
+    if isinstance(body, str):
+        return EmbeddingRequest([check_text(body, "body", limits.max_text_chars)], ["body"], "text", True)
+    if not isinstance(body, dict):
+        raise RequestError(f"body must be a JSON object with 'text' or 'input', got {type(body).__name__}")
+    if "text" in body and "input" in body:
+        raise RequestError("send either 'text' or 'input', not both")
+    if "text" not in body and "input" not in body:
+        raise RequestError("missing field 'text' (or 'input' for the OpenAI embeddings shape)")
+    shape, allowed = ("text", TEXT_FIELDS) if "text" in body else ("openai", OPENAI_FIELDS)
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise RequestError(f"unknown field(s) {unknown}; accepted: {sorted(allowed)}")
+    truncate = body.get("truncate", True)
+    if not isinstance(truncate, bool):
+        raise RequestError(f"'truncate' must be true or false, got {truncate!r}")
+    if shape == "text":
+        return EmbeddingRequest(
+            [check_text(body["text"], "'text'", limits.max_text_chars)], ["'text'"], shape, truncate
+        )
+    check_openai_options(body, dimension)
+    return openai_request(body["input"], truncate, limits)
+
+
+def decoded_body(body: Any, content_type: str) -> Any:
+    """The body as text (a plain-text request) or a decoded JSON value, whichever form TorchServe handed over."""
+    if isinstance(body, (bytes, bytearray)):
+        if content_type.startswith("text/"):
+            try:
+                return bytes(body).decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise RequestError(f"body is not valid UTF-8 (byte {error.start})") from None
+        body = decode_json(body)
+        if isinstance(body, str):
+            raise RequestError("body must be a JSON object with 'text' or 'input' (or send text/plain)")
+    if body is None:
+        raise RequestError("body is empty")
+    if isinstance(body, str) and content_type == "application/json":  # TorchServe parsed a bare JSON string
+        raise RequestError("body must be a JSON object with 'text' or 'input' (or send text/plain)")
+    return body
+
+
+def openai_request(inputs: Any, truncate: bool, limits: EmbeddingLimits) -> EmbeddingRequest:
+    """The texts of an OpenAI-style ``input``: one string or a list of them."""
+    if isinstance(inputs, str):
+        return EmbeddingRequest([check_text(inputs, "'input'", limits.max_text_chars)], ["'input'"], "openai", truncate)
+    if not isinstance(inputs, list) or not inputs:
+        raise RequestError("'input' must be a string or a non-empty list of strings")
+    if len(inputs) > limits.max_inputs:
+        raise too_large(
+            f"'input' has {len(inputs)} items; at most {limits.max_inputs} are allowed per request (handler.max_inputs)"
+        )
+    names = [f"'input'[{i}]" for i in range(len(inputs))]
+    texts = [check_text(item, name, limits.max_text_chars) for item, name in zip(inputs, names, strict=True)]
+    return EmbeddingRequest(texts, names, "openai", truncate)
+
+
+def check_openai_options(body: dict[str, Any], dimension: int) -> None:
+    for name in ("model", "user"):
+        if name in body and not isinstance(body[name], str):
+            raise RequestError(f"'{name}' must be a string, got {type(body[name]).__name__}")
+    encoding = body.get("encoding_format", "float")
+    if encoding != "float":
+        raise RequestError(f"'encoding_format' {encoding!r} is not supported; only 'float'")
+    if "dimensions" in body and (type(body["dimensions"]) is not int or body["dimensions"] != dimension):
+        raise RequestError(f"'dimensions' {body['dimensions']!r} is not supported; this model returns {dimension}")
+
+
+class EmbeddingRow(Protocol):
+    """One text's computed row as an answer needs it (a cache entry is one)."""
+
+    @property
+    def embedding(self) -> torch.Tensor: ...
+
+    @property
+    def tokens(self) -> int: ...
+
+    @property
+    def truncated(self) -> bool: ...
+
+
+def format_response(request: EmbeddingRequest, rows: Sequence[EmbeddingRow], model_name: str) -> dict[str, Any]:
+    """The answer to one request (the base serializes it); ``rows`` are its CachedEmbedding-like entries in order."""
+    if request.shape == "text":
+        [row] = rows
+        return {"embedding": row.embedding.tolist(), "truncated": row.truncated}
+    tokens = sum(row.tokens for row in rows)
+    data = [
+        {"object": "embedding", "index": index, "embedding": row.embedding.tolist(), "truncated": row.truncated}
+        for index, row in enumerate(rows)
+    ]
+    return {
+        "object": "list",
+        "data": data,
+        "model": model_name,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }

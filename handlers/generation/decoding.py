@@ -1,0 +1,204 @@
+"""Token-by-token generation for a batch of prompts with a Hugging Face causal LM, reusing the key/value cache.
+
+The pieces, each usable without a server:
+
+- :class:`SamplingSettings` / :class:`Sequence`: what one request asked for and what it has produced so far.
+- :func:`left_pad`: prompts of different lengths as one batch (left padding, attention mask, position ids), so that
+  every row's next token is at the last column.
+- :func:`choose_token`: greedy or seeded temperature/top-k sampling for one row, with that request's own generator,
+  so a request's tokens never depend on its batch-mates.
+- :func:`generate`: the decoding loop. The prompt is run once (prefill); each later step feeds only the newest token
+  of every active row together with the cache (``use_cache=False`` recomputes the whole prefix every step instead:
+  the reference the tests and the benchmark compare against). A row that finishes leaves the batch at once: its rows
+  are dropped from the cache and from the mask, so the remaining rows compute exactly what they would alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+FINISH_STOP = "stop"  # the model produced its end-of-text token
+FINISH_LENGTH = "length"  # max_new_tokens reached
+FINISH_ERROR = "error"  # this sequence alone could not continue (see Sequence.error); the others go on
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    max_new_tokens: int
+    temperature: float = 0.0  # 0 = greedy (argmax); otherwise logits are divided by it before sampling
+    top_k: int = 0  # 0 = sample from the whole vocabulary
+    seed: int = 0  # seeds this request's own generator (unused when greedy)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class Sequence:
+    """One request's generation state; :func:`generate` appends to ``token_ids`` and sets ``finish_reason``."""
+
+    prompt_ids: list[int]
+    settings: SamplingSettings
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    error: str | None = None  # why it stopped when finish_reason is FINISH_ERROR
+    generator: torch.Generator = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.prompt_ids:
+            raise ValueError("a prompt needs at least one token")
+        # Sampling runs on the CPU with a per-request generator: same seed -> same tokens on any device, any batch.
+        self.generator = torch.Generator(device="cpu").manual_seed(self.settings.seed)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+def left_pad(
+    token_lists: list[list[int]], pad_token_id: int, device: torch.device | str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Batch of token lists -> (input_ids, attention_mask, position_ids), padded on the left.
+
+    Left padding puts every row's last real token in the last column, where the next-token logits are read. Position
+    ids count real tokens only, so a padded row sees the same positions as it would alone.
+    """
+    width = max(len(tokens) for tokens in token_lists)
+    input_ids = torch.full((len(token_lists), width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(token_lists), width), dtype=torch.long)
+    for row, tokens in enumerate(token_lists):
+        input_ids[row, width - len(tokens) :] = torch.tensor(tokens, dtype=torch.long)
+        attention_mask[row, width - len(tokens) :] = 1
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    return input_ids.to(device), attention_mask.to(device), position_ids.to(device)
+
+
+class NonFiniteLogits(ValueError):
+    """The model's logits for one row hold NaN or no finite value: no token can be chosen from them."""
+
+
+def choose_token(logits: torch.Tensor, settings: SamplingSettings, generator: torch.Generator) -> int:
+    """Next token for one row from its fp32 CPU logits: argmax, or a seeded draw after temperature and top-k.
+
+    Any temperature in (0, max] is safe, however small: the logits are shifted so that their largest is 0 and divided
+    in float64, so the best token keeps probability weight 1 and a tiny temperature degenerates to argmax instead of
+    dividing into inf - inf = NaN. Only logits the model itself got wrong raise, and only for this row."""
+    top = logits.max()
+    if torch.isnan(logits).any() or not torch.isfinite(top):
+        raise NonFiniteLogits("the model produced non-finite logits")
+    if settings.greedy:
+        return int(torch.argmax(logits))
+    scaled = (logits.double() - top.double()) / settings.temperature
+    if 0 < settings.top_k < scaled.numel():
+        kth_largest = torch.topk(scaled, settings.top_k).values[-1]
+        scaled = scaled.masked_fill(scaled < kth_largest, float("-inf"))
+    probabilities = torch.softmax(scaled, dim=-1)
+    return int(torch.multinomial(probabilities, 1, generator=generator))
+
+
+def model_step(
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, cache: Any
+) -> tuple[torch.Tensor, Any]:
+    """One forward pass; returns (fp32 CPU logits of the last column, the updated cache or None)."""
+    output = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        cache=cache,
+        use_cache=cache is not None,
+    )
+    logits = output.logits[:, -1, :].float().cpu()
+    return logits, getattr(output, "cache", None) if cache is not None else None
+
+
+# on_step(new_tokens) is called after every step with {sequence index: token id} for the rows decoded in that step.
+StepCallback = Callable[[dict[int, int]], None]
+
+
+def generate(
+    model: Any,
+    sequences: list[Sequence],
+    stop_token_ids: Iterable[int] | None,
+    pad_token_id: int,
+    use_cache: bool = True,
+    on_step: StepCallback | None = None,
+) -> list[Sequence]:
+    """Decode every sequence until it stops or reaches its max_new_tokens; returns ``sequences`` (filled in place).
+
+    ``stop_token_ids``: the end-of-text token id(s) that finish a sequence (empty: only the length limit does).
+    """
+    stop_token_ids = frozenset(stop_token_ids or ())
+    device = next(model.parameters()).device
+    rows = [index for index, sequence in enumerate(sequences) if not sequence.finished]  # row -> sequence index
+    if not rows:
+        return sequences
+    input_ids, attention_mask, position_ids = left_pad([sequences[i].prompt_ids for i in rows], pad_token_id, device)
+    cache = empty_cache(model) if use_cache else None
+    while True:
+        logits, cache = model_step(model, input_ids, attention_mask, position_ids, cache)
+        new_tokens = append_tokens(logits, rows, sequences, stop_token_ids)
+        if on_step is not None:
+            on_step(new_tokens)
+        kept_rows = [row for row, index in enumerate(rows) if not sequences[index].finished]
+        if not kept_rows:
+            return sequences
+        if len(kept_rows) < len(rows):
+            # A finished row leaves the batch: the others no longer pay for it, and nothing they compute involves it.
+            keep = torch.tensor(kept_rows, device=device)
+            attention_mask = attention_mask[keep]
+            if cache is not None:
+                cache.batch_select_indices(keep)
+            rows = [rows[row] for row in kept_rows]
+        if cache is not None:
+            # Only the newest token goes in; its position (0-based) is the count of real tokens before it.
+            position_ids = attention_mask.sum(dim=1, keepdim=True)
+            input_ids = torch.tensor([[sequences[i].token_ids[-1]] for i in rows], device=device)
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(rows), 1))], dim=1)
+        else:
+            input_ids, attention_mask, position_ids = left_pad(
+                [sequences[i].prompt_ids + sequences[i].token_ids for i in rows], pad_token_id, device
+            )
+
+
+def append_tokens(
+    logits: torch.Tensor, rows: list[int], sequences: list[Sequence], stop_token_ids: frozenset[int]
+) -> dict[int, int]:
+    """Choose each active row's next token and append it to its sequence, finishing the sequences that stop;
+    returns {sequence index: token id} for the rows that got one."""
+    new_tokens: dict[int, int] = {}
+    for row, index in enumerate(rows):
+        sequence = sequences[index]
+        try:
+            token = choose_token(logits[row], sequence.settings, sequence.generator)
+        except NonFiniteLogits as error:  # this row stops with its own error; its batch-mates go on
+            sequence.finish_reason, sequence.error = FINISH_ERROR, str(error)
+            continue
+        sequence.token_ids.append(token)
+        new_tokens[index] = token
+        if token in stop_token_ids:
+            sequence.finish_reason = FINISH_STOP
+        elif len(sequence.token_ids) >= sequence.settings.max_new_tokens:
+            sequence.finish_reason = FINISH_LENGTH
+    return new_tokens
+
+
+def empty_cache(model: Any) -> Any:
+    """A fresh dynamic key/value cache for this model (rows can be dropped from it with batch_select_indices)."""
+    from transformers import DynamicCache
+
+    return DynamicCache(config=model.config)
+
+
+def stop_token_ids(generation_config: Any, tokenizer: Any) -> list[int]:
+    """The end-of-text token id(s): the generation config's (one id or a list), else the tokenizer's; may be none."""
+    stop = getattr(generation_config, "eos_token_id", None)
+    if stop is None:
+        stop = tokenizer.eos_token_id
+    if stop is None:
+        return []
+    return sorted(set(stop)) if isinstance(stop, (list, tuple)) else [stop]

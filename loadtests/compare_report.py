@@ -1,0 +1,97 @@
+"""The comparison's report: compare.md (the table, ratios to ours and to the ceiling, the targets met or missed) and
+compare.png (throughput at the SLO and latency at the moderate load, per system)."""
+
+from loadtests.baselines.systems import ALL_SYSTEMS, DESCRIPTIONS
+
+
+def render_markdown(result):
+    lines = [
+        f"# Side by side: {result['model']}, throughput at p99 <= {result['slo_ms']:g} ms",
+        "",
+        f"{result.get('machine') or str(result['cores']) + ' cores'}, started {result['started_at']}; each system "
+        f"alone, one after the other, same "
+        f"seeded payload mix; open-loop capacity search ({result['search']['step_seconds']:g} s steps, at least "
+        f"{result['search'].get('min_requests', 0)} requests each); moderate "
+        f"load = {result['moderate_rate']:g} requests/s open loop for every system.",
+        "",
+        "| system | what | precision | throughput at SLO /s | x ours | x ceiling | p50 / p99 at moderate load "
+        "| Locust CPU at capacity | notes |",
+        "|---|---|---|---:|---:|---:|---|---:|---|",
+    ]
+    for name in ALL_SYSTEMS:
+        entry = result["systems"].get(name)
+        if entry is None:
+            continue
+        if entry.get("error"):
+            lines.append(f"| {name} | {DESCRIPTIONS[name]} | – | – | – | – | – | – | {entry['error'][:150]} |")
+            continue
+        if entry.get("same_as"):
+            lines.append(
+                f"| {name} | {DESCRIPTIONS[name]} | {entry.get('precision')} | = {entry['same_as']} | | | | | "
+                f"{entry.get('note', '')} |"
+            )
+            continue
+        moderate = (
+            f"{entry.get('moderate_p50_ms')} / {entry.get('moderate_p99_ms')} ms"
+            if entry.get("moderate_p50_ms") is not None
+            else "–"
+        )
+        cpu = entry.get("generator_cpu_share_at_capacity")
+        notes = entry.get("stopped_because", "")
+        if name == "inprocess":
+            notes = f"best batch {entry.get('best_batch_size')}, raw forward {entry.get('raw_forward_ms')} ms"
+        lines.append(
+            f"| {name} | {DESCRIPTIONS[name]} | {entry.get('precision') or '–'} | "
+            f"{entry.get('capacity_rate') if entry.get('capacity_rate') is not None else 'none passed'} | "
+            f"{entry.get('ratio_to_ours') or '–'} | {entry.get('ratio_to_ceiling') or '–'} | {moderate} | "
+            f"{'–' if cpu is None else format(cpu, '.0%')} | {notes} |"
+        )
+    lines += ["", "## Targets (recorded, never asserted)", ""]
+    for verdict in result["targets"]:
+        state = "not measured" if verdict["met"] is None else ("met" if verdict["met"] else "MISSED")
+        by = ""
+        if verdict["met"] is False and verdict["value"] is not None and verdict["bound"]:
+            by = f" (by {abs(verdict['value'] - verdict['bound']):.3g})"
+        note = f" — {verdict['note']}" if verdict["note"] and verdict["met"] is not None else ""
+        lines.append(f"- {verdict['target']}: {verdict['value']} vs {verdict['bound']}: **{state}**{by}{note}")
+    lines += [
+        "",
+        "The in-process ceiling has no HTTP, queue or batching delay and is not bound by the SLO; the load generator "
+        "(Locust) runs on the same cores as the server, and its CPU share at capacity is listed per system.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def plot(result, png_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [n for n in ALL_SYSTEMS if (result["systems"].get(n) or {}).get("capacity_rate") is not None]
+    if not names:
+        return False
+    figure, (throughput, latency) = plt.subplots(1, 2, figsize=(12, 4.5))
+    throughput.bar(names, [result["systems"][n]["capacity_rate"] for n in names], color="tab:green")
+    throughput.set_ylabel(f"requests/s at p99 <= {result['slo_ms']:g} ms")
+    throughput.set_title(f"{result['model']}: throughput at the SLO")
+    served = [n for n in names if result["systems"][n].get("moderate_p50_ms") is not None]
+    positions = range(len(served))
+    latency.bar(
+        [p - 0.2 for p in positions], [result["systems"][n]["moderate_p50_ms"] for n in served], 0.4, label="p50"
+    )
+    latency.bar(
+        [p + 0.2 for p in positions], [result["systems"][n]["moderate_p99_ms"] or 0 for n in served], 0.4, label="p99"
+    )
+    latency.set_xticks(list(positions), served)
+    latency.set_ylabel("ms")
+    latency.set_title(f"latency at {result['moderate_rate']:g} requests/s (open loop)")
+    latency.legend()
+    for axis in (throughput, latency):
+        axis.tick_params(axis="x", rotation=20)
+        axis.grid(alpha=0.3, axis="y")
+    figure.tight_layout()
+    figure.savefig(png_path, dpi=110)
+    plt.close(figure)
+    return True

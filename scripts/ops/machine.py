@@ -1,0 +1,48 @@
+"""The machine a measurement ran on: usable cores and the CPU flags that change the figures (bf16, AMX, AVX-512,
+AVX2). These machines differ (some have AVX512-BF16, some AVX2 only), so every report names its CPU.
+
+(The worker has its own cores() in handlers/core/runtime.py: the handler package cannot import scripts/.)
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+# The flags that decide precision and kernel choices, in the order a report lists them.
+NOTABLE_FLAGS = ("amx_bf16", "avx512_bf16", "avx512f", "avx2")
+
+
+def cores() -> int:
+    """Cores this process may run on (its affinity; a container's limit), not the machine's count."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def cpu_flags(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> set[str]:
+    """The CPU's feature flags (Linux); empty where /proc/cpuinfo is not readable."""
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def cpu_model(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> str:
+    try:
+        for line in Path(cpuinfo).read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def describe(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> str:
+    """One line for a report: "<CPU model>, N cores, flags avx512_bf16 avx2" (the notable flags it has)."""
+    flags = cpu_flags(cpuinfo)
+    notable = [flag for flag in NOTABLE_FLAGS if flag in flags]
+    return f"{cpu_model(cpuinfo)}, {cores()} cores, flags {' '.join(notable) or 'none of ' + '/'.join(NOTABLE_FLAGS)}"
