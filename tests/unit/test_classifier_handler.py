@@ -15,8 +15,8 @@ def load(model_dir, **handler_overrides):
 
 
 @pytest.fixture(scope="module")
-def classifier(unpacked_model):
-    return load(unpacked_model("classifier"))
+def classifier(prepared_model_dir):
+    return load(prepared_model_dir("classifier"))
 
 
 def reference(handler, rows):
@@ -96,27 +96,27 @@ def test_too_many_rows_is_a_413_naming_the_limit(classifier):
     assert answers[1]["type"] == "RequestTooLarge" and "65 rows; handler.max_rows is 64" in answers[1]["message"]
 
 
-def test_bf16_passes_the_accuracy_gate_and_matches_fp32(unpacked_model):
-    handler, _ = load(unpacked_model("classifier"), precision="bf16")
+def test_bf16_passes_the_accuracy_gate_and_matches_fp32(prepared_model_dir):
+    handler, _ = load(prepared_model_dir("classifier"), precision="bf16")
     assert handler.precision == "bf16" and handler.min_cosine >= 0.999
     assert next(handler.model.parameters()).dtype == torch.bfloat16
 
 
-def test_an_impossible_bound_makes_the_gate_fall_back_to_fp32(unpacked_model):
-    handler, _ = load(unpacked_model("classifier"), precision="bf16", min_cosine=1.0)
+def test_an_impossible_bound_makes_the_gate_fall_back_to_fp32(prepared_model_dir):
+    handler, _ = load(prepared_model_dir("classifier"), precision="bf16", min_cosine=1.0)
     assert handler.precision == "fp32" and handler.gate_rejected == "bf16"
     assert handler.describe()["gate_rejected"] == "bf16"
 
 
-def test_unknown_handler_option_is_refused_with_its_name(unpacked_model):
+def test_unknown_handler_option_is_refused_with_its_name(prepared_model_dir):
     with pytest.raises(ConfigError, match="unknown key.*'precison'"):
-        load(unpacked_model("classifier"), precison="bf16")
+        load(prepared_model_dir("classifier"), precison="bf16")
 
 
-def test_jit_compile_warms_up_every_served_size_so_load_causes_no_recompilation(unpacked_model):
+def test_jit_compile_warms_up_every_served_size_so_load_causes_no_recompilation(prepared_model_dir):
     from handlers.core import runtime
 
-    handler, context = load(unpacked_model("classifier"), compile="jit")
+    handler, context = load(prepared_model_dir("classifier"), compile="jit")
     compiled_before = runtime.compile_count()
     generator = torch.Generator().manual_seed(5)
     for rows in (1, 2, 7, 64, 3, 100, 16 * 64):

@@ -14,14 +14,13 @@ from handlers.core import runtime
 from handlers.core.config import ConfigError
 from scripts.ops.handler_loader import load_handler, set_requests, statuses
 from scripts.prepare_minilm import build_aot
-from tests.unit.tiny_minilm import make_tiny_model_dir
 
 WORDS = "the of serving tensor café 東京 🙂 batch token model request queue latency x".split()
 
 
 @pytest.fixture(scope="module")
-def tiny_model_dir(unpacked_model, tmp_path_factory):
-    return make_tiny_model_dir(unpacked_model("minilm"), tmp_path_factory.mktemp("tiny-minilm"))
+def tiny_model_dir(tiny_minilm_dir):
+    return tiny_minilm_dir
 
 
 def load(model_dir, **handler_overrides):

@@ -25,8 +25,8 @@ class Request:
 
 
 @pytest.fixture(scope="module")
-def handler(unpacked_model):
-    handler, _ = load_handler(unpacked_model("classifier"), "classifier")
+def handler(prepared_model_dir):
+    handler, _ = load_handler(prepared_model_dir("classifier"), "classifier")
     return handler
 
 

@@ -34,10 +34,10 @@ class RecordingModel(torch.nn.Module):
 
 
 @pytest.fixture(scope="module")
-def lm(unpacked_model):
+def lm(prepared_model_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    folder = unpacked_model("generator") / "lm"
+    folder = prepared_model_dir("generator") / "lm"
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, use_safetensors=True).eval()
     # One thread, as the served worker uses (handler.threads: 1): tiny matrices gain nothing from more, and on a

@@ -18,8 +18,8 @@ def load(model_dir, **handler_overrides):
 
 
 @pytest.fixture(scope="module")
-def generator(unpacked_model):
-    return load(unpacked_model("generator"))
+def generator(prepared_model_dir):
+    return load(prepared_model_dir("generator"))
 
 
 class ChunkRecorder:
@@ -242,9 +242,9 @@ def test_describe_reports_model_info_and_limits(generator):
         ({"model_subdir": "missing"}, "handler.model_subdir"),
     ],
 )
-def test_inconsistent_config_is_refused_at_load(unpacked_model, overrides, message):
+def test_inconsistent_config_is_refused_at_load(prepared_model_dir, overrides, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        load(unpacked_model("generator"), **overrides)
+        load(prepared_model_dir("generator"), **overrides)
 
 
 @pytest.mark.parametrize("temperature", [1e-40, 1e-300, 5e-324])

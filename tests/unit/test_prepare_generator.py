@@ -6,9 +6,9 @@ import shutil
 from scripts import prepare_generator
 
 
-def test_own_model_folder_is_copied_without_extras_and_labelled_user_supplied(unpacked_model, tmp_path):
+def test_own_model_folder_is_copied_without_extras_and_labelled_user_supplied(prepared_model_dir, tmp_path):
     own = tmp_path / "my-hf-model"
-    shutil.copytree(unpacked_model("generator") / "lm", own)
+    shutil.copytree(prepared_model_dir("generator") / "lm", own)
     (own / "README.md").write_text("not needed to serve")
     (own / "training_args.bin").write_bytes(b"pickled training state")
     out = tmp_path / "build"
