@@ -294,27 +294,32 @@ def make_archive(model_name, version, handler, files, config, destination):
             shutil.copytree(file, target) if Path(file).is_dir() else shutil.copy2(file, target)
         export = Path(staging) / "export"
         export.mkdir()
-        command = [
-            str(Path(sys.executable).parent / "torch-model-archiver"),
-            "--model-name",
-            model_name,
-            "--version",
-            str(version),
-            "--handler",
-            str(handler),
-            "--extra-files",
-            str(stage),
-            "--config-file",
-            str(config),
-            "--export-path",
-            str(export),
-            "--force",
-        ]
-        result = subprocess.run(command, capture_output=True, text=True)
-        if result.returncode != 0:
-            raise PackagingError(f"{model_name}: torch-model-archiver failed:\n{result.stdout}{result.stderr}")
+        run_archiver(model_name, version, handler, stage, config, export)
         Path(destination).parent.mkdir(parents=True, exist_ok=True)
         shutil.move(str(export / f"{model_name}.mar"), destination)
+
+
+def run_archiver(model_name, version, handler, extra_files, config, export_path):
+    """torch-model-archiver: `handler` plus the folder `extra_files` into export_path/<model_name>.mar."""
+    command = [
+        str(Path(sys.executable).parent / "torch-model-archiver"),
+        "--model-name",
+        model_name,
+        "--version",
+        str(version),
+        "--handler",
+        str(handler),
+        "--extra-files",
+        str(extra_files),
+        "--config-file",
+        str(config),
+        "--export-path",
+        str(export_path),
+        "--force",
+    ]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise PackagingError(f"{model_name}: torch-model-archiver failed:\n{result.stdout}{result.stderr}")
 
 
 def build(name, store, version=None, variables=None, force=False, log=print):

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from loadtests.baselines import ray_env
 from loadtests.preflight import wait_for_model
+from scripts import package
 from scripts.ops import machine
 from scripts.ops.management import ManagementError
 from scripts.ops.server import free_ports, private_server
@@ -94,25 +95,10 @@ def build_naive_archive(store, workers, log):
             f"minWorkers: {workers}\nmaxWorkers: {workers}\nbatchSize: 1\nmaxBatchDelay: 100\n"
             f"responseTimeout: 120\nstartupTimeout: 300\n"
         )
-        command = [
-            str(Path(sys.executable).parent / "torch-model-archiver"),
-            "--model-name",
-            "minilm",
-            "--version",
-            "1.0",
-            "--handler",
-            str(BASELINES / "naive_handler.py"),
-            "--extra-files",
-            str(files),
-            "--config-file",
-            str(config),
-            "--export-path",
-            str(store),
-            "--force",
-        ]
-        result = subprocess.run(command, capture_output=True, text=True)
-        if result.returncode != 0:
-            raise RuntimeError(f"torch-model-archiver (naive baseline) failed:\n{result.stdout}{result.stderr}")
+        try:
+            package.run_archiver("minilm", "1.0", BASELINES / "naive_handler.py", files, config, store)
+        except package.PackagingError as error:
+            raise RuntimeError(f"naive baseline: {error}") from None
     log(f"  built the naive baseline archive: {store / 'minilm.mar'} ({workers} workers)")
     return store
 
