@@ -35,13 +35,16 @@ help:
 	@echo "make reliability   concurrency, bad input, fuzzing, overload, worker death, security, cost, logs, memory"
 	@echo "make soak MINUTES=10   memory soak at ~50% capacity"
 	@echo "make k8s     deploy/k8s manifests + KServe layout deploy/kserve from the model specs"
-	@echo "make bench [QUICK=1]   in-process MiniLM benchmark: precision x compile x batch (build/bench/)"
+	@echo "make bench [QUICK=1]   in-process MiniLM benchmark: backend x precision x threads x batch (build/bench/)"
 	@echo "make bench-generator [QUICK=1]   generator per-token latency with/without KV cache (build/bench/)"
 	@echo "make loadtest MODEL=minilm SHAPE=steady [USERS= DURATION= RATE= WORKERS= HOST= TOKEN= KEY_FILE=]   Locust run + report"
 	@echo "             SHAPE: smoke, steady, step, spike, open (loadtests/run.py)"
 	@echo "make capacity MODEL=minilm SLO_MS=100 [STEP_SECONDS= HOST= TOKEN= KEY_FILE=]   highest open-loop rate with p99 <= SLO"
 	@echo "make tune MODEL=minilm SLO_MS=100   batchSize x maxBatchDelay x workers sweep, recommends a config"
-	@echo "make compare MODEL=minilm SLO_MS=100   ours vs naive TorchServe, Flask, Ray Serve, in-process ceiling"
+	@echo "make compare MODEL=minilm SLO_MS=100 [LOADTEST_ARGS='--systems ours,ours-eager,infinity,ideal']   ours vs"
+	@echo "             ours-eager (backend: eager), naive TorchServe, Flask, Ray Serve, Infinity (torch / ONNX engine),"
+	@echo "             in-process ceiling, ideal batcher at the SLO (ours / ideal; where a long text's time goes)"
+	@echo "make cache-report [SLO_MS=250]   shared embedding cache: hit rates, capacity L1 vs L1+L2, cost of a miss"
 	@echo "make clean   remove build outputs, logs, .run (keeps .venv)"
 	@echo "Docs: README.md, docs/*.md"
 
@@ -129,9 +132,15 @@ tune: mar
 compare: mar
 	$(WITH_JAVA) $(PY) -m loadtests.compare --model $(MODEL) $(SEARCH_OPTS) $(LOADTEST_ARGS)
 
+.PHONY: cache-report
+# The shared embedding cache (docs/cache.md): miss cost in process, then capacity and hit rates with the worker cache
+# only vs worker cache + shared cache, on the README mix and a repeat-heavy one (a real cache server on a free port).
+cache-report: mar
+	$(WITH_JAVA) $(PY) -m loadtests.cache_report --slo-ms $(if $(filter command line,$(origin SLO_MS)),$(SLO_MS),250) \
+		$(LOADTEST_ARGS)
+
 .PHONY: bench
-# minilm's in-process benchmark: precision x compile x threads x batch size next to plain eager fp32
-# (docs/embeddings.md). Builds the AOT variant first (minutes, once). QUICK=1: a tiny run; BENCH_OPTS passes more options.
+# minilm's in-process benchmark: precision x backend x threads x batch size next to plain eager fp32
+# (docs/embeddings.md). QUICK=1: a tiny run; BENCH_OPTS passes more options.
 bench: mar
-	$(if $(QUICK),,$(PY) -m scripts.package minilm-aot)
 	$(PY) -m scripts.bench_embeddings $(if $(QUICK),--quick) $(BENCH_OPTS)

@@ -26,7 +26,6 @@ from handlers.core.http import RequestView, json_body
 class ClassifierHandler(ServingHandler):
     options = {
         **COMMON_OPTIONS,
-        "compile": Option(str, "none", ("none", "jit"), help="torch.compile at load (jit)"),
         "max_rows": Option(int, 64, minimum=1, maximum=4096, help="rows one request may carry"),
         "weights": Option(str, "classifier.pt", help="state_dict file inside the archive"),
     }

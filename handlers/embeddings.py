@@ -10,16 +10,16 @@ normalisation) and its files: :mod:`handlers.embedding.encoder`.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 import torch
 
-from handlers.core import memory, runtime
-from handlers.core.base import BatchScope, PrecisionChoice, ServingHandler
+from handlers.core import memory
+from handlers.core.base import BatchScope, Candidate, ServingHandler
 from handlers.core.config import COMMON_OPTIONS, ConfigError, Option
 from handlers.core.http import RequestView
 from handlers.core.metrics import HandlerMetrics
+from handlers.embedding import backends
 from handlers.embedding.batch import (
     ComputedBatch,
     EmbeddingBatch,
@@ -28,9 +28,17 @@ from handlers.embedding.batch import (
     encode_padded,
     pad_rows,
 )
+from handlers.embedding.buckets import bucket_length
 from handlers.embedding.cache import CacheKey, EmbeddingCache, cache_key
 from handlers.embedding.encoder import LoadedEncoder, load_embedding_model, read_json
 from handlers.embedding.requests import EmbeddingRequest, parse_embedding_request
+from handlers.embedding.shared_cache import (
+    SHARED_CACHE_OPTION,
+    Namespace,
+    SharedCache,
+    open_shared_cache,
+    record_shared_cache,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +48,14 @@ Tokens = tuple[torch.Tensor, torch.Tensor]  # (input_ids, attention_mask), [rows
 class EmbeddingHandler(ServingHandler):
     options = {
         **COMMON_OPTIONS,
+        "backend": Option(
+            str,
+            "auto",
+            ("auto", "eager", "jit", "aot", "openvino"),
+            help="what runs the encoder: auto = the best prebuilt candidate in backends/manifest.json that this "
+            "machine runs and that passes the accuracy gate, else eager; eager = the torch module; jit = "
+            "torch.compile at load; aot = the archive's AOTInductor package; openvino = its OpenVINO IR",
+        ),
         "max_inputs": Option(int, 64, minimum=1, maximum=4096, help="texts one request may carry ('input' list)"),
         # Cost bounds per request (docs/reliability.md has the measured worst case at these values).
         "max_text_chars": Option(
@@ -57,6 +73,7 @@ class EmbeddingHandler(ServingHandler):
             help="tokens of one request after truncation (usage.prompt_tokens); bounds its forward passes",
         ),
         "cache_size": Option(int, 4096, minimum=0, help="embeddings kept in the worker's LRU cache; 0 disables it"),
+        "shared_cache": SHARED_CACHE_OPTION,
         "length_buckets": Option(
             list, [16, 32, 64, 128, 256], help="token lengths rows are padded to; the last must be the model's limit"
         ),
@@ -69,7 +86,6 @@ class EmbeddingHandler(ServingHandler):
             "tokens, return freed heap memory to the OS (~2 ms); 0 = never",
         ),
         "reference_sentences": Option(str, "reference_sentences.json", help="accuracy-gate sentences in the archive"),
-        "aot_package": Option(str, "minilm.pt2", help="AOTInductor package in the archive, for compile: aot"),
     }
     loaded: LoadedEncoder
 
@@ -77,30 +93,54 @@ class EmbeddingHandler(ServingHandler):
     def initialize(self, context: Any) -> None:
         super().initialize(context)
         self.cache = EmbeddingCache(self.config["cache_size"])
+        # The shared tier's keys name everything that determines a vector, so no other model, version, backend or
+        # precision can read this worker's entries (handlers/embedding/shared_cache.py).
+        namespace = Namespace(
+            self.model_name,
+            self.model_version,
+            getattr(self, "backend", "eager"),
+            self.precision,
+            self.loaded.max_tokens,
+            self.loaded.dimension,
+        )
+        self.shared_cache: SharedCache | None = open_shared_cache(self.config["shared_cache"], namespace)
 
     def load_model(self, model_dir: str) -> LoadedEncoder:
         return load_embedding_model(model_dir, self.config)
 
-    def reference_batch(self, loaded: LoadedEncoder) -> Tokens:
+    def reference_batch(self, loaded: LoadedEncoder) -> list[Tokens]:
+        """The reference sentences as served: one padded group per length bucket.
+
+        Padded to the longest sentence instead, one long sentence would make every row of the gate's forward passes
+        (eager fp32 and each candidate) that long: ~6x the tokens, seconds of a worker's start-up on one thread."""
         sentences = read_json(self.model_dir, self.config["reference_sentences"])
         if not isinstance(sentences, list) or not sentences or not all(isinstance(s, str) for s in sentences):
             raise ConfigError(
                 f"handler.reference_sentences: {self.config['reference_sentences']} must be a list of strings"
             )
-        return encode_padded(loaded, sentences)
+        groups: dict[int, list[list[int]]] = {}
+        for encoding in loaded.tokenizer.encode_batch(sentences):
+            groups.setdefault(bucket_length(len(encoding.ids), loaded.buckets), []).append(encoding.ids)
+        return [pad_rows(rows, length, loaded.pad_id) for length, rows in sorted(groups.items())]
+
+    def reference_output(self, model: Any, reference: list[Tokens]) -> torch.Tensor:
+        return torch.cat([self.forward(model, group).to("cpu", torch.float32) for group in reference])
 
     def warmup_batches(self, loaded: LoadedEncoder) -> list[Tokens]:
-        """Every bucket length with 1 row and with 2 rows (half padded), for compiled models.
+        """What the serving backend needs run once before the first request, and no more (load time counts).
 
-        With dynamic shapes one graph serves every batch size >= 2 and every length; size 1 is specialised by
-        the compiler, so both are run. The jit unit test proves a mixed load afterwards compiles nothing.
+        jit: every bucket length with 1 row and with 2 rows (half padded): with dynamic shapes one graph serves every
+        batch size >= 2 and every length; size 1 is specialised by the compiler, so both are run (the jit unit test
+        proves a mixed load afterwards compiles nothing). aot / openvino: one row per bucket length (their first
+        call at a new length prepares buffers for it). eager: one small pass warms the kernels.
         """
         token = loaded.pad_id + 1000
-        if self.config["compile"] == "none":  # eager has nothing to compile: one small pass warms the kernels
+        if self.backend == "eager":
             return [pad_rows([[token] * loaded.buckets[0]], loaded.buckets[0], loaded.pad_id)]
+        row_counts = (1, 2) if self.backend == "jit" else (1,)
         batches = []
         for length in loaded.buckets:
-            for rows in (1, 2):
+            for rows in row_counts:
                 real = [length] + [max(2, length // 2)] * (rows - 1)
                 batches.append(pad_rows([[token] * n for n in real], length, loaded.pad_id))
         return batches
@@ -113,39 +153,51 @@ class EmbeddingHandler(ServingHandler):
         """Texts as one padded batch for :meth:`forward` (benchmarks time the bare forward pass with it)."""
         return encode_padded(self.loaded, texts)
 
-    def load_aot(self, choice: PrecisionChoice, loaded: LoadedEncoder, reference: Tokens) -> Any:
-        """The prebuilt AOTInductor package: check it fits what this worker serves, load it, compare with eager."""
-        package = self.config["aot_package"]
-        path = os.path.join(self.model_dir, package)
-        if not os.path.isfile(path):
-            raise ConfigError(
-                f"handler.compile: aot needs {package} in the archive; build it with "
-                f"`python -m scripts.package minilm-aot`"
-            )
-        built = read_json(self.model_dir, package + ".json")
-        problems = []
-        if built["precision"] != choice.precision:
-            problems.append(f"it was built for {built['precision']} but this worker serves {choice.precision}")
-        if built["device"] != self.device.type:
-            problems.append(f"it was built for {built['device']} but this worker runs on {self.device.type}")
-        if built["max_tokens"] < loaded.buckets[-1]:
-            problems.append(f"it takes at most {built['max_tokens']} tokens, the last bucket is {loaded.buckets[-1]}")
-        most_rows = self.config["max_forward_tokens"] // loaded.buckets[0]
-        if built["max_batch"] < most_rows:
-            problems.append(f"it takes at most {built['max_batch']} rows, a forward pass may hold {most_rows}")
-        if problems:
-            raise ConfigError(f"handler.compile: {package} does not fit: " + "; ".join(problems))
-        compiled = torch._inductor.aoti_load_package(path)
-        similarity = runtime.min_cosine_similarity(
-            self.forward(choice.model, reference), self.forward(compiled, reference)
+    def backend_candidates(self, loaded: LoadedEncoder, precision: str) -> list[Candidate]:
+        """auto: the archive's prebuilt candidates best first, then eager (at the wanted precision, then fp32)."""
+        if self.config["backend"] != "auto":
+            return super().backend_candidates(loaded, precision)
+        manifest, problem = backends.read_manifest(self.model_dir)
+        candidates = []
+        if manifest is None:
+            logger.info("backend auto: %s, so eager serves", problem)
+            last_resort = f"last resort: {problem}"
+        else:
+            ranked = backends.ranked_candidates(manifest)
+            for place, entry in enumerate(ranked, start=1):
+                measured = f", {entry['ms_per_text']} ms/text at build" if "ms_per_text" in entry else ""
+                why = f"rank {place} of {len(ranked)} in {backends.MANIFEST}{measured}"
+                candidates.append(Candidate(entry["backend"], entry["precision"], why))
+            for refused in manifest.get("refused") or []:
+                logger.info("backend auto: refused when the archive was built: %s", refused)
+            not_built = f" ({manifest['not_built']})" if manifest.get("not_built") else ""
+            nothing_left = "every prebuilt candidate was refused" if ranked else f"{backends.MANIFEST} lists none"
+            nothing_left += not_built
+            last_resort = f"last resort: {nothing_left}"
+        candidates.append(Candidate("eager", precision, last_resort))
+        if precision != "fp32":
+            candidates.append(Candidate("eager", "fp32", f"{last_resort}; {precision} refused"))
+        return candidates
+
+    def load_backend(self, backend: str, precision: str, fp32_model: torch.nn.Module, loaded: LoadedEncoder) -> Any:
+        if self.config["backend"] == "auto" and backend != "eager":
+            # A prebuilt candidate serves only where it is what was asked for and what this machine computes well.
+            reason = backends.machine_can_run(precision, self.device)
+            if reason:
+                raise backends.BackendUnavailable(reason)
+            requested = self.config["precision"]
+            if requested != "auto" and precision != requested:
+                raise backends.BackendUnavailable(f"handler.precision is {requested}")
+        return backends.load_backend(
+            backend,
+            precision,
+            self.model_dir,
+            fp32_model,
+            self.threads,
+            self.device,
+            max_rows=self.config["max_forward_tokens"] // loaded.buckets[0],
+            max_tokens=loaded.buckets[-1],
         )
-        if similarity < self.config["min_cosine"]:
-            raise ConfigError(
-                f"handler.compile: {package} reached min cosine {similarity:.6f} "
-                f"to the eager model, below {self.config['min_cosine']}"
-            )
-        logger.info("loaded %s (built for %s); min cosine to eager %.6f", path, built["precision"], similarity)
-        return compiled
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -154,6 +206,7 @@ class EmbeddingHandler(ServingHandler):
             "length_buckets": self.loaded.buckets,
             "cache_size": self.config["cache_size"],
             "cached": len(self.cache),
+            "shared_cache": self.shared_cache.describe() if self.shared_cache is not None else None,
             "dimension": self.loaded.dimension,
             "limits": {
                 key: self.config[key]
@@ -177,6 +230,7 @@ class EmbeddingHandler(ServingHandler):
             self.cache_key,
             self.config["max_request_tokens"],
             self.config["max_forward_tokens"],
+            self.shared_cache,
         )
 
     def inference(self, batch: EmbeddingBatch, scope: BatchScope) -> ComputedBatch:
@@ -188,7 +242,7 @@ class EmbeddingHandler(ServingHandler):
         return ComputedBatch(batch, embeddings)
 
     def postprocess(self, computed: ComputedBatch, payloads: list[EmbeddingRequest]) -> list[Any]:
-        return answer_requests(computed, payloads, self.cache, self.model_name)
+        return answer_requests(computed, payloads, self.cache, self.model_name, self.shared_cache)
 
     def after_batch(self, batch: EmbeddingBatch, metrics: HandlerMetrics) -> None:
         super().after_batch(batch, metrics)
@@ -197,6 +251,8 @@ class EmbeddingHandler(ServingHandler):
             return
         metrics.record("CacheHits", stats.hits)
         metrics.record("CacheMisses", stats.misses)
+        if self.shared_cache is not None:
+            record_shared_cache(self.shared_cache, metrics)
         metrics.record("PaddedTokens", stats.padded_tokens)
         metrics.record("RealTokens", stats.real_tokens)
         threshold = self.config["release_memory_tokens"]

@@ -40,7 +40,7 @@ ModelInputs = dict[str, torch.Tensor]  # input_ids and attention_mask
 class GeneratorHandler(ServingHandler):
     options = {
         **COMMON_OPTIONS,
-        "compile": Option(str, "none", ("none",), help="decoding runs eagerly (shapes change every step)"),
+        "backend": Option(str, "eager", ("eager",), help="decoding runs eagerly (shapes change every step)"),
         "model_subdir": Option(str, "lm", help="the Hugging Face model folder inside the archive"),
         "info_file": Option(str, "model_info.json", help="JSON {name, weights} shown in answers (optional file)"),
         "max_prompt_tokens": Option(int, 256, minimum=1, help="longest prompt accepted, in tokens"),

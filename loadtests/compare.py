@@ -1,18 +1,27 @@
 """Side-by-side: this project's handler against the usual alternatives, one after the other, same machine and traffic.
 
-    python -m loadtests.compare --model minilm --slo-ms 100 [--systems ours,naive,flask,ray-fp32,ray-same,inprocess]
+    python -m loadtests.compare --model minilm --slo-ms 100 [--systems ours,ours-eager,infinity,ideal,...]
 
 Systems (each started alone on free loopback ports, measured, stopped before the next starts):
   ours       this project's archive as packaged (model_store/<model>.mar) on a private TorchServe
+  ours-eager the same archive with `handler.backend: eager`, the rest of its config unchanged: the served gain of
+             compiling is ours / ours-eager, measured in the same run
   naive      a naive TorchServe handler (loadtests/baselines/naive_handler.py): fp32, eager, batchSize 1, one
              tokenizer call per request, TorchServe's default of one worker per core (--naive-workers)
   flask      the plain Flask pattern (loadtests/baselines/flask_server.py): one request, one forward pass
   ray-fp32   Ray Serve + @serve.batch around sentence-transformers with its defaults (fp32)
   ray-same   the same at the precision ours serves (bf16 on a CPU with native bf16; when ours serves fp32 this is
              the same system as ray-fp32 and is not run twice)
+  infinity   Infinity (infinity-emb 0.0.78, the Python embedding server), its torch engine at ours' precision,
+             batch 32, the machine's cores, OpenAI-style /embeddings (sent the same texts in that shape)
+  infinity-onnx  the same with its optimum engine (ONNX Runtime, fp32; the model exported to ONNX once)
   inprocess  the ceiling: the packaged handler called directly in a loop at the best batch size (no HTTP, no queue)
-naive, flask and ray-* exist for minilm only. Ray is installed on demand into build/ray-venv; if it cannot be, the
-table says so and the others are still measured.
+  ideal      the ideal batcher at the SLO (loadtests/baselines/ideal.py): the archive's handler in its configured
+             workers behind a perfect dispatcher (same batchSize, maxBatchDelay), no HTTP or frontend, replaying
+             the same open-loop schedules; the same capacity search. Also where a long text's time goes.
+naive, flask, ray-* and infinity* exist for minilm only. Ray and Infinity are installed on demand into their own
+venvs (build/ray-venv, build/infinity-venv: loadtests/baselines/baseline_env.py); if one cannot be, the table says
+so and the others are still measured.
 
 For every server: the capacity search (loadtests/capacity.py: highest open-loop rate with p99 <= SLO and no failures)
 and one open-loop run at --moderate-rate (the same offered load for all). Writes
@@ -44,6 +53,9 @@ TARGETS = {
         ("ours / naive", "naive", 5.0),
         ("ours / ray-same", "ray-same", 2.0),
         ("ours / inprocess", "inprocess", 0.8),
+        ("ours / ours-eager", "ours-eager", 1.25),
+        ("ours / infinity", "infinity", 2.5),
+        ("ours / ideal", "ideal", 0.8),
     ],
 }
 
@@ -93,10 +105,12 @@ def ratio(numerator, denominator):
 def add_ratios(results):
     ours_rate = (results.get("ours") or {}).get("capacity_rate")
     ceiling = (results.get("inprocess") or {}).get("capacity_rate")
+    ideal_rate = (results.get("ideal") or {}).get("capacity_rate")
     for entry in results.values():
         rate = entry.get("capacity_rate")
         entry["ratio_to_ours"] = ratio(rate, ours_rate)
         entry["ratio_to_ceiling"] = ratio(rate, ceiling)
+        entry["ratio_to_ideal"] = ratio(rate, ideal_rate)
 
 
 def evaluate_targets(model, results):
@@ -108,13 +122,21 @@ def evaluate_targets(model, results):
         if other == "ray-same" and results.get("ray-same", {}).get("same_as"):
             other_rate = (results.get(results["ray-same"]["same_as"]) or {}).get("capacity_rate")
         value = ratio(ours_rate, other_rate)
+        note = "" if value is not None else "not measured"
+        other_entry = results.get(other) or {}
+        if (
+            value is not None
+            and other == "infinity"
+            and other_entry.get("precision") != (results["ours"].get("precision"))
+        ):
+            note = f"infinity ran {other_entry.get('precision')}, ours {results['ours'].get('precision')}"
         verdicts.append(
             {
                 "target": f"{label} >= {bound:g}x (throughput at the SLO)",
                 "value": value,
                 "bound": bound,
                 "met": None if value is None else value >= bound,
-                "note": "" if value is not None else "not measured",
+                "note": note,
             }
         )
     if model == "classifier":
@@ -145,11 +167,35 @@ def evaluate_targets(model, results):
     return verdicts
 
 
+def ideal_search(search):
+    """The served systems' search options for the ideal batcher (Locust's worker processes mean nothing there)."""
+    return {key: value for key, value in search.items() if key != "workers"}
+
+
+def ideal_entry(found):
+    """What compare.json keeps of the ideal batcher's result (the per-request records stay in its ideal.json)."""
+    at_capacity = found.get("at_capacity") or {}
+    return {
+        "capacity_rate": found["capacity_rate"],
+        "stopped_because": found["stopped_because"],
+        "p99_at_capacity_ms": at_capacity.get("p99_ms"),
+        "throughput_at_capacity": at_capacity.get("throughput"),
+        **{key: found.get(key) for key in ("precision", "backend", "threads", "workers", "batch_size")},
+        "max_batch_delay_ms": found.get("max_batch_delay_ms"),
+        "tail": found.get("tail") or {},
+        "report": str(Path(found["report_dir"]) / "ideal.json"),
+    }
+
+
 def start_system(name, model, model_store, naive_workers, out_dir, ours_info, precision, log):
     """The context manager that runs system `name` (a Ray baseline at ours' batching and the given precision)."""
     batching = (ours_info.get("batch_size") or 16, ours_info.get("max_batch_delay_ms") or 5)
     if name == "ours":
         return baselines.ours(model, model_store, log)
+    if name == "ours-eager":
+        return baselines.ours_eager(model, model_store, log)
+    if name in ("infinity", "infinity-onnx"):
+        return baselines.infinity("torch" if name == "infinity" else "optimum", precision, out_dir / name, log)
     if name == "naive":
         return baselines.naive(model, naive_workers, log)
     if name == "flask":
@@ -197,7 +243,7 @@ def compare(
                 results[name] = {
                     "capacity_rate": ceiling["best"]["requests_per_s"],
                     "precision": ceiling["precision"],
-                    "compile": ceiling["compile"],
+                    "backend": ceiling["backend"],
                     "threads": ceiling["threads"],
                     "best_batch_size": ceiling["best"]["batch_size"],
                     "raw_forward_ms": ceiling["raw_forward_ms"],
@@ -205,9 +251,15 @@ def compare(
                 }
                 log(f"  ceiling {results[name]['capacity_rate']} requests/s at batch {ceiling['best']['batch_size']}")
                 continue
-            if name == "ray-same":
+            if name == "ideal":
+                results[name] = ideal_entry(
+                    baselines.ideal(model, model_store, slo_ms, ideal_search(search), out_dir / name, log)
+                )
+                log(f"  ideal batcher: {results[name]['capacity_rate']} requests/s at p99 <= {slo_ms:g} ms")
+                continue
+            if name in ("ray-same", "infinity"):
                 precision = ours_info.get("precision") or baselines.same_precision_fallback(model, model_store)
-                if precision == "fp32" and "ray-fp32" in systems:
+                if name == "ray-same" and precision == "fp32" and "ray-fp32" in systems:
                     results[name] = {
                         "same_as": "ray-fp32",
                         "precision": "fp32",
@@ -220,7 +272,14 @@ def compare(
                 if name == "ours":
                     ours_info = info
                 log(f"  up at {url}: {info}")
-                entry = measure_server(name, url, metrics_url, low_rate=low_rate if name == "ours" else None, **measure)
+                traffic = baselines.TRAFFIC.get(name, model)  # the same texts in the system's own request shape
+                entry = measure_server(
+                    name,
+                    url,
+                    metrics_url,
+                    low_rate=low_rate if name == "ours" else None,
+                    **{**measure, "model": traffic},
+                )
                 results[name] = {**info, **entry}
         except Exception as error:  # one system failing must not cost the others' measurements
             log(f"  {name} failed: {type(error).__name__}: {error}")
@@ -245,7 +304,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="python -m loadtests.compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model", required=True, choices=sorted(loadtest.MODELS))
+    parser.add_argument("--model", required=True, choices=sorted(loadtest.USER_CLASSES))
     parser.add_argument(
         "--systems",
         help=f"comma-separated subset of {','.join(baselines.ALL_SYSTEMS)} (default: all that exist for the model)",

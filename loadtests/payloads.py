@@ -31,6 +31,7 @@ MINILM_LENGTH_MIX = (
     (0.05, 257, 400),  # documents longer than the model's window
 )
 MINILM_REPEAT_SHARE = 0.2  # share of requests drawn from the popular set
+MINILM_REPEAT_HEAVY_SHARE = 0.8  # the repeat-heavy mix (traffic "minilm-repeats")
 MINILM_POPULAR_COUNT = 50  # size of the popular set; picked with Zipf-like weights (a few sentences dominate)
 
 
@@ -46,6 +47,8 @@ def _sentence_words(rng):
 class MinilmPayloads:
     """Seeded stream of ``{"text": ...}`` bodies; the popular set depends only on the base seed (shared by users)."""
 
+    repeat_share = MINILM_REPEAT_SHARE
+
     def __init__(self, seed=0, stream=0):
         popular_rng = random.Random(f"minilm-popular-{seed}")
         self.popular = [sentence(popular_rng, _sentence_words(popular_rng)) for _ in range(MINILM_POPULAR_COUNT)]
@@ -53,12 +56,18 @@ class MinilmPayloads:
         self.rng = random.Random(f"minilm-{seed}-{stream}")
 
     def next_text(self):
-        if self.rng.random() < MINILM_REPEAT_SHARE:
+        if self.rng.random() < self.repeat_share:
             return self.rng.choices(self.popular, weights=self.popular_weights)[0]
         return sentence(self.rng, _sentence_words(self.rng))
 
     def next(self):
         return {"text": self.next_text()}
+
+
+class RepeatHeavyMinilmPayloads(MinilmPayloads):
+    """The minilm mix with most requests repeating the popular set: where a shared cache pays (docs/cache.md)."""
+
+    repeat_share = MINILM_REPEAT_HEAVY_SHARE
 
 
 class ClassifierPayloads:
@@ -106,6 +115,22 @@ def check_classifier(body) -> str | None:
     return None
 
 
+class OpenAIEmbeddingPayloads(MinilmPayloads):
+    """The minilm mix (same seeds, same texts) as OpenAI-style embedding requests, for servers with that API (the
+    Infinity baseline): ``{"model": "minilm", "input": text}``."""
+
+    def next(self):
+        return {"model": "minilm", "input": self.next_text()}
+
+
+def check_openai_embedding(body) -> str | None:
+    """An OpenAI-style answer to one input: ``{"data": [{"embedding": [384 finite floats]}]}``."""
+    data = body.get("data") if isinstance(body, dict) else None
+    if not isinstance(data, list) or len(data) != 1 or not isinstance(data[0], dict):
+        return f"expected an object with 'data': [one embedding], got {str(body)[:80]!r}"
+    return check_minilm(data[0])
+
+
 @dataclass(frozen=True)
 class ModelTraffic:
     """What a load test needs to know about one model: where to send, what to send, how to judge the answer."""
@@ -119,6 +144,9 @@ class ModelTraffic:
 MODELS = {
     "classifier": ModelTraffic("classifier", "/predictions/classifier", ClassifierPayloads, check_classifier),
     "minilm": ModelTraffic("minilm", "/predictions/minilm", MinilmPayloads, check_minilm),
+    "minilm-repeats": ModelTraffic("minilm-repeats", "/predictions/minilm", RepeatHeavyMinilmPayloads, check_minilm),
+    # The same minilm traffic in the request and answer shape of OpenAI's /embeddings API (comparison baselines).
+    "minilm-openai": ModelTraffic("minilm-openai", "/embeddings", OpenAIEmbeddingPayloads, check_openai_embedding),
 }
 
 

@@ -9,6 +9,8 @@ Writes:
   deploy/k8s/service.yaml            ClusterIP service for inference and metrics
   deploy/k8s/networkpolicy.yaml      who may reach which port
   deploy/k8s/poddisruptionbudget.yaml
+  deploy/k8s/cache-*.yaml            the shared embedding cache: Valkey Deployment, Service, NetworkPolicy (not
+                                     written when deploy.yaml's cache.url names a managed Redis/Valkey)
   deploy/kserve/inferenceservice.yaml    KServe InferenceService on KServe's TorchServe (pytorch) runtime
   deploy/kserve/config/config.properties KServe's expected layout: config/config.properties (+ metrics.yaml and
                                          log4j2.xml) ...
@@ -194,6 +196,137 @@ def labels(settings):
     return {"app.kubernetes.io/name": settings["name"], "app.kubernetes.io/component": "inference"}
 
 
+CACHE_PASSWORD_DIR = "/var/run/secrets/embedding-cache"
+
+
+def cache_labels(settings):
+    return {"app.kubernetes.io/name": settings["name"], "app.kubernetes.io/component": "embedding-cache"}
+
+
+def cache_url(settings):
+    """What the workers connect to: the managed service deploy.yaml names, else the in-cluster cache Service."""
+    cache = settings["cache"]
+    return cache.get("url") or f"redis://{settings['name']}-cache:{cache['port']}/0"
+
+
+def cache_client_env():
+    """The TorchServe container's view of the cache: the url (which replaces the archive's loopback one) and the
+    password file mounted from the Secret."""
+    from handlers.embedding.shared_cache import PASSWORD_FILE_ENV, URL_ENV
+
+    return URL_ENV, PASSWORD_FILE_ENV
+
+
+def cache_env(settings):
+    url_env, password_env = cache_client_env()
+    return [
+        {"name": url_env, "value": cache_url(settings)},
+        {"name": password_env, "value": f"{CACHE_PASSWORD_DIR}/password"},
+    ]
+
+
+def cache_password_volume(settings):
+    return {"name": "embedding-cache-password", "secret": {"secretName": settings["cache"]["password_secret"]}}
+
+
+def cache_password_mount():
+    return {"name": "embedding-cache-password", "mountPath": CACHE_PASSWORD_DIR, "readOnly": True}
+
+
+def cache_deployment(settings):
+    """One Valkey pod: bounded memory with LRU eviction, nothing on disk (it is a cache), password from the Secret."""
+    cache = settings["cache"]
+    resources = {"cpu": cache["resources"]["cpu"], "memory": cache["resources"]["memory"]}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": f"{settings['name']}-cache", "labels": cache_labels(settings)},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": cache_labels(settings)},
+            "template": {
+                "metadata": {"labels": cache_labels(settings)},
+                "spec": {
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": 999, "fsGroup": 999},
+                    "containers": [
+                        {
+                            "name": "valkey",
+                            "image": cache["image"],
+                            "args": [
+                                "valkey-server",
+                                "--port",
+                                str(cache["port"]),
+                                "--maxmemory",
+                                cache["maxmemory"],
+                                "--maxmemory-policy",
+                                "allkeys-lru",
+                                "--save",
+                                "",
+                                "--appendonly",
+                                "no",
+                                "--requirepass",
+                                "$(CACHE_PASSWORD)",
+                            ],
+                            "env": [
+                                {
+                                    "name": "CACHE_PASSWORD",
+                                    "valueFrom": {
+                                        "secretKeyRef": {"name": cache["password_secret"], "key": "password"}
+                                    },
+                                }
+                            ],
+                            "ports": [{"name": "cache", "containerPort": cache["port"]}],
+                            "readinessProbe": {"tcpSocket": {"port": "cache"}, "periodSeconds": 5},
+                            "livenessProbe": {"tcpSocket": {"port": "cache"}, "periodSeconds": 10},
+                            "resources": {"requests": dict(resources), "limits": dict(resources)},
+                            "securityContext": {
+                                "allowPrivilegeEscalation": False,
+                                "readOnlyRootFilesystem": True,
+                                "capabilities": {"drop": ["ALL"]},
+                            },
+                            "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                        }
+                    ],
+                    "volumes": [{"name": "data", "emptyDir": {}}],
+                },
+            },
+        },
+    }
+
+
+def cache_service(settings):
+    port = settings["cache"]["port"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": f"{settings['name']}-cache", "labels": cache_labels(settings)},
+        "spec": {
+            "type": "ClusterIP",
+            "selector": cache_labels(settings),
+            "ports": [{"name": "cache", "port": port, "targetPort": "cache"}],
+        },
+    }
+
+
+def cache_network_policy(settings):
+    """Only the TorchServe pods reach the cache."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": f"{settings['name']}-cache", "labels": cache_labels(settings)},
+        "spec": {
+            "podSelector": {"matchLabels": cache_labels(settings)},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {
+                    "from": [{"podSelector": {"matchLabels": labels(settings)}}],
+                    "ports": [{"protocol": "TCP", "port": settings["cache"]["port"]}],
+                }
+            ],
+        },
+    }
+
+
 def deployment(settings, models, config_text):
     ports = settings["ports"]
     startup_seconds = (
@@ -261,10 +394,12 @@ def deployment(settings, models, config_text):
                             "lifecycle": {"preStop": {"exec": {"command": ["sleep", "5"]}}},
                             "resources": pod_resources(settings, models),
                             "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
-                            "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+                            # The shared embedding cache every replica uses (docs/cache.md).
+                            "env": cache_env(settings),
+                            "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, cache_password_mount()],
                         }
                     ],
-                    "volumes": [{"name": "tmp", "emptyDir": {}}],
+                    "volumes": [{"name": "tmp", "emptyDir": {}}, cache_password_volume(settings)],
                 },
             },
         },
@@ -350,7 +485,10 @@ def inference_service(settings, models):
                     "runtimeVersion": kserve["runtime_version"],
                     "storageUri": kserve["storage_uri"],
                     "resources": pod_resources(settings, models),
+                    "env": cache_env(settings),
+                    "volumeMounts": [cache_password_mount()],
                 },
+                "volumes": [cache_password_volume(settings)],
             }
         },
     }
@@ -364,7 +502,17 @@ def render(settings, profile, models):
     def manifest(document):
         return header + yaml.safe_dump(document, sort_keys=False, width=120)
 
+    cache_files = (
+        {}
+        if settings["cache"].get("url")
+        else {
+            "k8s/cache-deployment.yaml": manifest(cache_deployment(settings)),
+            "k8s/cache-service.yaml": manifest(cache_service(settings)),
+            "k8s/cache-networkpolicy.yaml": manifest(cache_network_policy(settings)),
+        }
+    )
     return {
+        **cache_files,
         "k8s/config.properties": header + config_text,
         "k8s/deployment.yaml": manifest(deployment(settings, models, config_text)),
         "k8s/service.yaml": manifest(service(settings)),

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# GPU check for minilm: runs the embedding handler in-process on CUDA with fp16 + torch.compile (jit), compares its
+# GPU check for minilm: runs the embedding handler in-process on CUDA with fp16 + a backend (default jit), compares its
 # embeddings with the fp32 eager handler on the same GPU (min cosine must reach the bound) and prints throughput.
 # CI never needs a GPU; run this by hand on a CUDA machine with a CUDA build of torch in .venv:
 #
-#   scripts/gpu_check.sh [--batch-sizes 1,32,128] [--min-cosine 0.999] [--compile jit|none|aot]
+#   scripts/gpu_check.sh [--batch-sizes 1,32,128] [--min-cosine 0.999] [--backend jit|eager|auto|aot]
 #
 # GPU_CHECK_ON_CPU=1 runs the same steps on the CPU (a dry run of this script where there is no GPU).
 # Exit codes: 0 parity ok, 1 parity below the bound or a load failed, 3 no usable CUDA device.
@@ -28,12 +28,12 @@ from ts.context import Context
 
 from handlers.embeddings import EmbeddingHandler
 from scripts.bench_embeddings import make_texts
-from tests.unit.fake_context import set_requests
+from scripts.ops.handler_loader import set_requests
 
 parser = argparse.ArgumentParser(prog="scripts/gpu_check.sh")
 parser.add_argument("--batch-sizes", default="1,32,128")
 parser.add_argument("--min-cosine", type=float, default=0.999)
-parser.add_argument("--compile", default="jit", choices=["none", "jit"])
+parser.add_argument("--backend", default="jit", choices=["jit", "eager", "auto", "aot"])
 args = parser.parse_args()
 
 model_dir = Path("build/gpu-check/minilm")
@@ -42,17 +42,18 @@ with zipfile.ZipFile("model_store/minilm.mar") as mar:
 base_config = __import__("yaml").safe_load((model_dir / "model-config.yaml").read_text())
 
 
-def load(precision, compile_mode):
+def load(precision, backend):
     handler = EmbeddingHandler()
-    config = {**base_config, "handler": {**base_config["handler"], "precision": precision, "compile": compile_mode,
+    config = {**base_config, "handler": {**base_config["handler"], "precision": precision, "backend": backend,
                                          "cache_size": 0}}
     context = Context("minilm", str(model_dir), {"model": {"modelName": "minilm", "modelVersion": "1.0"}},
                       base_config["batchSize"], 0, "0.12.0", model_yaml_config=config)
     started = time.perf_counter()
     handler.initialize(context)
     device_name = torch.cuda.get_device_name(handler.device) if handler.device.type == "cuda" else "CPU dry run"
-    print(f"loaded {precision}/{compile_mode} on {handler.device} ({device_name}): "
-          f"serving {handler.precision}, gate min cosine {handler.min_cosine:.6f}, {time.perf_counter() - started:.1f}s")
+    print(f"loaded {precision}/{backend} on {handler.device} ({device_name}): serving {handler.backend} "
+          f"{handler.precision} ({handler.backend_reason}), gate min cosine {handler.min_cosine:.6f}, "
+          f"{time.perf_counter() - started:.1f}s")
     return handler, context
 
 
@@ -67,16 +68,16 @@ def embed(handler, context, texts):
     return torch.tensor([json.loads(a)["embedding"] for a in answers])
 
 
-reference_handler, reference_context = load("fp32", "none")
-fast_handler, fast_context = load("auto", args.compile)  # auto = fp16 on CUDA
+reference_handler, reference_context = load("fp32", "eager")
+fast_handler, fast_context = load("auto", args.backend)  # auto = fp16 on CUDA
 texts = make_texts("mixed", 256, seed=1)
 expected = torch.cat([embed(reference_handler, reference_context, texts[i:i + 32]) for i in range(0, 256, 32)])
 got = torch.cat([embed(fast_handler, fast_context, texts[i:i + 32]) for i in range(0, 256, 32)])
 worst = torch.nn.functional.cosine_similarity(got, expected).min().item()
-print(f"parity {fast_handler.precision}/{args.compile} vs fp32 eager: min cosine {worst:.6f} (bound {args.min_cosine})")
+print(f"parity {fast_handler.precision}/{fast_handler.backend} vs fp32 eager: min cosine {worst:.6f} (bound {args.min_cosine})")
 
-for handler, context, name in ((reference_handler, reference_context, "fp32/none"),
-                               (fast_handler, fast_context, f"{fast_handler.precision}/{args.compile}")):
+for handler, context, name in ((reference_handler, reference_context, "fp32/eager"),
+                               (fast_handler, fast_context, f"{fast_handler.precision}/{fast_handler.backend}")):
     for batch_size in [int(b) for b in args.batch_sizes.split(",")]:
         batch = texts[:batch_size]
         embed(handler, context, batch)

@@ -248,7 +248,7 @@ def build_parser():
     describe.add_argument(
         "--customized",
         action="store_true",
-        help="also ask the handler what it chose at load (precision, compile, threads...)",
+        help="also ask the handler what it chose at load (backend, precision, threads...)",
     )
 
     register = command("register", help="register an archive from the model store")

@@ -4,7 +4,9 @@ For each model: run its `prepare` step when an output is missing or one of its i
 validate its model-config.yaml (TorchServe's keys and our `handler:` section), stage the whole handlers package (its
 subpackages included) and the listed files, and run torch-model-archiver. An archive whose inputs (spec, config, every
 file of the handlers package, files, pinned requirements) did not change is not rebuilt: model_store/manifest.json
-records each archive's version and input hash.
+records each archive's version and input hash. A model-config.yaml may hold `per_cpu_kind:`, TorchServe keys per kind
+of CPU (the tuner's values differ between AVX2 and native-bf16 machines): the archive is packed with the overrides of
+the kind it is built for (this machine's, or --cpu-kind) and without the section.
 
 config/metrics.yaml (the metrics TorchServe exports) is generated from handlers/core/metrics.py: every build rewrites
 it when it is out of step, `--metrics` only does that.
@@ -14,6 +16,7 @@ Examples:
     python -m scripts.package classifier --force   # rebuild one
     python -m scripts.package classifier --version 2.0 --var seed=1   # a retrained 2.0 -> classifier-2.0.mar
     python -m scripts.package --list
+    python -m scripts.package minilm --cpu-kind avx2   # per_cpu_kind values of another CPU kind (for an image)
     python -m scripts.package --metrics            # regenerate config/metrics.yaml only
 Exit codes: 0 built or up to date, 1 a build or validation failed, 2 bad arguments.
 """
@@ -31,6 +34,8 @@ import tempfile
 from pathlib import Path
 
 import yaml
+
+from scripts.ops import machine
 
 REPO = Path(__file__).resolve().parent.parent
 MODELS_DIR = REPO / "models"
@@ -59,9 +64,12 @@ TORCHSERVE_KEYS = {
     "maxSequenceJobQueueSize": int,
     "maxNumSequence": int,
 }
-OUR_SECTIONS = {"handler"}
-# Seconds of startupTimeout a worker needs at least, by compile mode (load + accuracy gate + warm-up on 2 cores).
-MIN_STARTUP_SECONDS = {"none": 30, "jit": 240, "aot": 60}
+# `per_cpu_kind:` holds the tuner's TorchServe keys per kind of CPU (scripts/ops/machine.py CPU_KINDS): the archive is
+# packed with the base keys plus the overrides of the kind it is built for, and without the section (packed_config).
+OUR_SECTIONS = {"handler", "per_cpu_kind"}
+# Seconds of startupTimeout a worker needs at least, by backend (load + accuracy gate + warm-up on 2 cores). auto may
+# load and gate more than one candidate before one serves (each prebuilt one takes seconds), then falls back to eager.
+MIN_STARTUP_SECONDS = {"eager": 30, "jit": 240, "aot": 60, "openvino": 60, "auto": 60}
 
 
 class PackagingError(Exception):
@@ -101,8 +109,9 @@ def handler_class(handler_path):
         raise PackagingError(str(error)) from None
 
 
-def validate_model_config(spec):
-    """Check the model-config.yaml that will be packed: TorchServe keys, types, our handler section, timeouts."""
+def validate_model_config(spec, cpu_kind=None):
+    """Check the model-config.yaml that will be packed (for ``cpu_kind``, default this machine's): TorchServe keys,
+    types, our handler section, timeouts. Returns the config as packed."""
     from handlers.core.config import ConfigError, validate
 
     path = spec["dir"] / spec["config"]
@@ -110,18 +119,38 @@ def validate_model_config(spec):
     config = yaml.safe_load(path.read_text()) or {}
     if not isinstance(config, dict):
         raise PackagingError(f"{where}: must be a mapping")
-    check_torchserve_keys(config, where)
+    config = packed_config(config, cpu_kind or machine.cpu_kind(), where)
     try:
         handler_config = validate(config.get("handler"), handler_class(spec["handler"]).options)
     except ConfigError as error:
         raise PackagingError(f"{where}: {error}") from None
-    needed = MIN_STARTUP_SECONDS[handler_config["compile"]]
+    needed = MIN_STARTUP_SECONDS[handler_config["backend"]]
     if config["startupTimeout"] < needed:
         raise PackagingError(
             f"{where}: startupTimeout {config['startupTimeout']}s is too short for load and warm-up "
-            f"with compile={handler_config['compile']} (needs >= {needed}s)"
+            f"with backend={handler_config['backend']} (needs >= {needed}s)"
         )
     return config
+
+
+def packed_config(config, cpu_kind, where):
+    """The config with the ``per_cpu_kind`` overrides of ``cpu_kind`` merged in and the section removed, checked."""
+    per_kind = config.get("per_cpu_kind") or {}
+    if not isinstance(per_kind, dict):
+        raise PackagingError(f"{where}: per_cpu_kind must map a CPU kind to TorchServe keys")
+    unknown = sorted(set(per_kind) - set(machine.CPU_KINDS))
+    if unknown or cpu_kind not in machine.CPU_KINDS:
+        raise PackagingError(
+            f"{where}: unknown CPU kind(s) {unknown or [cpu_kind]}; kinds are {list(machine.CPU_KINDS)}"
+        )
+    packed = {key: value for key, value in config.items() if key != "per_cpu_kind"}
+    for kind, overrides in per_kind.items():
+        if not isinstance(overrides, dict) or set(overrides) & OUR_SECTIONS:
+            raise PackagingError(f"{where}: per_cpu_kind.{kind} must map TorchServe keys to values")
+        check_torchserve_keys({**packed, **overrides}, f"{where} (per_cpu_kind.{kind})")
+    packed.update(per_kind.get(cpu_kind) or {})
+    check_torchserve_keys(packed, where)
+    return packed
 
 
 def check_torchserve_keys(config, where):
@@ -322,8 +351,11 @@ def run_archiver(model_name, version, handler, extra_files, config, export_path)
         raise PackagingError(f"{model_name}: torch-model-archiver failed:\n{result.stdout}{result.stderr}")
 
 
-def build(name, store, version=None, variables=None, force=False, log=print):
-    """Build one archive if its inputs changed; returns its manifest entry (with 'rebuilt': bool)."""
+def build(name, store, version=None, variables=None, force=False, log=print, cpu_kind=None):
+    """Build one archive if its inputs changed; returns its manifest entry (with 'rebuilt': bool).
+
+    ``cpu_kind`` picks the model-config's ``per_cpu_kind`` overrides (default: $TS_CPU_KIND, else this machine's)."""
+    cpu_kind = cpu_kind or os.environ.get("TS_CPU_KIND") or machine.cpu_kind()
     spec = load_spec(name)
     version = str(version or spec["version"])
     values = {**{k: str(v) for k, v in (spec.get("vars") or {}).items()}, **(variables or {})}
@@ -339,12 +371,14 @@ def build(name, store, version=None, variables=None, force=False, log=print):
     build_dir = REPO / "build" / f"{spec['name']}{suffix}"
     values.update(python=sys.executable, build=build_dir, repo=REPO, version=version)
 
-    config = validate_model_config(spec)
+    config = validate_model_config(spec, cpu_kind)
     run_prepare(spec, build_dir, values, force, log)
     files = [resolve_file(spec, build_dir, f) for f in spec.get("files", [])]
     # The whole package folder (every file of every subpackage, as make_archive packs it), not only its top level.
     inputs = [spec["spec_path"], spec["dir"] / spec["config"], REPO / "requirements.txt", HANDLERS_DIR, *files]
-    input_hash = digest(inputs, extra=json.dumps({"version": version, "vars": variables or {}}, sort_keys=True))
+    input_hash = digest(
+        inputs, extra=json.dumps({"version": version, "vars": variables or {}, "cpu_kind": cpu_kind}, sort_keys=True)
+    )
 
     store.mkdir(parents=True, exist_ok=True)
     manifest = read_manifest(store)
@@ -354,9 +388,20 @@ def build(name, store, version=None, variables=None, force=False, log=print):
         return {**entry, "rebuilt": False}
 
     log(f"{spec['name']} {version}: building {archive_name}")
-    make_archive(
-        spec["name"], version, REPO / spec["handler"], files, spec["dir"] / spec["config"], store / archive_name
-    )
+    config_file = spec["dir"] / spec["config"]
+    if "per_cpu_kind" in (yaml.safe_load(config_file.read_text()) or {}):
+        # The packed config is the resolved one; TorchServe reads no section it does not know anyway.
+        config_file = build_dir / f"config-{cpu_kind}" / spec["config"]  # the same file name inside the archive
+        config_file.parent.mkdir(parents=True, exist_ok=True)
+        config_file.write_text(
+            f"# models/{spec['name']}/{spec['config']} for CPU kind {cpu_kind}, resolved by scripts/package.py\n"
+            + yaml.safe_dump(config, sort_keys=False)
+        )
+        log(
+            f"{spec['name']}: config for CPU kind {cpu_kind}: "
+            + ", ".join(f"{key} {config[key]}" for key in ("minWorkers", "maxWorkers", "batchSize", "maxBatchDelay"))
+        )
+    make_archive(spec["name"], version, REPO / spec["handler"], files, config_file, store / archive_name)
 
     entry = {
         "model": spec["name"],
@@ -365,6 +410,7 @@ def build(name, store, version=None, variables=None, force=False, log=print):
         "input_hash": input_hash,
         "batchSize": config["batchSize"],
         "maxBatchDelay": config["maxBatchDelay"],
+        "cpu_kind": cpu_kind,
         "built_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
     update_manifest(store, archive_name, entry)
@@ -387,6 +433,12 @@ def main(argv=None):
         default=[],
         metavar="KEY=VALUE",
         help="value for a {KEY} in the prepare command, e.g. seed=1",
+    )
+    parser.add_argument(
+        "--cpu-kind",
+        choices=machine.CPU_KINDS,
+        help="pack model-config's per_cpu_kind values for this kind of CPU (default $TS_CPU_KIND, else this machine's;"
+        " set it when building an image for other machines)",
     )
     parser.add_argument("--list", action="store_true", help="list the models and what the store holds, then exit")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -417,7 +469,9 @@ def main(argv=None):
     results = []
     try:
         for name in names:
-            results.append(build(name, args.store, args.version, variables, args.force, log=log))
+            results.append(
+                build(name, args.store, args.version, variables, args.force, log=log, cpu_kind=args.cpu_kind)
+            )
     except PackagingError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

@@ -8,7 +8,9 @@
 `start` renders the chosen properties file into .run/ (paths made absolute), starts TorchServe with TMPDIR=.run and
 logs in logs/, waits until every model the config loads has a READY worker, and prints the URLs and a curl example.
 `stop` returns once the frontend and its workers have exited. The lifecycle itself is scripts/ops/server.py, shared
-with the tests, the load tools and the reliability suite.
+with the tests, the load tools and the reliability suite. The shared embedding cache server a model's config names on
+127.0.0.1 (docs/cache.md, scripts/ops/cache_server.py) is started before TorchServe and stopped by `stop`, not by
+`restart` (which keeps it warm).
 A profile is config/<name>.properties (`make serve PROFILE=production`); without one, config.properties.
 Exit codes: 0 ok (status: running), 1 the server failed to start, models did not become ready, or (status) it is not
 running, 2 bad arguments (an unknown profile included).
@@ -19,6 +21,7 @@ import json
 import os
 import sys
 
+from scripts.ops import cache_server
 from scripts.ops.server import DEFAULT_CONFIG, LOG_DIR, REPO, ProfileError, check_config, dev_server, loaded_model_names
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -38,6 +41,14 @@ def start(server, wait):
     if server.running():
         print(f"TorchServe is already running (pid {server.pid()}); `make restart` to restart it")
     else:
+        # The shared embedding cache first, so the workers find it at load (a password with token authorization).
+        with_password = server.props.get("disable_token_authorization", "false").lower() != "true"
+        try:
+            server.extra_env.update(
+                cache_server.start_for_models(loaded_model_names(server.props), with_password, log=print)
+            )
+        except (RuntimeError, OSError) as error:
+            print(f"warning: shared cache not started ({error}); serving without it", file=sys.stderr)
         server.start()
     names = loaded_model_names(server.props)
     print(f"Waiting for {', '.join(names)} to be READY (logs: {LOG_DIR}/ts_log.log, model_log.log) ...")
@@ -63,12 +74,14 @@ Stop it with: make stop""")
     return EXIT_OK
 
 
-def stop(server):
+def stop(server, keep_cache=False):
     pid = server.pid()
     if not server.stop():
         print("TorchServe is not running (nothing to stop)")
     else:
         print(f"TorchServe stopped (pid {pid} and its workers have exited)")
+    if not keep_cache:  # a restart keeps the shared cache warm: that is what it is for
+        cache_server.stop_all(log=print)
     return EXIT_OK
 
 
@@ -116,7 +129,7 @@ def main(argv=None):
     if args.action == "status":
         return status(server, args.json)
     if args.action == "restart":
-        stop(server)
+        stop(server, keep_cache=True)
     return start(server, args.wait)
 
 

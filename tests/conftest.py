@@ -2,7 +2,9 @@
 
 `ts_server` is the session's server: the project's own config.properties, every model it loads, its own TMPDIR.
 `start_ts_server(...)` starts more (another profile, other models); every server started is stopped at session end,
-also when tests fail.
+also when tests fail. Every TorchServe of the session uses the session's own shared embedding cache server
+(`cache_server`, on a free port, through $TS_SHARED_CACHE_URL) unless it is given another `env=`, never the one a
+`make serve` may be running; `start_cache_server()` starts more (one a test may kill).
 """
 
 import contextlib
@@ -12,8 +14,10 @@ from pathlib import Path
 import pytest
 import requests
 
+from handlers.embedding.shared_cache import URL_ENV
 from scripts import package
 from scripts.ops import server as ops_server
+from scripts.ops.cache_server import CacheServer
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -37,14 +41,40 @@ def java_home():
 
 
 @pytest.fixture(scope="session")
-def start_ts_server(tmp_path_factory, model_store, java_home):
-    """Factory: start_ts_server(config=..., overrides={...}, models=[...]) -> a READY Server on free ports."""
+def start_cache_server(tmp_path_factory):
+    """Factory: start_cache_server(password_file=None) -> a running cache server (Valkey/Redis) on a free port."""
     started = []
 
-    def start(config=REPO / "config.properties", overrides=None, models=None, name="ts", wait=900):
+    def start(name="cache", password_file=None):
+        run_dir = tmp_path_factory.mktemp(name)
+        server = CacheServer(ops_server.free_ports(1)[0], run_dir, password_file=password_file)
+        server.start()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        with contextlib.suppress(Exception):
+            server.stop()
+
+
+@pytest.fixture(scope="session")
+def cache_server(start_cache_server):
+    """The session's shared embedding cache server, which every TorchServe of the session uses by default."""
+    return start_cache_server(name="session-cache")
+
+
+@pytest.fixture(scope="session")
+def start_ts_server(tmp_path_factory, model_store, java_home, cache_server):
+    """Factory: start_ts_server(config=..., overrides={...}, models=[...], env={...}) -> a READY Server on free
+    ports (env: extra environment for its workers; default: the session's cache server)."""
+    started = []
+
+    def start(config=REPO / "config.properties", overrides=None, models=None, name="ts", wait=900, env=None):
         # start_isolated stops a server that fails to become READY; the ones that start are stopped below.
+        env = {URL_ENV: cache_server.url, **(env or {})}
         server = ops_server.start_isolated(
-            config, tmp_path_factory.mktemp(name), model_store, java_home, models, overrides, wait
+            config, tmp_path_factory.mktemp(name), model_store, java_home, models, overrides, wait, env
         )
         started.append(server)
         return server

@@ -12,9 +12,11 @@ A subclass supplies the model-specific parts:
   ``postprocess(outputs, payloads)`` -> one result per payload: each stage gets what it needs from the one before by
   return value; nothing about a batch is left on the handler.
 
-The base owns what is the same everywhere: the config, device, threads, precision with its accuracy gate, compilation
-and warm-up, per-request error mapping, one result per request, retrying a failed batch one request at a time, and
-the metrics every handler records.
+The base owns what is the same everywhere: the config, device, threads, the backend walk (which backend and precision
+serve, each candidate checked against fp32 by the accuracy gate, refusals logged with their reason), warm-up,
+per-request error mapping, one result per request, retrying a failed batch one request at a time, and the metrics
+every handler records. A handler with more backends than eager/jit overrides ``backend_candidates`` and
+``load_backend``.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ logger = logging.getLogger(__name__)
 logging_setup.install()  # a body TorchServe cannot decode costs one log line, not its ~15-line traceback
 
 JSON_CONTENT_TYPE = "application/json"
+GATE_REFUSAL = "accuracy gate:"  # how a refusal by the accuracy gate starts (gate_rejected is read from it)
 
 
 @dataclass
@@ -46,17 +49,28 @@ class Loaded:
 
     After load, ``model`` is the served model (converted, compiled), not the fp32 one."""
 
-    model: Any  # a torch.nn.Module, or the callable torch.compile / AOTInductor made of it
+    model: Any  # a torch.nn.Module, or the callable torch.compile / AOTInductor / OpenVINO made of it
 
 
 @dataclass(frozen=True)
-class PrecisionChoice:
-    """The accuracy gate's outcome: the model to serve, its precision, and what the gate measured."""
+class Candidate:
+    """A (backend, precision) the backend walk may serve, and why it is on the list."""
 
-    model: torch.nn.Module
+    backend: str
     precision: str
-    min_cosine: float  # smallest cosine similarity of its outputs to fp32's on the reference batch
-    rejected: str | None = None  # a precision the gate refused, if any
+    why: str  # e.g. "configured", "rank 1 in backends/manifest.json": shown as backend_reason when it serves
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    """The backend walk's outcome: what serves, how close it is to fp32, and what was refused before it."""
+
+    model: Any
+    backend: str
+    precision: str
+    min_cosine: float  # smallest cosine similarity of its outputs to fp32 eager's on the reference batch
+    reason: str  # why this candidate serves
+    fallbacks: list[dict[str, str]]  # {backend, precision, reason} tried and refused at load, in order
 
 
 class Batch(Protocol):
@@ -106,68 +120,102 @@ class ServingHandler:
         loaded = self.load_model(self.model_dir)
         fp32_model = loaded.model.eval().to(self.device)
         # Inputs are made outside inference mode, as served requests' are: a compiled graph guards on that too.
-        warmup_batches = list(self.warmup_batches(loaded)) if self.config["warmup"] else []
         reference_batch = self.reference_batch(loaded)
         with torch.inference_mode():
-            choice = self.select_precision(fp32_model, reference_batch)
-            served = self.prepare_compiled(choice, loaded, reference_batch)
+            choice = self.select_backend(fp32_model, loaded, reference_batch)
+        self.backend, self.precision = choice.backend, choice.precision
+        self.backend_reason, self.backend_fallbacks = choice.reason, choice.fallbacks
+        self.min_cosine = choice.min_cosine
+        gated = [f["precision"] for f in choice.fallbacks if f["reason"].startswith(GATE_REFUSAL)]
+        self.gate_rejected = gated[0] if gated and gated[0] != choice.precision else None
+        # Warm-up shapes depend on the backend that serves (a jit graph needs every shape family, eager one pass).
+        warmup_batches = list(self.warmup_batches(loaded)) if self.config["warmup"] else []
+        with torch.inference_mode():
             for batch in warmup_batches:
-                self.forward(served, batch)
-        self.loaded = dataclasses.replace(loaded, model=served)  # the fp32 copy is not kept alive
-        self.precision, self.min_cosine, self.gate_rejected = choice.precision, choice.min_cosine, choice.rejected
+                self.forward(choice.model, batch)
+        self.loaded = dataclasses.replace(loaded, model=choice.model)  # the fp32 copy is not kept alive
         self.compiles_after_warmup = runtime.compile_count()
         self.load_seconds = time.perf_counter() - started
         logger.info(
-            "%s %s ready on %s: precision=%s (requested %s, min cosine to fp32 %.6f), compile=%s, threads=%d, "
+            "%s %s ready on %s: backend=%s precision=%s (requested %s/%s; %s; min cosine to fp32 %.6f), threads=%d, "
             "load %.1fs",
             self.model_name,
             self.model_version,
             self.device,
+            self.backend,
             self.precision,
+            self.config["backend"],
             self.config["precision"],
+            self.backend_reason,
             self.min_cosine,
-            self.config["compile"],
             self.threads,
             self.load_seconds,
         )
         load_metrics = HandlerMetrics(context, self.model_name)
+        load_metrics.record("ServedBackend", 1, [("Backend", self.backend), ("Precision", self.precision)])
         load_metrics.record("ServedPrecision", 1, [("Precision", self.precision)])
         load_metrics.record("PrecisionMinCosine", self.min_cosine, [("Precision", self.precision)])
         self.initialized = True
 
-    def select_precision(self, fp32_model: torch.nn.Module, reference: Any) -> PrecisionChoice:
-        """Convert to the configured precision, then keep it only if it passes the accuracy gate against fp32."""
+    def select_backend(self, fp32_model: torch.nn.Module, loaded: Any, reference: Any) -> BackendChoice:
+        """Walk the candidates in order; the first that loads and passes the accuracy gate against fp32 serves.
+
+        Each refused candidate is logged once with its reason and listed in ``backend_fallbacks``. The walk of the
+        base handler ends with eager fp32, which always passes; a walk with nothing left is a config error."""
         wanted = runtime.resolve_precision(self.config["precision"], self.device)
-        if wanted == "fp32":
-            return PrecisionChoice(fp32_model, "fp32", 1.0)
         if wanted == "int8" and self.device.type != "cpu":
             raise ConfigError("handler.precision: int8 dynamic quantization runs on CPU only")
-        candidate = runtime.convert_model(fp32_model, wanted)
-        similarity = runtime.min_cosine_similarity(
-            self.forward(fp32_model, reference), self.forward(candidate, reference)
-        )
+        expected = self.reference_output(fp32_model, reference)
         bound = self.config["min_cosine"]
-        if similarity < bound:
-            logger.warning(
-                "accuracy gate: %s reached min cosine %.6f to fp32, below the bound %.6f; serving fp32 instead",
-                wanted,
-                similarity,
-                bound,
-            )
-            return PrecisionChoice(fp32_model, "fp32", similarity, rejected=wanted)
-        logger.info("accuracy gate: %s passed with min cosine %.6f to fp32 (bound %.6f)", wanted, similarity, bound)
-        return PrecisionChoice(candidate, wanted, similarity)
+        fallbacks: list[dict[str, str]] = []
+        for candidate in self.backend_candidates(loaded, wanted):
+            backend, precision = candidate.backend, candidate.precision
+            try:
+                model = self.load_backend(backend, precision, fp32_model, loaded)
+                exact = backend == "eager" and precision == "fp32"  # the reference itself: nothing to compare
+                similarity = (
+                    1.0 if exact else runtime.min_cosine_similarity(expected, self.reference_output(model, reference))
+                )
+            except runtime.BackendUnavailable as error:
+                reason = str(error)
+            except ConfigError:
+                raise
+            except Exception as error:  # a candidate that breaks while loading must not stop the ones after it
+                logger.warning("backend %s %s failed to load", backend, precision, exc_info=True)
+                reason = f"failed to load: {type(error).__name__}: {error}"
+            else:
+                if similarity >= bound:
+                    logger.info(
+                        "backend %s %s serves (%s): min cosine %.6f to fp32 eager on the reference batch (bound %g)",
+                        backend,
+                        precision,
+                        candidate.why,
+                        similarity,
+                        bound,
+                    )
+                    return BackendChoice(model, backend, precision, similarity, candidate.why, fallbacks)
+                reason = f"{GATE_REFUSAL} min cosine {similarity:.6f} to fp32 eager is below the bound {bound:g}"
+            logger.warning("backend %s %s not served: %s", backend, precision, reason)
+            fallbacks.append({"backend": backend, "precision": precision, "reason": reason})
+        refused = "; ".join(f"{f['backend']} {f['precision']}: {f['reason']}" for f in fallbacks)
+        raise ConfigError(f"handler.backend: no candidate can serve on this worker ({refused})")
 
-    def prepare_compiled(self, choice: PrecisionChoice, loaded: Any, reference: Any) -> Any:
-        mode = self.config["compile"]
-        if mode == "jit":
-            return runtime.compile_model(choice.model)
-        if mode == "aot":
-            return self.load_aot(choice, loaded, reference)
-        return choice.model
+    def backend_candidates(self, loaded: Any, precision: str) -> list[Candidate]:
+        """The configured backend at the wanted precision, then at fp32 (where the accuracy gate falls back to)."""
+        backend = self.config["backend"]
+        candidates = [Candidate(backend, precision, "configured")]
+        if precision != "fp32":
+            candidates.append(Candidate(backend, "fp32", f"fp32, because {precision} was refused"))
+        return candidates
 
-    def load_aot(self, choice: PrecisionChoice, loaded: Any, reference: Any) -> Any:
-        raise ConfigError(f"handler.compile: {type(self).__name__} has no ahead-of-time package; use none or jit")
+    def load_backend(self, backend: str, precision: str, fp32_model: torch.nn.Module, loaded: Any) -> Any:
+        """The callable that serves ``backend`` at ``precision``; raises runtime.BackendUnavailable with the reason."""
+        model = runtime.convert_model(fp32_model, precision)
+        if backend == "jit":
+            return runtime.compile_model(model)
+        if backend == "eager":
+            return model
+        raise ConfigError(f"handler.backend: {type(self).__name__} cannot serve {backend!r}")
 
     # ----------------------------------------------------------------------------------------------- per batch
     def handle(self, data: list[Any], context: Any) -> list[str]:
@@ -202,7 +250,7 @@ class ServingHandler:
                 responses[idx] = self.answer(scope, idx, payload, result)
         scope.metrics.record("Batches", 1)
         scope.metrics.record("BatchRequests", len(data))
-        compiles = runtime.compile_count() - self.compiles_after_warmup if self.config["compile"] == "jit" else 0
+        compiles = runtime.compile_count() - self.compiles_after_warmup if self.backend == "jit" else 0
         if compiles > 0:
             logger.warning("%d recompilation(s) after warm-up: a served shape was not warmed up", compiles)
             scope.metrics.record("Recompilations", compiles)
@@ -212,11 +260,14 @@ class ServingHandler:
     def describe(self) -> dict[str, Any]:
         """What ``describe --customized`` shows: the choices this worker made at load."""
         return {
+            "backend": self.backend,
+            "requested_backend": self.config["backend"],
+            "backend_reason": self.backend_reason,
             "precision": self.precision,
             "requested_precision": self.config["precision"],
-            "precision_min_cosine": round(self.min_cosine, 6),
+            "backend_min_cosine": round(self.min_cosine, 6),
+            "backend_fallbacks": self.backend_fallbacks,
             "gate_rejected": self.gate_rejected,
-            "compile": self.config["compile"],
             "device": str(self.device),
             "threads": self.threads,
             "load_seconds": round(self.load_seconds, 2),
@@ -331,6 +382,10 @@ class ServingHandler:
 
     def warmup_batches(self, loaded: Any) -> Sequence[Any]:
         return []
+
+    def reference_output(self, model: Any, reference: Any) -> torch.Tensor:
+        """``model``'s output on the reference inputs, which the accuracy gate compares (one forward pass here)."""
+        return self.forward(model, reference)
 
     def forward(self, model: Any, batch: Any) -> torch.Tensor:
         """One forward pass of ``model`` (the fp32 or converted module, or a compiled callable) on ``batch``."""

@@ -8,7 +8,7 @@ schema for the docs, so the documented keys are the validated ones.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +25,9 @@ class Option:
     minimum: float | None = None
     maximum: float | None = None
     help: str = ""  # what the key is for: shown in refusals and in the docs' options table
+    # For a structured value (a dict): called after the type check as validator(option, key, value), returns the
+    # value to use (defaults filled in) or refuses it through option.refuse.
+    validator: Callable[[Option, str, Any], Any] | None = None
 
     def check(self, key: str, value: Any) -> Any:
         if self.kind is float and isinstance(value, int) and not isinstance(value, bool):
@@ -37,6 +40,8 @@ class Option:
             self.refuse(key, f"{value!r} is below the minimum {self.minimum}")
         if self.maximum is not None and value > self.maximum:
             self.refuse(key, f"{value!r} is above the maximum {self.maximum}")
+        if self.validator is not None:
+            value = self.validator(self, key, value)
         return value
 
     def refuse(self, key: str, problem: str) -> None:
@@ -61,7 +66,12 @@ COMMON_OPTIONS: dict[str, Option] = {
         ("auto", "fp32", "bf16", "fp16", "int8"),
         help="auto = fp16 on CUDA, bf16 on a CPU with native bf16, else fp32",
     ),
-    "compile": Option(str, "none", ("none", "jit", "aot"), help="torch.compile at load (jit) or a prebuilt .pt2 (aot)"),
+    "backend": Option(
+        str,
+        "eager",
+        ("eager", "jit"),
+        help="what runs the model: eager = the torch module, jit = torch.compile at load (dynamic shapes, warmed up)",
+    ),
     "min_cosine": Option(
         float,
         0.999,

@@ -41,12 +41,30 @@ MODEL_METRICS: dict[str, MetricSpec] = {
         "counter", "count", "rows (inputs, texts, prompts) of accepted requests; / Batches = mean rows per batch"
     ),
     "RequestErrors": MetricSpec("counter", "count", "requests answered with an error, by HTTP code", ("Code",)),
+    "ServedBackend": MetricSpec(
+        "gauge", "info", "1 for the backend and precision the worker serves", ("Backend", "Precision")
+    ),
     "ServedPrecision": MetricSpec("gauge", "info", "1 for the precision the worker serves", ("Precision",)),
     "PrecisionMinCosine": MetricSpec("gauge", "ratio", "accuracy gate: min cosine similarity to fp32", ("Precision",)),
     "Recompilations": MetricSpec("counter", "count", "torch.compile recompilations after warm-up (jit)"),
     # embeddings
     "CacheHits": MetricSpec("counter", "count", "rows answered from the worker's embedding cache"),
     "CacheMisses": MetricSpec("counter", "count", "rows computed by the model"),
+    # the shared cache tier (handlers/embedding/shared_cache.py), asked for the worker cache's misses
+    "SharedCacheHits": MetricSpec("counter", "count", "rows answered from the shared cache server"),
+    "SharedCacheMisses": MetricSpec("counter", "count", "rows asked of the shared cache and not found there"),
+    "SharedCacheBadValues": MetricSpec(
+        "counter", "count", "values found but refused (length, format, key check, norm): misses, then overwritten"
+    ),
+    "SharedCacheErrors": MetricSpec("counter", "count", "shared cache round trips that failed (not timeouts)"),
+    "SharedCacheTimeouts": MetricSpec("counter", "count", "shared cache round trips past timeout_ms"),
+    "SharedCacheSkipped": MetricSpec("counter", "count", "round trips not made because the breaker was open"),
+    "SharedCacheBreakerOpen": MetricSpec("gauge", "state", "the shared cache breaker: 0 closed, 0.5 half-open, 1 open"),
+    # In milliseconds, not seconds: the default buckets (0.005 ... 10) then cover 5 us ... 10 ms, where loopback
+    # and in-cluster round trips lie.
+    "SharedCacheRoundTripMilliseconds": MetricSpec(
+        "histogram", "ms", "one shared cache round trip (MGET or pipelined SET)", ("Operation",)
+    ),
     "PaddedTokens": MetricSpec("counter", "count", "tokens the forward passes computed, padding included"),
     "RealTokens": MetricSpec(
         "counter", "count", "tokens of the computed texts; PaddedTokens / RealTokens = padding ratio (1.0 = none)"

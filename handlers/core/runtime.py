@@ -20,14 +20,37 @@ def choose_device(gpu_id: int | str | None) -> torch.device:
     return torch.device("cpu")
 
 
-def cpu_has_native_bf16() -> bool:
-    """True when the CPU executes bf16 matrix work natively (AVX512-BF16 or AMX); emulated bf16 is slower than fp32."""
+class BackendUnavailable(Exception):
+    """This machine or archive cannot run a backend at a precision; the message is the reason (logged, described)."""
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo; empty where it cannot be read."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            flags = next((line for line in cpuinfo if line.startswith("flags")), "")
+            line = next((line for line in cpuinfo if line.startswith("flags")), "")
     except OSError:
-        return False
-    return bool({"avx512_bf16", "amx_bf16"} & set(flags.split()))
+        return set()
+    return set(line.partition(":")[2].split())
+
+
+def cpu_has_native_bf16() -> bool:
+    """True when the CPU executes bf16 matrix work natively (AVX512-BF16 or AMX); emulated bf16 is slower than fp32."""
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+
+
+def machine_can_run(precision: str, device: torch.device) -> str | None:
+    """None when this device computes ``precision`` natively, else the reason it should not serve it.
+
+    Emulated bf16 on a CPU without AVX512-BF16/AMX runs but is slower than fp32, so a prebuilt bf16 candidate is
+    skipped there; fp16 is served on CUDA only; int8 (dynamic quantization) on CPU only."""
+    if precision == "bf16" and device.type == "cpu" and not cpu_has_native_bf16():
+        return "this CPU has no native bf16 (neither avx512_bf16 nor amx_bf16)"
+    if precision == "fp16" and device.type != "cuda":
+        return f"fp16 is served on CUDA only; this worker runs on {device.type}"
+    if precision == "int8" and device.type != "cpu":
+        return f"int8 dynamic quantization runs on CPU only; this worker runs on {device.type}"
+    return None
 
 
 def resolve_precision(requested: str, device: torch.device) -> str:

@@ -1,5 +1,7 @@
-"""Batch assembly for the embedding model: cache lookups, one tokenizer call, limits, padded length groups; and the
-answers once the rows are computed. Each step returns what the next one needs (:class:`EmbeddingBatch`)."""
+"""Batch assembly for the embedding model: cache lookups (the worker's LRU, then one round trip to the shared tier
+for its misses), one tokenizer call, limits, padded length groups; and the answers once the rows are computed, after
+which the computed rows are stored in both tiers. Each step returns what the next one needs
+(:class:`EmbeddingBatch`)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from handlers.embedding.buckets import padded_tokens, plan_forward_groups
 from handlers.embedding.cache import CachedEmbedding, CacheKey, EmbeddingCache
 from handlers.embedding.encoder import LoadedEncoder
 from handlers.embedding.requests import EmbeddingRequest, format_response
+from handlers.embedding.shared_cache import SharedCache
 
 
 @dataclass(frozen=True)
@@ -21,10 +24,11 @@ class BatchStats:
     """What a batch cost, for its metrics and for the decision to return freed memory."""
 
     rows: int  # texts of accepted requests (cached or computed)
-    hits: int  # distinct texts answered from the cache
+    hits: int  # distinct texts answered from the worker's cache
     misses: int  # distinct texts computed
     padded_tokens: int  # tokens the forward passes compute, padding included
     real_tokens: int  # tokens of the computed texts
+    shared_hits: int = 0  # distinct texts answered from the shared tier (not counted in hits)
 
 
 @dataclass(frozen=True)
@@ -83,8 +87,10 @@ def assemble_batch(
     key_of: Callable[[str], CacheKey],
     max_request_tokens: int,
     max_forward_tokens: int,
+    shared: SharedCache | None = None,
 ) -> EmbeddingBatch:
-    """Cache lookups, one tokenizer call for the misses, truncation and token checks, then padded length groups."""
+    """Cache lookups (the worker's cache, then the shared tier for its misses in one round trip), one tokenizer call
+    for the remaining misses, truncation and token checks, then padded length groups."""
     batch = EmbeddingBatch(keys=[], known={}, errors=[None] * len(payloads))
     miss_index: dict[CacheKey, int] = {}  # key -> position among the misses (a repeated text is computed once)
     misses: list[str] = []
@@ -102,6 +108,10 @@ def assemble_batch(
                 miss_index[key] = len(misses)
                 misses.append(text)
                 miss_keys.append(key)
+    local_hits = len(batch.known)
+    if shared is not None and miss_keys:
+        misses, miss_keys = ask_shared_tier(shared, cache, batch.known, misses, miss_keys)
+        miss_index = {key: m for m, key in enumerate(miss_keys)}
     encodings = loaded.tokenizer.encode_batch(misses) if misses else []
 
     needed: set[int] = set()
@@ -125,12 +135,32 @@ def assemble_batch(
         batch.passes.append(ForwardPass(group.rows, input_ids, attention_mask))
     batch.stats = BatchStats(
         rows=sum(len(keys) for keys, error in zip(batch.keys, batch.errors, strict=True) if error is None),
-        hits=len(batch.known),
+        hits=local_hits,
         misses=len(order),
+        shared_hits=len(batch.known) - local_hits,
         padded_tokens=padded_tokens(groups),
         real_tokens=sum(batch.compute_tokens),
     )
     return batch
+
+
+def ask_shared_tier(
+    shared: SharedCache,
+    cache: EmbeddingCache,
+    known: dict[CacheKey, CachedEmbedding],
+    misses: list[str],
+    miss_keys: list[CacheKey],
+) -> tuple[list[str], list[CacheKey]]:
+    """One round trip for the worker cache's misses: entries found join ``known`` (and the worker's cache); returns
+    the texts and keys still to compute."""
+    found = shared.get_many(miss_keys)
+    if not found:
+        return misses, miss_keys
+    for key, entry in found.items():
+        known[key] = entry
+        cache.put(key, entry)
+    remaining = [m for m, key in enumerate(miss_keys) if key not in found]
+    return [misses[m] for m in remaining], [miss_keys[m] for m in remaining]
 
 
 def request_error(
@@ -164,19 +194,29 @@ def request_error(
 
 
 def answer_requests(
-    computed: ComputedBatch, payloads: Sequence[EmbeddingRequest], cache: EmbeddingCache, model_name: str
+    computed: ComputedBatch,
+    payloads: Sequence[EmbeddingRequest],
+    cache: EmbeddingCache,
+    model_name: str,
+    shared: SharedCache | None = None,
 ) -> list[Any]:
-    """Store the computed rows in the cache, then answer each request with its own rows in its own order."""
+    """Answer each request with its own rows in its own order, then store the computed rows in the worker's cache
+    and (one pipelined round trip) in the shared tier."""
     batch, embeddings = computed.batch, computed.embeddings
     known = dict(batch.known)
+    computed_entries = []
     for row, key in enumerate(batch.compute_keys):
         entry = CachedEmbedding(embeddings[row].clone(), batch.compute_tokens[row], batch.compute_truncated[row])
         known[key] = entry
-        cache.put(key, entry)
+        computed_entries.append((key, entry))
     results: list[Any] = []
     for payload, keys, error in zip(payloads, batch.keys, batch.errors, strict=True):
         if error is not None:
             results.append(error)
         else:
             results.append(format_response(payload, [known[key] for key in keys], model_name))
+    for key, entry in computed_entries:
+        cache.put(key, entry)
+    if shared is not None and computed_entries:
+        shared.put_many(computed_entries)
     return results

@@ -19,6 +19,7 @@ from torch import nn
 
 from handlers.core.base import Loaded
 from handlers.core.config import ConfigError
+from handlers.embedding.bert import BertEncoder, check_bert_config
 from handlers.embedding.buckets import check_buckets
 from handlers.embedding.requests import EmbeddingLimits
 
@@ -34,13 +35,12 @@ def mean_pool_normalize(hidden: torch.Tensor, attention_mask: torch.Tensor) -> t
 class SentenceEncoder(nn.Module):
     """input_ids, attention_mask (int64, [batch, tokens]) -> unit-length sentence embeddings (fp32, [batch, dim])."""
 
-    def __init__(self, transformer: nn.Module) -> None:
+    def __init__(self, transformer: BertEncoder) -> None:
         super().__init__()
         self.transformer = transformer
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        hidden = self.transformer(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        return mean_pool_normalize(hidden, attention_mask)
+        return mean_pool_normalize(self.transformer(input_ids, attention_mask), attention_mask)
 
 
 def read_json(model_dir: str | os.PathLike[str], name: str) -> Any:
@@ -65,12 +65,9 @@ def max_sequence_tokens(model_dir: str | os.PathLike[str]) -> int:
 def load_sentence_encoder(model_dir: str | os.PathLike[str]) -> SentenceEncoder:
     """The fp32 encoder in eval mode, built from config.json and model.safetensors of ``model_dir``."""
     from safetensors.torch import load_file
-    from transformers import BertConfig, BertModel
 
     check_pooling(model_dir)
-    config = BertConfig.from_json_file(os.path.join(model_dir, "config.json"))
-    config._attn_implementation = "sdpa"
-    transformer = BertModel(config, add_pooling_layer=False)
+    transformer = BertEncoder(check_bert_config(read_json(model_dir, "config.json")))
     weights = load_file(os.path.join(model_dir, "model.safetensors"))
     # The checkpoint also holds the unused pooler head and a position-id buffer the model recreates itself.
     weights = {

@@ -3,12 +3,12 @@
     python -m loadtests.baselines.inprocess --archive model_store/minilm.mar [--seconds 10] [--batch-sizes 1,8,16,32]
 
 The archive is unpacked and its handler loaded exactly as a TorchServe worker would (same code, model-config.yaml,
-precision, compile mode, threads), then ``handle()`` is called with batches of the load tests' seeded payload mix
+precision, backend, threads), then ``handle()`` is called with batches of the load tests' seeded payload mix
 (loadtests/payloads.py, so the cache sees the same repeats). For each batch size it reports requests/s and the
 per-batch time; the best is the ceiling a server of this handler can approach. It also times one raw forward pass of
 a single input (for the classifier target: p50 at low load <= raw forward + maxBatchDelay + 3 ms).
 
-scripts/bench_embeddings.py is the minilm handler's own benchmark (precision x compile x threads, cache off, its own
+scripts/bench_embeddings.py is the minilm handler's own benchmark (precision x backend x threads, cache off, its own
 texts). This loop differs on purpose: any model, the archive's configuration exactly as served, and the load tests'
 payload mix with the cache on, so the ceiling sees the same work per request as the served runs it is compared with.
 Exit codes: 0 measured, 1 the handler failed or answered wrongly, 2 bad arguments.
@@ -111,7 +111,7 @@ def ceiling(archive, model, batch_sizes, seconds, seed=0, log=print):
             "model": model,
             "archive": str(archive),
             "precision": described.get("precision"),
-            "compile": described.get("compile"),
+            "backend": described.get("backend") or described.get("compile"),
             "threads": described.get("threads"),
             "configured_batch_size": yaml_config.get("batchSize"),
             "configured_max_batch_delay_ms": yaml_config.get("maxBatchDelay"),
@@ -156,7 +156,7 @@ def main(argv=None):
     else:
         best = result["best"]
         print(
-            f"{model} in process ({result['precision']}, compile {result['compile']}, {result['threads']} threads): "
+            f"{model} in process ({result['precision']}, backend {result['backend']}, {result['threads']} threads): "
             f"best {best['requests_per_s']} requests/s at batch {best['batch_size']}; raw forward of one input "
             f"{result['raw_forward_ms']} ms"
         )

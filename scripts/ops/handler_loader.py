@@ -93,11 +93,18 @@ def load_handler(
     batch_size: int | None = None,
 ) -> tuple[Any, Any]:
     """(initialized handler, its context) for ``model_dir``; ``handler_overrides`` replace keys of the folder's
-    ``handler:`` config section, ``batch_size`` TorchServe's batchSize."""
+    ``handler:`` config section, ``batch_size`` TorchServe's batchSize.
+
+    The shared embedding cache is off unless ``handler_overrides`` name one: an in-process handler (a test, a
+    benchmark) must not answer from, or write into, the cache of a `make serve` server on the archive's url."""
     context = make_context(model_dir, model_name, batch_size=batch_size)
     config = context.model_yaml_config
-    context.model_yaml_config = {**config, "handler": {**(config.get("handler") or {}), **(handler_overrides or {})}}
-    handler = handler_class(model_name)()
+    cls = handler_class(model_name)
+    overrides = dict(handler_overrides or {})
+    if "shared_cache" in getattr(cls, "options", {}):
+        overrides.setdefault("shared_cache", {"url": ""})
+    context.model_yaml_config = {**config, "handler": {**(config.get("handler") or {}), **overrides}}
+    handler = cls()
     handler.initialize(context)
     return handler, context
 

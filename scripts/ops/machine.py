@@ -14,6 +14,19 @@ from pathlib import Path
 NOTABLE_FLAGS = ("amx_bf16", "avx512_bf16", "avx512f", "avx2")
 
 
+# Kinds of CPU that want different serving configs (model-config.yaml `per_cpu_kind:`, applied at package time):
+# native bf16 (AVX512-BF16 or AMX) serves bf16 kernels, AVX2-only machines serve fp32.
+CPU_KINDS = ("native-bf16", "avx2", "other")
+
+
+def cpu_kind(flags: set[str] | None = None) -> str:
+    """This machine's kind among CPU_KINDS (from its flags)."""
+    flags = cpu_flags() if flags is None else flags
+    if flags & {"avx512_bf16", "amx_bf16"}:
+        return "native-bf16"
+    return "avx2" if "avx2" in flags else "other"
+
+
 def cores() -> int:
     """Cores this process may run on (its affinity; a container's limit), not the machine's count."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

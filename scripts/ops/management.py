@@ -178,7 +178,7 @@ class ManagementClient:
         return True
 
     def handler_choices(self, name: str, version: str | None = None) -> dict[str, Any]:
-        """What the handler chose at load (precision, compile, threads...), from the customized describe; {} for a
+        """What the handler chose at load (backend, precision, threads...), from the customized describe; {} for a
         handler that does not answer it (TorchServe returns its metadata as a JSON string)."""
         metadata = self.describe(name, version, customized=True)[0].get("customizedMetadata") or {}
         if isinstance(metadata, str):

@@ -228,8 +228,11 @@ class Server:
         run_dir: str | os.PathLike,
         log_dir: str | os.PathLike,
         java_home: str | os.PathLike | None = None,
+        extra_env: dict[str, str] | None = None,
     ):
         self.config_path = Path(config_path)
+        # Environment for the frontend and so its workers (e.g. the shared cache url a test session points it at).
+        self.extra_env = dict(extra_env or {})
         self.run_dir = Path(run_dir)
         self.log_dir = Path(log_dir)
         self.props = read_properties(self.config_path)
@@ -269,6 +272,7 @@ class Server:
             TRANSFORMERS_OFFLINE="1",
             TORCHINDUCTOR_CACHE_DIR=str(self.run_dir / "inductor-cache"),
         )
+        env.update(self.extra_env)
         if self.java_home:
             env["JAVA_HOME"] = str(self.java_home)
             env["PATH"] = f"{Path(self.java_home) / 'bin'}{os.pathsep}{env.get('PATH', '')}"
@@ -422,6 +426,7 @@ def start_isolated(
     models: list[str] | None = None,
     overrides: Properties | None = None,
     wait: float = 900,
+    env: dict[str, str] | None = None,
 ) -> Server:
     """Start a READY TorchServe from `config` on free loopback ports with its own run folder (TMPDIR) and logs.
 
@@ -443,7 +448,7 @@ def start_isolated(
     run_dir = Path(run_dir)
     config_path = run_dir / "config.properties"
     render_config(config, config_path, props)
-    server = Server(config_path, run_dir, run_dir / "logs", java_home=java_home)
+    server = Server(config_path, run_dir, run_dir / "logs", java_home=java_home, extra_env=env)
     server.start()
     start_watchdog(server)
     try:
@@ -463,6 +468,7 @@ def private_server(
     overrides: Properties | None = None,
     wait: float = 900,
     keep_logs_in: str | os.PathLike | None = None,
+    env: dict[str, str] | None = None,
 ) -> Iterator[Server]:
     """A TorchServe on free loopback ports (gRPC included) with its own run folder under build/, model API on and no
     tokens (it is private to this process); always stopped afterwards, its logs copied to `keep_logs_in`."""
@@ -470,7 +476,12 @@ def private_server(
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     props = {"disable_token_authorization": "true", "enable_model_api": "true", **(overrides or {})}
-    server = start_isolated(config, run_dir, model_store, java_home(), models, props, wait)
+    from handlers.embedding.shared_cache import URL_ENV
+
+    # Private also means no shared embedding cache (a `make serve` one would carry entries between runs) unless `env`
+    # names one (loadtests/cache_report.py).
+    env = {URL_ENV: "", **(env or {})}
+    server = start_isolated(config, run_dir, model_store, java_home(), models, props, wait, env)
     try:
         server.wait_listening()
         yield server

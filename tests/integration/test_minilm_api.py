@@ -291,10 +291,12 @@ def test_a_bad_request_in_a_concurrent_burst_fails_alone(ts_server):
     assert statuses == [400 if i % 4 == 0 else 200 for i in range(32)]
 
 
-def test_describe_shows_the_precision_the_gate_chose(ts_server):
+def test_describe_shows_the_backend_and_precision_the_gate_chose(ts_server):
     meta = ts_server.management(timeout=60).handler_choices(MODEL)
     assert meta["precision"] in {"fp32", "bf16"} and meta["requested_precision"] == "auto"
-    assert meta["precision_min_cosine"] >= 0.999 and meta["max_tokens"] == 256 and meta["dimension"] == 384
+    assert meta["requested_backend"] == "auto" and meta["backend"] in {"eager", "jit", "aot", "openvino"}
+    assert isinstance(meta["backend_reason"], str) and isinstance(meta["backend_fallbacks"], list)
+    assert meta["backend_min_cosine"] >= 0.999 and meta["max_tokens"] == 256 and meta["dimension"] == 384
     assert meta["limits"] == {
         "max_inputs": 64,
         "max_text_chars": 20000,
@@ -319,7 +321,20 @@ def test_prometheus_shows_padding_cache_and_stage_histograms_for_minilm(ts_serve
         "CacheHits",
         "CacheMisses",
         "ServedPrecision",
+        "ServedBackend",
     ):
         assert re.search(rf'^{name}{{[^}}]*ModelName="{MODEL}"', metrics, re.M), f"{name} missing for {MODEL}"
     hits = re.search(rf'^CacheHits{{[^}}]*ModelName="{MODEL}"[^}}]*}} ([0-9.e+]+)', metrics, re.M)
     assert float(hits.group(1)) >= 1
+
+
+# Needs an archive built with backends/ (scripts/build_backends.py, run by minilm's prepare step): on an archive
+# without it `auto` serves eager, as designed, and this test says so.
+def test_the_default_archive_serves_a_compiled_backend_that_passed_the_gate_on_this_machine(ts_server):
+    meta = ts_server.management(timeout=60).handler_choices(MODEL)
+    assert meta["backend"] != "eager", f"auto fell back to eager: {meta['backend_reason']}; {meta['backend_fallbacks']}"
+    assert meta["backend_reason"].startswith("rank ") and meta["backend_min_cosine"] >= 0.999
+    metrics = requests.get(f"{ts_server.metrics_url}/metrics", timeout=30).text
+    labels = [f'Backend="{meta["backend"]}"', f'ModelName="{MODEL}"', f'Precision="{meta["precision"]}"']
+    gauges = [line for line in metrics.splitlines() if line.startswith("ServedBackend{")]
+    assert any(all(label in line for label in labels) for line in gauges), f"ServedBackend does not name it: {gauges}"

@@ -1,4 +1,4 @@
-"""The classifier handler called directly (no server): validation, batching bookkeeping, precision, compile."""
+"""The classifier handler called directly (no server): validation, batching bookkeeping, precision, backend."""
 
 import json
 import math
@@ -116,7 +116,7 @@ def test_unknown_handler_option_is_refused_with_its_name(prepared_model_dir):
 def test_jit_compile_warms_up_every_served_size_so_load_causes_no_recompilation(prepared_model_dir):
     from handlers.core import runtime
 
-    handler, context = load(prepared_model_dir("classifier"), compile="jit")
+    handler, context = load(prepared_model_dir("classifier"), backend="jit")
     compiled_before = runtime.compile_count()
     generator = torch.Generator().manual_seed(5)
     for rows in (1, 2, 7, 64, 3, 100, 16 * 64):

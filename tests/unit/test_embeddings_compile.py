@@ -1,4 +1,4 @@
-"""compile: jit (no recompilation after warm-up) and aot (a .pt2 built like the packaging step builds it).
+"""The compiled backends: jit (no recompilation after warm-up) and aot (a .pt2 built as the packaging step builds it).
 
 Both run on a 1-layer, 32-wide BERT with the real tokenizer (tests/unit/tiny_minilm.py): the same model code, so the
 same graphs and guards, at a fraction of the compile time of the real encoder.
@@ -6,14 +6,18 @@ same graphs and guards, at a fraction of the compile time of the real encoder.
 
 import json
 import random
+import shutil
 
 import pytest
 import torch
 
 from handlers.core import runtime
 from handlers.core.config import ConfigError
+from handlers.embedding import backends
+from handlers.embedding.encoder import load_sentence_encoder
+from scripts import build_backends
 from scripts.ops.handler_loader import load_handler, set_requests, statuses
-from scripts.prepare_minilm import build_aot
+from tests.unit.tiny_minilm import make_tiny_model_dir
 
 WORDS = "the of serving tensor café 東京 🙂 batch token model request queue latency x".split()
 
@@ -66,23 +70,57 @@ def assert_same_answers(got, expected):
 
 
 def test_jit_warmup_covers_every_served_shape_so_a_mixed_load_compiles_nothing(tiny_model_dir, eager_answers):
-    handler, context = load(tiny_model_dir, compile="jit")
+    handler, context = load(tiny_model_dir, backend="jit")
     before = runtime.compile_count()
     answers = answer_all(handler, context, mixed_load())
     assert runtime.compile_count() == before, "a served shape was not covered by warm-up"
     assert_same_answers(answers, eager_answers)
 
 
-def test_aot_package_built_like_the_packaging_step_loads_and_matches_eager(tiny_model_dir, eager_answers):
-    build_aot(tiny_model_dir, "fp32", 1024, 0.9999)
-    built = json.loads((tiny_model_dir / "minilm.pt2.json").read_text())
-    assert built["precision"] == "fp32" and built["min_cosine_to_eager"] >= 0.9999
+@pytest.fixture(scope="module")
+def aot_model_dir(tiny_model_dir, tmp_path_factory):
+    """The tiny model with backends/aot-fp32.pt2 built by the packaging step's own builder (about a minute)."""
+    target = tmp_path_factory.mktemp("tiny-aot") / "model"
+    shutil.copytree(tiny_model_dir, target)
+    shutil.rmtree(target / "backends", ignore_errors=True)
+    (target / "backends").mkdir()
+    example = (torch.ones(4, 16, dtype=torch.long), torch.ones(4, 16, dtype=torch.long))
+    build_backends.build_aot(target, load_sentence_encoder(target), example, "fp32", "cpu", 1024)
+    return target
+
+
+def write_manifest(model_dir, candidates):
+    entries = [
+        {"backend": backend, "precision": precision, "rank": rank, **extra}
+        for rank, (backend, precision, extra) in enumerate(candidates, start=1)
+    ]
+    manifest = {"format": 1, "built_on": {"flags": sorted(runtime.cpu_flags())}, "candidates": entries}
+    (model_dir / backends.MANIFEST).write_text(json.dumps(manifest))
+
+
+def test_aot_package_built_like_the_packaging_step_loads_and_matches_eager(aot_model_dir, eager_answers):
+    write_manifest(aot_model_dir, [("aot", "fp32", {"device": "cpu", "max_batch": 1024, "max_tokens": 256})])
     compiles = runtime.compile_count()
-    handler, context = load(tiny_model_dir, compile="aot")
+    handler, context = load(aot_model_dir, backend="aot")
     assert runtime.compile_count() == compiles  # nothing is compiled in the worker
-    assert handler.describe()["compile"] == "aot"
+    assert (handler.describe()["backend"], handler.describe()["precision"]) == ("aot", "fp32")
     assert_same_answers(answer_all(handler, context, mixed_load()), eager_answers)
 
     # A worker whose forward passes could exceed the package's dynamic batch bound refuses to start.
     with pytest.raises(ConfigError, match="takes at most 1024 rows, a forward pass may hold 2048"):
-        load(tiny_model_dir, compile="aot", max_forward_tokens=32768)
+        load(aot_model_dir, backend="aot", max_forward_tokens=32768)
+
+
+def test_auto_refuses_a_prebuilt_candidate_below_the_gate_and_serves_the_next_one(aot_model_dir, tmp_path):
+    from tests.unit.test_embeddings_backends import convert_to_ir
+
+    # rank 1: an OpenVINO IR of other weights, which runs but does not compute this model: the gate refuses it.
+    convert_to_ir(make_tiny_model_dir(aot_model_dir, tmp_path / "other", seed=1), aot_model_dir)
+    write_manifest(aot_model_dir, [("openvino", "fp32", {}), ("aot", "fp32", {})])
+    handler, _ = load(aot_model_dir, backend="auto")
+
+    [refused] = handler.describe()["backend_fallbacks"]
+    assert (refused["backend"], refused["precision"]) == ("openvino", "fp32")
+    assert refused["reason"].startswith("accuracy gate:")
+    assert (handler.backend, handler.precision) == ("aot", "fp32")
+    assert handler.describe()["backend_reason"] == "rank 2 of 2 in backends/manifest.json"

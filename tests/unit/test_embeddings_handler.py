@@ -240,9 +240,12 @@ def test_a_char_limit_below_the_text_limit_is_a_config_error(unpacked_model):
 
 
 def test_int8_fails_the_accuracy_gate_and_the_worker_serves_fp32(unpacked_model):
-    handler, context = load(unpacked_model("minilm"), precision="int8", warmup=False)
+    handler, context = load(unpacked_model("minilm"), backend="eager", precision="int8", warmup=False)
     assert handler.precision == "fp32" and handler.gate_rejected == "int8"
-    assert handler.min_cosine < 0.999
+    assert handler.min_cosine == 1.0  # what serves is eager fp32 itself
+    [refused] = handler.describe()["backend_fallbacks"]
+    assert (refused["backend"], refused["precision"]) == ("eager", "int8")
+    assert refused["reason"].startswith("accuracy gate: min cosine 0.") and "below the bound 0.999" in refused["reason"]
     assert handler.describe()["gate_rejected"] == "int8"
     [answer] = run(handler, context, [{"text": "still served"}])
     assert len(answer["embedding"]) == 384
@@ -259,5 +262,5 @@ def test_bad_bucket_config_is_refused_with_its_key(unpacked_model):
 
 
 def test_aot_without_a_package_in_the_archive_is_a_clear_config_error(unpacked_model):
-    with pytest.raises(ConfigError, match="aot needs minilm.pt2 in the archive"):
-        load(unpacked_model("minilm"), compile="aot", warmup=False)
+    with pytest.raises(ConfigError, match=r"aot fp32: no backends/aot-fp32\.pt2 in the archive"):
+        load(unpacked_model("minilm"), backend="aot", warmup=False)

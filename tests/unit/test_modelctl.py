@@ -191,11 +191,11 @@ def test_describe_shows_the_handlers_choices_as_json_not_python_reprs():
     description = {
         **VERSIONS[0],
         "customizedMetadata": json.dumps(
-            {"precision": "fp32", "limits": {"max_prompt_tokens": 512, "stop": ["\n"]}, "compile": None}
+            {"precision": "fp32", "limits": {"max_prompt_tokens": 512, "stop": ["\n"]}, "gate_rejected": None}
         ),
     }
     view = model_views.version_view(description, "1.0", "http://127.0.0.1:8081", customized=True)
     (handler_line,) = [line for line in model_views.describe_lines(view) if line.startswith("  handler")]
     assert '"max_prompt_tokens": 512' in handler_line and '["\\n"]' in handler_line
-    assert "{'" not in handler_line and "None" not in handler_line and "compile null" in handler_line
+    assert "{'" not in handler_line and "None" not in handler_line and "gate_rejected null" in handler_line
     assert view["customized"]["limits"] == {"max_prompt_tokens": 512, "stop": ["\n"]}

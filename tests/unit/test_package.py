@@ -22,7 +22,7 @@ VALID_CONFIG = {
     "maxBatchDelay": 5,
     "responseTimeout": 30,
     "startupTimeout": 120,
-    "handler": {"precision": "fp32", "compile": "none", "threads": 1},
+    "handler": {"precision": "fp32", "backend": "eager", "threads": 1},
 }
 
 
@@ -228,5 +228,54 @@ def test_metrics_yaml_is_generated_from_the_handlers_declarations():
     for name, metric in MODEL_METRICS.items():
         [entry] = [e for e in declared[metric.kind] if e["name"] == name]
         assert entry["dimensions"] == dimension_names(name) and entry["unit"] == metric.unit
-        # TorchServe's histograms have fixed latency buckets (5 ms .. 10 s): only times in seconds fit them.
-        assert metric.kind != "histogram" or metric.unit == "s", name
+        # TorchServe's histograms have fixed buckets (0.005 .. 10): only times fit them, in seconds (5 ms .. 10 s) or,
+        # for sub-millisecond round trips, in milliseconds (5 us .. 10 ms).
+        assert metric.kind != "histogram" or metric.unit in ("s", "ms"), name
+
+
+PER_KIND = {
+    "native-bf16": {"minWorkers": 3, "maxWorkers": 3, "batchSize": 16},
+    "avx2": {"minWorkers": 2, "maxWorkers": 2, "batchSize": 4},
+}
+
+
+def packed_model_config(archive):
+    import zipfile
+
+    with zipfile.ZipFile(archive) as mar:
+        return yaml.safe_load(mar.read("model-config.yaml"))
+
+
+@pytest.mark.parametrize("kind", ["native-bf16", "avx2", "other"])
+def test_per_cpu_kind_values_are_packed_for_the_kind_built_for(spec, kind):
+    spec.write_config({**VALID_CONFIG, "per_cpu_kind": PER_KIND})
+    entry = build(spec, cpu_kind=kind)
+    packed = packed_model_config(spec.archive())
+    expected = {**VALID_CONFIG, **PER_KIND.get(kind, {})}
+    assert "per_cpu_kind" not in packed
+    assert {key: packed[key] for key in expected} == expected
+    assert entry["cpu_kind"] == kind and spec.manifest()["unitpkg.mar"]["batchSize"] == expected["batchSize"]
+
+
+def test_another_cpu_kind_rebuilds(spec):
+    spec.write_config({**VALID_CONFIG, "per_cpu_kind": PER_KIND})
+    first = build(spec, cpu_kind="avx2")
+    again = build(spec, cpu_kind="avx2")
+    other = build(spec, cpu_kind="native-bf16")
+    assert not again["rebuilt"] and other["rebuilt"] and other["input_hash"] != first["input_hash"]
+
+
+@pytest.mark.parametrize(
+    "per_kind, named",
+    [
+        ({"avx512": {"batchSize": 8}}, "unknown CPU kind"),
+        ({"avx2": {"handler": {"threads": 2}}}, "per_cpu_kind.avx2"),
+        ({"avx2": {"batchSize": "many"}}, "batchSize"),
+        ({"avx2": {"minWorkers": 4}}, "minWorkers"),  # above the base maxWorkers 1
+        ({"avx2": {"lotsOfWorkers": 4}}, "lotsOfWorkers"),
+    ],
+)
+def test_bad_per_cpu_kind_is_refused_naming_it(spec, per_kind, named):
+    spec.write_config({**VALID_CONFIG, "per_cpu_kind": per_kind})
+    with pytest.raises(package.PackagingError, match=named):
+        build(spec, cpu_kind="native-bf16")

@@ -1,0 +1,222 @@
+"""What runs the embedding model: one interface over eager torch, torch.compile, AOTInductor and OpenVINO.
+
+Every backend is a callable ``(input_ids, attention_mask) -> embeddings``: int64 tensors ``[rows, tokens]`` in, fp32
+unit vectors ``[rows, dim]`` out, so the handler, its accuracy gate and its warm-up never ask which one runs.
+:func:`load_backend` builds one from the fp32 encoder or from the artifacts the packaging step put under
+``backends/`` in the archive, or raises :class:`BackendUnavailable` with the reason this worker cannot run it (a
+missing artifact, a CPU without native bf16, openvino not importable, a package built for another device or CPU).
+Which backend serves is decided by the handler's backend walk (handlers/core/base.py, ``backend: auto`` in
+handlers/embeddings.py), which also checks every candidate against eager fp32 before it serves.
+
+Archive layout (written by scripts/build_backends.py at package time)::
+
+    backends/manifest.json            candidates ranked best first, what was refused at build time, the build CPU
+    backends/aot-fp32.pt2, aot-bf16.pt2   AOTInductor packages (dynamic batch and length)
+    backends/openvino/model.xml, .bin     OpenVINO IR of the fp32 encoder; bf16 is OpenVINO's inference precision hint
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from handlers.core import runtime
+from handlers.core.runtime import BackendUnavailable, machine_can_run
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["BackendUnavailable", "Encode", "load_backend", "machine_can_run", "read_manifest"]
+
+Encode = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (input_ids, attention_mask) -> fp32 unit vectors
+
+BACKENDS_DIR = "backends"
+MANIFEST = f"{BACKENDS_DIR}/manifest.json"
+MANIFEST_FORMAT = 1
+OPENVINO_IR = f"{BACKENDS_DIR}/openvino/model.xml"
+# Instruction sets an AOTInductor package may have been compiled for: machine code built with one of them dies with
+# SIGILL (the worker, not an exception) on a CPU without it, so a package built elsewhere is checked before loading.
+ISA_FLAGS = frozenset(
+    {
+        "avx2",
+        "fma",
+        "avx512f",
+        "avx512bw",
+        "avx512vl",
+        "avx512dq",
+        "avx512_vnni",
+        "avx512_bf16",
+        "avx512_fp16",
+        "avx_vnni",
+        "amx_tile",
+        "amx_bf16",
+        "amx_int8",
+    }
+)
+OPENVINO_PRECISIONS = {"fp32": "f32", "bf16": "bf16"}
+
+
+def aot_package(precision: str) -> str:
+    return f"{BACKENDS_DIR}/aot-{precision}.pt2"
+
+
+def read_manifest(model_dir: str | Path) -> tuple[dict[str, Any] | None, str]:
+    """(the archive's backends/manifest.json, "") or (None, why there is none usable)."""
+    path = Path(model_dir) / MANIFEST
+    if not path.is_file():
+        return None, f"the archive has no {MANIFEST}"
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        return None, f"{MANIFEST} is unreadable ({error})"
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+        return None, f"{MANIFEST} is not format {MANIFEST_FORMAT}"
+    candidates = manifest.get("candidates")
+    if not isinstance(candidates, list) or not all(
+        isinstance(c, dict) and isinstance(c.get("backend"), str) and isinstance(c.get("precision"), str)
+        for c in candidates
+    ):
+        return None, f"{MANIFEST}: candidates must be a list of {{backend, precision, ...}}"
+    return manifest, ""
+
+
+def ranked_candidates(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """The manifest's candidates best first (by ``rank`` where given, else in file order)."""
+    ordered = list(enumerate(manifest["candidates"]))
+    ordered.sort(key=lambda pair: (pair[1].get("rank", pair[0] + 1), pair[0]))
+    return [candidate for _, candidate in ordered]
+
+
+def load_backend(
+    name: str,
+    precision: str,
+    model_dir: str | Path,
+    fp32_model: torch.nn.Module,
+    threads: int,
+    device: torch.device,
+    *,
+    max_rows: int | None = None,
+    max_tokens: int | None = None,
+) -> Encode:
+    """The callable that computes embeddings with backend ``name`` at ``precision``.
+
+    ``max_rows`` / ``max_tokens``: the largest forward pass this worker makes, checked against a prebuilt package's
+    dynamic bounds where the manifest states them. Raises :class:`BackendUnavailable` (message = the reason) when this
+    machine or archive cannot run it; the accuracy gate against eager fp32 is the caller's."""
+    if name == "eager":
+        return runtime.convert_model(fp32_model, precision)
+    if name == "jit":
+        return runtime.compile_model(runtime.convert_model(fp32_model, precision))
+    if name == "aot":
+        return load_aot(precision, Path(model_dir), device, max_rows, max_tokens)
+    if name == "openvino":
+        return load_openvino(precision, Path(model_dir), threads, device)
+    raise BackendUnavailable(f"unknown backend {name!r}")
+
+
+def manifest_entry(model_dir: Path, name: str, precision: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the manifest, its candidate entry for name/precision); empty dicts where the archive has none."""
+    manifest, _ = read_manifest(model_dir)
+    if manifest is None:
+        return {}, {}
+    entry: dict[str, Any] = next(
+        (c for c in manifest["candidates"] if (c["backend"], c["precision"]) == (name, precision)), {}
+    )
+    return manifest, entry
+
+
+def load_aot(
+    precision: str, model_dir: Path, device: torch.device, max_rows: int | None, max_tokens: int | None
+) -> Encode:
+    """The prebuilt AOTInductor package for ``precision``, after checking it fits this worker and this CPU.
+
+    Its kernels' thread count was fixed when it was compiled (inductor writes it into the code), not by this worker."""
+    package = aot_package(precision)
+    path = model_dir / package
+    if not path.is_file():
+        raise BackendUnavailable(f"no {package} in the archive (scripts/build_backends.py builds it)")
+    manifest, entry = manifest_entry(model_dir, "aot", precision)
+    problems = []
+    built_device = entry.get("device", "cpu")
+    if built_device != device.type:
+        problems.append(f"it was built for {built_device}, this worker runs on {device.type}")
+    built_flags = set((manifest.get("built_on") or {}).get("flags") or ()) & ISA_FLAGS
+    missing = sorted(built_flags - runtime.cpu_flags()) if device.type == "cpu" else []
+    if missing:
+        problems.append(f"it was compiled on a CPU with {' '.join(missing)}, which this CPU lacks")
+    if max_tokens is not None and entry.get("max_tokens", max_tokens) < max_tokens:
+        problems.append(f"it takes at most {entry['max_tokens']} tokens, the last bucket is {max_tokens}")
+    if max_rows is not None and entry.get("max_batch", max_rows) < max_rows:
+        problems.append(f"it takes at most {entry['max_batch']} rows, a forward pass may hold {max_rows}")
+    if problems:
+        raise BackendUnavailable(f"{package} does not fit: " + "; ".join(problems))
+    return torch._inductor.aoti_load_package(str(path))
+
+
+class OpenVinoEncoder:
+    """An OpenVINO compiled model behind the backend interface: torch int64 tensors in, a torch fp32 tensor out.
+
+    One infer request, reused: a worker computes one forward pass at a time."""
+
+    def __init__(self, compiled: Any) -> None:
+        self.compiled = compiled
+        self.request = compiled.create_infer_request()
+        inputs = list(compiled.inputs)
+        names = [set(port.get_names()) for port in inputs]
+        # Bind by name where the IR kept the forward's argument names, else by position (the forward's order).
+        ids = next((i for i, port_names in enumerate(names) if "input_ids" in port_names), None)
+        mask = next((i for i, port_names in enumerate(names) if "attention_mask" in port_names), None)
+        self.ids_index, self.mask_index = (ids, mask) if ids is not None and mask is not None else (0, 1)
+        self.dtypes = [port.get_element_type().to_dtype() for port in inputs]
+
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        feeds = {
+            self.ids_index: input_ids.cpu().numpy().astype(self.dtypes[self.ids_index], copy=False),
+            self.mask_index: attention_mask.cpu().numpy().astype(self.dtypes[self.mask_index], copy=False),
+        }
+        self.request.infer(feeds)
+        # The request owns its output buffer and overwrites it on the next call: copy it out.
+        return torch.from_numpy(self.request.get_output_tensor(0).data.copy()).to(torch.float32)
+
+
+def openvino_config(precision: str, threads: int) -> dict[str, str]:
+    """CPU plugin settings: one latency stream on this worker's share of the cores, at the requested precision.
+
+    Pinning is off: with several single-thread workers per machine, OpenVINO would pin each one's thread to a core
+    of its own choosing (the same one for all of them); the OS spreads them instead."""
+    return {
+        "INFERENCE_PRECISION_HINT": OPENVINO_PRECISIONS[precision],
+        "INFERENCE_NUM_THREADS": str(threads),
+        "NUM_STREAMS": "1",
+        "PERFORMANCE_HINT": "LATENCY",
+        "ENABLE_CPU_PINNING": "NO",
+    }
+
+
+def load_openvino(precision: str, model_dir: Path, threads: int, device: torch.device) -> Encode:
+    """The archive's OpenVINO IR compiled for this CPU (bf16 as OpenVINO's inference precision hint)."""
+    if device.type != "cpu":
+        raise BackendUnavailable(f"openvino is served on CPU only; this worker runs on {device.type}")
+    if precision not in OPENVINO_PRECISIONS:
+        raise BackendUnavailable(f"openvino serves {' or '.join(OPENVINO_PRECISIONS)}, not {precision}")
+    reason = machine_can_run(precision, device)
+    if reason:
+        raise BackendUnavailable(reason)
+    path = model_dir / OPENVINO_IR
+    if not path.is_file():
+        raise BackendUnavailable(f"no {OPENVINO_IR} in the archive (scripts/build_backends.py builds it)")
+    try:
+        import openvino
+    except ImportError as error:
+        raise BackendUnavailable(f"openvino is not importable ({error})") from None
+    core = openvino.Core()
+    model = core.read_model(str(path))
+    if any(not port.get_partial_shape().is_dynamic for port in model.inputs):
+        # Every batch size and bucket length goes through one compiled model.
+        model.reshape({port.get_any_name(): openvino.PartialShape([-1, -1]) for port in model.inputs})
+    compiled = core.compile_model(model, "CPU", openvino_config(precision, threads))
+    return OpenVinoEncoder(compiled)

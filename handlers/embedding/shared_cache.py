@@ -1,0 +1,376 @@
+"""The second cache tier: embeddings in a Redis-protocol server (Valkey, Redis) shared by every worker and replica.
+
+The worker's LRU (:mod:`handlers.embedding.cache`, L1) is asked first; its misses go to this tier (L2) in ONE ``MGET``
+per batch, and the rows the batch computed are written back in ONE pipelined ``SET ... EX`` after the answers are
+formed. Serving never depends on it: every call is bounded by ``timeout_ms``, an error or timeout is a miss, and a
+circuit breaker stops asking for ``breaker_cooldown_s`` after ``breaker_failures`` consecutive failures (then one
+trial call decides: closed again, or open for another cool-down).
+
+Keys: ``emb:{model}:{version}:`` (readable, for operators' ``SCAN``/``UNLINK``) + a hash of model, version, backend,
+precision, token limit and the text's digest, so one model's or version's entries can never be looked up by another.
+Values (never pickle): a fixed header, then the raw little-endian float32 vector::
+
+    magic b"TSEm" | format u8 | flags u8 (bit 0: truncated) | dimension u16 | tokens u32 | key check 8 bytes
+
+The key check is the start of the key's own hash: a value copied from another key (another text, model or version)
+does not decode. A value is used only when its length, magic, format, dimension, token count, key check, finiteness
+and unit norm all hold; anything else is a miss, and the recomputed row overwrites it.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import math
+import os
+import struct
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import numpy as np
+import torch
+
+from handlers.core.config import Option
+from handlers.core.metrics import HandlerMetrics
+from handlers.embedding.cache import CachedEmbedding, CacheKey
+
+logger = logging.getLogger(__name__)
+
+# The deployment's URL and password file, when they differ from the archive's model-config.yaml (docs/cache.md): the
+# test suite and the load tools point an archive at their own cache server on a free port; production passes the
+# password in a file written by scripts/ops/cache_server.py, never in the archive.
+URL_ENV = "TS_SHARED_CACHE_URL"
+PASSWORD_FILE_ENV = "TS_SHARED_CACHE_PASSWORD_FILE"
+
+MAGIC = b"TSEm"
+FORMAT_VERSION = 1
+HEADER = struct.Struct("<4sBBHI8s")  # magic, format, flags, dimension, tokens, key check
+TRUNCATED_FLAG = 1
+NORM_TOLERANCE = 1e-3  # served vectors are unit length to ~1e-6 in fp32; bf16 rows are normalised in fp32 too
+
+DEFAULTS: dict[str, Any] = {
+    "url": "",
+    "ttl_s": 86400,
+    "timeout_ms": 20,
+    "max_value_bytes": 8192,
+    "breaker_failures": 3,
+    "breaker_cooldown_s": 5.0,
+}
+# key -> (type, minimum, maximum, what it is for)
+FIELDS: dict[str, tuple[type, float, float, str]] = {
+    "ttl_s": (int, 1, 30 * 86400, "seconds an entry lives in the server"),
+    "timeout_ms": (int, 1, 1000, "bound of each round trip (one MGET, one pipelined SET per batch)"),
+    "max_value_bytes": (int, 64, 1 << 20, "larger values are neither written nor read"),
+    "breaker_failures": (int, 1, 1000, "consecutive failed round trips that open the breaker"),
+    "breaker_cooldown_s": (float, 0.1, 3600, "seconds the open breaker stops asking before one trial call"),
+}
+URL_SCHEMES = ("redis", "rediss", "unix")
+
+
+def check_settings(option: Option, key: str, value: Any) -> dict[str, Any]:
+    """The ``shared_cache`` dict with defaults filled in; unknown keys, wrong types and hostile values refused."""
+    unknown = sorted(set(value) - set(DEFAULTS))
+    if unknown:
+        option.refuse(key, f"unknown field(s) {unknown}; known fields are {sorted(DEFAULTS)}")
+    settings = {**DEFAULTS, **value}
+    check_url(option, key, settings["url"])
+    for name, (kind, low, high, purpose) in FIELDS.items():
+        field = settings[name]
+        if kind is float and isinstance(field, int) and not isinstance(field, bool):
+            field = settings[name] = float(field)
+        if isinstance(field, bool) or not isinstance(field, kind):
+            option.refuse(key, f"{name}: expected {kind.__name__}, got {field!r} ({purpose})")
+        if not (low <= field <= high) or (kind is float and not math.isfinite(field)):
+            option.refuse(key, f"{name}: {field!r} is outside [{low:g}, {high:g}] ({purpose})")
+    return settings
+
+
+def check_url(option: Option, key: str, url: Any) -> None:
+    if not isinstance(url, str):
+        option.refuse(key, f"url: expected a string, got {url!r}")
+    if not url:
+        return
+    parts = urlsplit(url)
+    if parts.scheme not in URL_SCHEMES:
+        option.refuse(key, f"url: {url!r} must start with one of {[s + '://' for s in URL_SCHEMES]}, or be empty")
+    if parts.scheme != "unix" and not parts.hostname:
+        option.refuse(key, f"url: {url!r} names no host")
+    if parts.password:
+        option.refuse(key, f"url: {redacted(url)} holds a password; give it in ${PASSWORD_FILE_ENV} instead")
+
+
+SHARED_CACHE_OPTION = Option(
+    dict,
+    DEFAULTS,
+    help="the second cache tier in a Redis-protocol server (docs/cache.md): fields url ('' = off), ttl_s, "
+    "timeout_ms, max_value_bytes, breaker_failures, breaker_cooldown_s; $" + URL_ENV + " overrides url",
+    validator=check_settings,
+)
+
+
+def redacted(url: str) -> str:
+    """The URL without its password (for logs and describe)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username or ''}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def effective_url(configured: str) -> str:
+    """$TS_SHARED_CACHE_URL when set (empty turns the tier off), else the archive's url."""
+    return os.environ.get(URL_ENV, configured)
+
+
+def read_password() -> str | None:
+    path = os.environ.get(PASSWORD_FILE_ENV)
+    if not path:
+        return None
+    with open(path, encoding="utf-8") as file:
+        return file.read().strip() or None
+
+
+# ----------------------------------------------------------------------------------------------- keys and values
+@dataclass(frozen=True)
+class Namespace:
+    """What, besides the text, determines a vector: one worker's model, version, backend, precision and limit."""
+
+    model: str
+    version: str
+    backend: str
+    precision: str
+    max_tokens: int
+    dimension: int
+
+    @property
+    def prefix(self) -> bytes:
+        return f"emb:{self.model}:{self.version}:".encode()
+
+    @functools.cached_property
+    def fingerprint(self) -> bytes:
+        # Length-prefixed fields: ("a:b", "c") and ("a", "b:c") must not hash alike.
+        fields = (self.model, self.version, self.backend, self.precision, str(self.max_tokens))
+        return b"".join(len(f.encode()).to_bytes(4, "little") + f.encode() for f in fields)
+
+    def key_hash(self, key: CacheKey) -> bytes:
+        """The hash naming one text's entry (``key[0]`` is the text's digest, see cache.cache_key)."""
+        return hashlib.blake2b(self.fingerprint + key[0], digest_size=16).digest()
+
+    def server_key(self, key: CacheKey) -> bytes:
+        return self.prefix + self.key_hash(key).hex().encode()
+
+
+def encode_value(namespace: Namespace, key: CacheKey, entry: CachedEmbedding) -> bytes:
+    vector = entry.embedding.detach().to("cpu", torch.float32).contiguous().numpy().astype("<f4", copy=False)
+    flags = TRUNCATED_FLAG if entry.truncated else 0
+    header = HEADER.pack(MAGIC, FORMAT_VERSION, flags, vector.shape[0], entry.tokens, namespace.key_hash(key)[:8])
+    return header + vector.tobytes()
+
+
+def decode_value(namespace: Namespace, key: CacheKey, value: bytes | None) -> CachedEmbedding | None:
+    """The entry a stored value holds for ``key``, or None when it is absent or fails any check."""
+    if value is None or len(value) != HEADER.size + 4 * namespace.dimension:
+        return None
+    magic, version, flags, dimension, tokens, check = HEADER.unpack_from(value)
+    if (
+        magic != MAGIC
+        or version != FORMAT_VERSION
+        or flags & ~TRUNCATED_FLAG
+        or dimension != namespace.dimension
+        or not 1 <= tokens <= namespace.max_tokens
+        or check != namespace.key_hash(key)[:8]
+    ):
+        return None
+    vector = np.frombuffer(value, dtype="<f4", offset=HEADER.size).astype(np.float32)
+    if not np.isfinite(vector).all() or abs(float(np.linalg.norm(vector)) - 1.0) > NORM_TOLERANCE:
+        return None
+    return CachedEmbedding(torch.from_numpy(vector), tokens, bool(flags & TRUNCATED_FLAG))
+
+
+# ----------------------------------------------------------------------------------------------- the breaker
+class CircuitBreaker:
+    """Closed: every call goes out. After ``failures`` consecutive failures: open, no call for ``cooldown_s``. Then
+    half-open: one trial call; success closes it, failure opens it for another cool-down."""
+
+    CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
+    GAUGE = {CLOSED: 0.0, OPEN: 1.0, HALF_OPEN: 0.5}
+
+    def __init__(self, failures: int, cooldown_s: float, clock: Any = time.monotonic) -> None:
+        self.failures_to_open = failures
+        self.cooldown_s = cooldown_s
+        self.clock = clock
+        self.consecutive_failures = 0
+        self.opened_at: float | None = None
+        self.times_opened = 0
+
+    @property
+    def state(self) -> str:
+        if self.opened_at is None:
+            return self.CLOSED
+        return self.HALF_OPEN if self.clock() - self.opened_at >= self.cooldown_s else self.OPEN
+
+    def allows(self) -> bool:
+        return self.state != self.OPEN
+
+    def succeeded(self) -> None:
+        self.consecutive_failures = 0
+        self.opened_at = None
+
+    def failed(self) -> None:
+        self.consecutive_failures += 1
+        state = self.state
+        if state == self.HALF_OPEN or (state == self.CLOSED and self.consecutive_failures >= self.failures_to_open):
+            self.times_opened += 1
+            self.opened_at = self.clock()
+            logger.warning(
+                "shared cache: %d consecutive failures, not asking it for %.1fs",
+                self.consecutive_failures,
+                self.cooldown_s,
+            )
+
+
+# ----------------------------------------------------------------------------------------------- the client
+@dataclass
+class SharedCacheEvents:
+    """What this tier did since the last :meth:`SharedCache.drain` (recorded as metrics once per batch)."""
+
+    hits: int = 0
+    misses: int = 0
+    bad_values: int = 0  # values present but refused by decode_value (counted in misses too)
+    errors: int = 0
+    timeouts: int = 0
+    skipped: int = 0  # round trips not made because the breaker was open
+    round_trips: list[tuple[str, float]] | None = None  # (operation, milliseconds)
+
+
+class SharedCache:
+    """One worker's client of the shared tier: ``get_many`` (one MGET) and ``put_many`` (one pipelined SET EX)."""
+
+    def __init__(self, settings: dict[str, Any], namespace: Namespace, url: str, password: str | None = None) -> None:
+        import redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        self.settings = settings
+        self.namespace = namespace
+        self.url = url
+        timeout = settings["timeout_ms"] / 1000
+        # No retries (redis-py retries connection errors 3 times by default): a failed call is a miss, at once.
+        self.client = redis.Redis.from_url(
+            url,
+            password=password,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            retry=Retry(NoBackoff(), 0),
+            health_check_interval=0,
+        )
+        self.breaker = CircuitBreaker(settings["breaker_failures"], settings["breaker_cooldown_s"])
+        self.events = SharedCacheEvents(round_trips=[])
+
+    def get_many(self, keys: Sequence[CacheKey]) -> dict[CacheKey, CachedEmbedding]:
+        """The decodable entries among ``keys`` (one MGET; nothing when the breaker is open or the call fails)."""
+        if not keys:
+            return {}
+        values = self._call("get", lambda: self.client.mget([self.namespace.server_key(key) for key in keys]))
+        if values is None:
+            self.events.misses += len(keys)
+            return {}
+        found = {}
+        for key, value in zip(keys, values, strict=True):
+            entry = None
+            if value is not None and len(value) <= self.settings["max_value_bytes"]:
+                entry = decode_value(self.namespace, key, value)
+                if entry is None:
+                    self.events.bad_values += 1
+            if entry is None:
+                self.events.misses += 1
+            else:
+                found[key] = entry
+                self.events.hits += 1
+        return found
+
+    def put_many(self, entries: Sequence[tuple[CacheKey, CachedEmbedding]]) -> None:
+        """Store computed rows with the TTL (one pipelined round trip; dropped when the breaker is open)."""
+        values = [(self.namespace.server_key(key), encode_value(self.namespace, key, entry)) for key, entry in entries]
+        values = [(key, value) for key, value in values if len(value) <= self.settings["max_value_bytes"]]
+        if not values:
+            return
+
+        def write() -> Any:
+            pipeline = self.client.pipeline(transaction=False)
+            for key, value in values:
+                pipeline.set(key, value, ex=self.settings["ttl_s"])
+            return pipeline.execute()
+
+        self._call("set", write)
+
+    def _call(self, operation: str, call: Any) -> Any:
+        import redis
+
+        if not self.breaker.allows():
+            self.events.skipped += 1
+            return None
+        started = time.perf_counter()
+        try:
+            result = call()
+        except (redis.TimeoutError, TimeoutError):
+            self.events.timeouts += 1
+            self.breaker.failed()
+            logger.debug("shared cache %s timed out", operation)
+            return None
+        except (redis.RedisError, OSError) as error:
+            self.events.errors += 1
+            self.breaker.failed()
+            logger.debug("shared cache %s failed: %s", operation, error)
+            return None
+        assert self.events.round_trips is not None
+        self.events.round_trips.append((operation, (time.perf_counter() - started) * 1000))
+        self.breaker.succeeded()
+        return result
+
+    def drain(self) -> SharedCacheEvents:
+        """What happened since the last drain (and start afresh)."""
+        events, self.events = self.events, SharedCacheEvents(round_trips=[])
+        return events
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "url": redacted(self.url),
+            "prefix": self.namespace.prefix.decode(),
+            "breaker": self.breaker.state,
+            "breaker_opened": self.breaker.times_opened,
+            **{key: self.settings[key] for key in FIELDS},
+        }
+
+
+def open_shared_cache(settings: dict[str, Any], namespace: Namespace) -> SharedCache | None:
+    """This worker's client of the shared tier, or None when the (effective) url is empty. Nothing is sent here: a
+    server that is down at load costs the first batches a refused connection each, then the breaker opens."""
+    url = effective_url(settings["url"])
+    if not url:
+        return None
+    shared = SharedCache(settings, namespace, url, read_password())
+    logger.info("shared cache %s, keys %s*, ttl %ds", redacted(url), namespace.prefix.decode(), settings["ttl_s"])
+    return shared
+
+
+def record_shared_cache(shared: SharedCache, metrics: HandlerMetrics) -> None:
+    """Record what the tier did during this batch (counters only when non-zero; the breaker's state every batch)."""
+    events = shared.drain()
+    for name, value in (
+        ("SharedCacheHits", events.hits),
+        ("SharedCacheMisses", events.misses),
+        ("SharedCacheBadValues", events.bad_values),
+        ("SharedCacheErrors", events.errors),
+        ("SharedCacheTimeouts", events.timeouts),
+        ("SharedCacheSkipped", events.skipped),
+    ):
+        if value:
+            metrics.record(name, value)
+    metrics.record("SharedCacheBreakerOpen", CircuitBreaker.GAUGE[shared.breaker.state])
+    for operation, milliseconds in events.round_trips or []:
+        metrics.record("SharedCacheRoundTripMilliseconds", milliseconds, [("Operation", operation)])

@@ -1,0 +1,612 @@
+"""Build minilm's compiled backends into the staged model folder, gate each against eager fp32, rank the survivors.
+
+For every backend x precision this machine can serve (fp32 always; bf16 where the CPU has native bf16, i.e.
+AVX512-BF16 or AMX; fp16 where CUDA is present) it builds the artifact into MODEL_DIR/backends/:
+
+    aot-<precision>.pt2         AOTInductor package of the encoder (handlers/embedding/encoder.py), dynamic batch and
+                                length; compiled for this machine's CPU vector ISA (or its CUDA device for fp16)
+    openvino/model.xml, .bin    OpenVINO IR of the fp32 encoder, dynamic dims; bf16 is OpenVINO's inference precision
+                                hint at load, so one IR serves both precisions
+
+Each candidate is loaded the way a worker loads it (handlers.embedding.backends.load_backend) and compared with eager
+fp32 on the reference sentences at several shapes (rows x tokens: one row, many rows, the 256-token window). Below
+--min-cosine it is not packed: its files are deleted, the reason is printed and recorded under "refused". The
+survivors are then ranked by a bounded benchmark (--rank-seconds, default 30 s, warm-up included; at least 3 rounds)
+at the served thread count (--threads, 1 per worker): single rows padded to the handler's length buckets, weighted
+by how often the README payload mix (loadtests/payloads.py) lands in each bucket, round-robin with eager at each
+precision as the yardstick. A candidate slower than eager at its own precision is refused too (--keep-slower packs
+it). backends/manifest.json lists the rest best first; `backend: auto` serves the first one a worker's machine can
+run and that passes the gate again there (docs/performance.md, "Compiled backends").
+
+Default backends (--backends not given), from the measurements in docs/performance.md: on a CPU with native bf16,
+openvino only (at 1 thread its bf16 ran 1.1-1.5x AOT bf16 and 1.5-3.0x eager bf16 on the AMX-BF16 Xeon; AOT would
+add ~30-75 s of compilation per precision to a fresh clone's first `make serve` for a candidate `auto` never picks);
+on a CPU without, where fp32 serves, openvino and aot (AOT fp32 beat OpenVINO f32 at batch 16); on CUDA, aot (fp16
+and fp32). `--backends all` builds both everywhere.
+
+A rebuild with the same inputs (weights, encoder and loader code, this script, torch/openvino versions, CPU flags,
+options) keeps the existing backends and only says so.
+
+    python -m scripts.build_backends --model-dir build/minilm
+    python -m scripts.build_backends --model-dir build/minilm --backends all --precisions fp32
+Exit codes: 0 built or up to date (refused candidates are reported, not errors), 1 the model folder is incomplete,
+2 bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import json
+import shutil
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from scripts.ops import machine
+
+REPO = Path(__file__).resolve().parent.parent
+BACKENDS_DIR = "backends"
+MANIFEST = "manifest.json"
+FORMAT = 1
+ALL_BACKENDS = ("openvino", "aot")
+# Gate shapes (rows, tokens): one row short and at the full window, a few rows, all reference sentences, many rows.
+GATE_SHAPES = ((1, 16), (1, 256), (4, 32), (36, 128), (64, 64), (8, 256))
+# The handler's default length buckets (models/minilm/model-config.yaml): the shapes a worker serves.
+RANK_BUCKETS = (16, 32, 64, 128, 256)
+RANK_SAMPLE_TEXTS = 2000  # texts of the README mix tokenized to weigh the buckets
+# Files whose change must rebuild and re-rank the backends (besides the weights and versions).
+CODE_INPUTS = (
+    "scripts/build_backends.py",
+    "handlers/embedding/encoder.py",
+    "handlers/embedding/backends.py",
+    "loadtests/payloads.py",  # the ranking's payload mix
+)
+# CPU flags that decide which vector code a compiled artifact may contain (recorded; the load side compares).
+ISA_FLAG_PREFIXES = ("avx", "amx", "fma", "f16c", "sse4")
+
+Encoder = Callable[[Any, Any], Any]
+
+
+class BuildError(Exception):
+    """The model folder cannot be built from (files missing); the message says what."""
+
+
+def log(message: str) -> None:
+    print(f"build_backends: {message}", flush=True)
+
+
+def default_backends(device: str) -> list[str]:
+    """What is worth building here, from the measurements in docs/performance.md ("Compiled backends").
+
+    CPU with native bf16: openvino only (at 1 thread its bf16 was 1.1-1.5x AOT bf16 and 1.5-3.0x eager bf16 on the
+    AMX-BF16 Xeon; fp32 candidates serve only if bf16 fails). CPU without: fp32 serves, and AOT fp32 beat OpenVINO
+    f32 at batch 16, so both. CUDA: AOT (OpenVINO here targets CPUs)."""
+    from handlers.core import runtime
+
+    if device == "cuda":
+        return ["aot"]
+    return ["openvino"] if runtime.cpu_has_native_bf16() else ["openvino", "aot"]
+
+
+def machine_precisions(device: str) -> list[str]:
+    """Precisions this build machine can serve natively: fp32; bf16 with AVX512-BF16/AMX; fp16 on CUDA."""
+    from handlers.core import runtime
+
+    if device == "cuda":
+        return ["fp32", "fp16"]
+    return ["fp32", "bf16"] if runtime.cpu_has_native_bf16() else ["fp32"]
+
+
+def isa_flags() -> list[str]:
+    return sorted(flag for flag in machine.cpu_flags() if flag.startswith(ISA_FLAG_PREFIXES))
+
+
+def versions() -> dict[str, str]:
+    import torch
+
+    found = {"torch": str(torch.__version__)}
+    try:
+        import openvino
+
+        found["openvino"] = openvino.get_version()
+    except ImportError:
+        found["openvino"] = "not installed"
+    return found
+
+
+def build_key(model_dir: Path, backends: list[str], precisions: list[str], device: str, options: dict) -> str:
+    """Hash of everything an artifact depends on: same key, same artifacts (the incremental rebuild skips)."""
+    hasher = hashlib.sha256()
+    for name in ("model.safetensors", "config.json", "reference_sentences.json"):
+        hasher.update(name.encode())
+        hasher.update(hashlib.sha256((model_dir / name).read_bytes()).digest())
+    for relative in CODE_INPUTS:
+        path = REPO / relative
+        hasher.update(relative.encode())
+        hasher.update(path.read_bytes() if path.exists() else b"<missing>")
+    described = {
+        "backends": backends,
+        "precisions": precisions,
+        "device": device,
+        "flags": isa_flags(),
+        "versions": versions(),
+        "options": options,
+    }
+    hasher.update(json.dumps(described, sort_keys=True).encode())
+    return hasher.hexdigest()
+
+
+def padded_batch(tokenizer: Any, texts: list[str], tokens: int) -> tuple[Any, Any]:
+    """Token ids and attention mask of texts truncated to and padded to ``tokens`` (pad id 0, as the handler)."""
+    import torch
+
+    encodings = [encoding.ids[:tokens] for encoding in tokenizer.encode_batch(texts)]
+    ids = [row + [0] * (tokens - len(row)) for row in encodings]
+    mask = [[1] * len(row) + [0] * (tokens - len(row)) for row in encodings]
+    return torch.tensor(ids, dtype=torch.long), torch.tensor(mask, dtype=torch.long)
+
+
+def gate_inputs(tokenizer: Any, sentences: list[str], shapes=GATE_SHAPES) -> list[tuple[Any, Any]]:
+    """The reference sentences, cycled to ``rows`` and cut or padded to ``tokens``, for each gate shape."""
+    batches = []
+    for rows, tokens in shapes:
+        texts = [sentences[index % len(sentences)] for index in range(rows)]
+        batches.append(padded_batch(tokenizer, texts, tokens))
+    return batches
+
+
+def gate_min_cosine(candidate: Encoder, references: list[Any], inputs: list[tuple[Any, Any]], device: str) -> float:
+    """Smallest row cosine between the candidate's embeddings and eager fp32's over every gate shape."""
+    import torch
+
+    from handlers.core import runtime
+
+    worst = 1.0
+    with torch.inference_mode():
+        for reference, (input_ids, attention_mask) in zip(references, inputs, strict=True):
+            got = candidate(input_ids.to(device), attention_mask.to(device))
+            if tuple(got.shape) != tuple(reference.shape):
+                raise ValueError(
+                    f"output shape {tuple(got.shape)} for input {tuple(input_ids.shape)}, expected "
+                    f"{tuple(reference.shape)}"
+                )
+            worst = min(worst, runtime.min_cosine_similarity(reference, got.cpu()))
+    return worst
+
+
+# --- building ------------------------------------------------------------------------------------------------------
+
+
+def example_inputs(tokenizer: Any, sentences: list[str], device: str) -> tuple[Any, Any]:
+    """Export example: 4 rows x 16 tokens (both dims >= 2, or export would specialise a dimension of size 1)."""
+    input_ids, attention_mask = padded_batch(tokenizer, sentences[:4], 16)
+    return input_ids.to(device), attention_mask.to(device)
+
+
+def build_aot(model_dir: Path, fp32_model: Any, example: tuple, precision: str, device: str, max_batch: int) -> dict:
+    """AOTInductor package of the encoder in ``precision``, dynamic batch (1..max_batch) and length (2..window)."""
+    import torch
+
+    from handlers.core import runtime
+    from handlers.embedding.encoder import max_sequence_tokens
+
+    model = runtime.convert_model(fp32_model, precision)
+    if model is fp32_model and device != "cpu":
+        model = copy.deepcopy(model)  # the caller's fp32 encoder stays on the CPU (the gate's reference)
+    model = model.to(device)
+    batch = torch.export.Dim("batch", min=1, max=max_batch)
+    tokens = torch.export.Dim("tokens", min=2, max=max_sequence_tokens(model_dir))
+    with torch.inference_mode():
+        exported = torch.export.export(model, example, dynamic_shapes=({0: batch, 1: tokens}, {0: batch, 1: tokens}))
+    relative = f"{BACKENDS_DIR}/aot-{precision}.pt2"
+    package = model_dir / relative
+    package.unlink(missing_ok=True)
+    # Inductor writes the thread count in force now into the package's kernels: the caller set the served one.
+    torch._inductor.aoti_compile_and_package(exported, package_path=str(package))
+    return {"files": [relative], "max_batch": max_batch, "max_tokens": max_sequence_tokens(model_dir)}
+
+
+def build_openvino(
+    model_dir: Path, fp32_model: Any, example: tuple, precision: str, device: str, max_batch: int
+) -> dict:
+    """OpenVINO IR of the fp32 encoder with dynamic [batch, tokens] inputs. Precision is chosen at load
+    (INFERENCE_PRECISION_HINT). Weights are stored as fp16 (OpenVINO's default, half the archive's bytes) and widened
+    at load: the gate measures what that costs (min cosine 0.999999 to eager fp32 on the AMX-BF16 Xeon)."""
+    import openvino
+    import torch
+
+    if device != "cpu":
+        raise ValueError("built for CPU only (this build targets CUDA)")
+    folder = model_dir / BACKENDS_DIR / "openvino"
+    relative = [f"{BACKENDS_DIR}/openvino/model.xml", f"{BACKENDS_DIR}/openvino/model.bin"]
+    if all((model_dir / name).exists() for name in relative) and (folder / ".built").exists():
+        return {"files": relative}  # one IR for every precision: built once per run
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    dynamic = (openvino.PartialShape([-1, -1]), openvino.Type.i64)
+    # convert_model traces the module; transformers' mask code warns that two Python conditions become constants. Both
+    # are constant for an encoder with a mask (no KV cache, never causal), and the gate checks every shape family.
+    with torch.inference_mode(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+        warnings.filterwarnings("ignore", message=".*trace_method.*", category=DeprecationWarning)
+        converted = openvino.convert_model(fp32_model, example_input=example, input=[dynamic, dynamic])
+    openvino.save_model(converted, str(folder / "model.xml"), compress_to_fp16=True)
+    (folder / ".built").write_text("")
+    return {"files": relative}
+
+
+BUILDERS = {"aot": build_aot, "openvino": build_openvino}
+
+
+def load_candidate(name: str, precision: str, model_dir: Path, fp32_model: Any, threads: int, device: str) -> Encoder:
+    """Load a built candidate exactly as a worker does (the load side's handlers.embedding.backends.load_backend)."""
+    import torch
+
+    from handlers.embedding.backends import load_backend
+
+    return load_backend(name, precision, model_dir, fp32_model, threads, torch.device(device))
+
+
+# --- ranking -------------------------------------------------------------------------------------------------------
+
+
+def bucket_shares(tokenizer: Any, buckets=RANK_BUCKETS, count=RANK_SAMPLE_TEXTS) -> dict[int, float]:
+    """Share of the README payload mix's texts that the handler pads to each length bucket."""
+    from handlers.embedding.buckets import bucket_length
+    from loadtests.payloads import MinilmPayloads
+
+    payloads = MinilmPayloads(seed=0)
+    texts = [payloads.next_text() for _ in range(count)]
+    counts = dict.fromkeys(buckets, 0)
+    for encoding in tokenizer.encode_batch(texts):
+        counts[bucket_length(len(encoding.ids), buckets)] += 1
+    return {bucket: counts[bucket] / len(texts) for bucket in buckets}
+
+
+def rank(
+    runners: dict[tuple[str, str], Encoder], tokenizer: Any, sentences: list[str], seconds: float, device: str
+) -> tuple[dict[tuple[str, str], float], dict]:
+    """ms per text of each runner on the README mix, one row per call (the served mean batch is ~1).
+
+    Round-robin over the runners, one call per bucket each round, until ``seconds`` are spent (at least 3 rounds),
+    so machine noise hits every runner alike; a runner's time per bucket is the median of its calls."""
+    import torch
+
+    shares = bucket_shares(tokenizer)
+    inputs = {}
+    for bucket in RANK_BUCKETS:
+        input_ids, attention_mask = padded_batch(tokenizer, [" ".join(sentences)], bucket)
+        inputs[bucket] = (input_ids.to(device), attention_mask.to(device))
+    samples: dict[tuple[tuple[str, str], int], list[float]] = {}
+    started = time.perf_counter()  # the budget covers the warm-up too
+    rounds = 0
+    with torch.inference_mode():
+        for runner in runners.values():  # warm-up: first calls allocate and pick kernels
+            for input_ids, attention_mask in inputs.values():
+                runner(input_ids, attention_mask)
+        while rounds < 3 or time.perf_counter() - started < seconds:
+            for key, runner in runners.items():
+                for bucket, (input_ids, attention_mask) in inputs.items():
+                    begun = time.perf_counter()
+                    runner(input_ids, attention_mask)
+                    samples.setdefault((key, bucket), []).append(time.perf_counter() - begun)
+            rounds += 1
+    ms_per_text = {
+        key: round(1000 * sum(shares[b] * statistics.median(samples[(key, b)]) for b in RANK_BUCKETS), 3)
+        for key in runners
+    }
+    info = {
+        "seconds": round(time.perf_counter() - started, 1),
+        "rounds": rounds,
+        "bucket_shares": {str(bucket): round(share, 4) for bucket, share in shares.items()},
+    }
+    return ms_per_text, info
+
+
+# --- the whole build -----------------------------------------------------------------------------------------------
+
+
+def read_manifest(model_dir: Path) -> dict | None:
+    path = model_dir / BACKENDS_DIR / MANIFEST
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def up_to_date(model_dir: Path, key: str) -> bool:
+    manifest = read_manifest(model_dir)
+    if not manifest or manifest.get("build_key") != key:
+        return False
+    files = [name for candidate in manifest["candidates"] for name in candidate["files"]]
+    return all((model_dir / name).exists() for name in files)
+
+
+@dataclass
+class Reference:
+    """What every candidate is judged against: eager fp32 on the gate inputs, and the runners ranked alongside."""
+
+    model_dir: Path
+    fp32_model: Any
+    tokenizer: Any
+    sentences: list[str]
+    inputs: list[tuple[Any, Any]]
+    outputs: list[Any]
+    device: str
+    threads: int
+    max_batch: int
+    min_cosine: float
+
+
+def load_reference(model_dir: Path, device: str, threads: int, max_batch: int, min_cosine: float) -> Reference:
+    import torch
+
+    from handlers.embedding.encoder import load_sentence_encoder, load_tokenizer, max_sequence_tokens
+
+    fp32_model = load_sentence_encoder(model_dir)
+    tokenizer = load_tokenizer(model_dir, max_sequence_tokens(model_dir))
+    sentences = json.loads((model_dir / "reference_sentences.json").read_text())
+    inputs = gate_inputs(tokenizer, sentences)
+    with torch.inference_mode():
+        outputs = [fp32_model(input_ids, attention_mask) for input_ids, attention_mask in inputs]
+    return Reference(
+        model_dir, fp32_model, tokenizer, sentences, inputs, outputs, device, threads, max_batch, min_cosine
+    )
+
+
+def build_candidate(reference: Reference, backend: str, precision: str) -> tuple[dict, Encoder | None]:
+    """Build, load and gate one candidate: (its manifest entry, its runner), or (a refusal with its reason, None)."""
+    import torch
+
+    from handlers.core import runtime
+
+    entry: dict[str, Any] = {"backend": backend, "precision": precision, "device": reference.device}
+    where = f"{backend}/{precision}"
+    cannot = runtime.machine_can_run(precision, torch.device(reference.device))
+    if cannot:
+        log(f"{where}: refused: {cannot}")
+        return {**entry, "reason": cannot}, None
+    model_dir = reference.model_dir
+    started = time.perf_counter()
+    try:
+        example = example_inputs(reference.tokenizer, reference.sentences, reference.device)
+        built = BUILDERS[backend](
+            model_dir, reference.fp32_model, example, precision, reference.device, reference.max_batch
+        )
+        built_seconds = time.perf_counter() - started
+        runner = load_candidate(
+            backend, precision, model_dir, reference.fp32_model, reference.threads, reference.device
+        )
+        worst = gate_min_cosine(runner, reference.outputs, reference.inputs, reference.device)
+    except Exception as error:  # a backend that cannot be built or loaded here is refused, not fatal
+        reason = f"build or load failed: {type(error).__name__}: {str(error).strip().splitlines()[0][:300]}"
+        log(f"{where}: refused: {reason}")
+        return {**entry, "reason": reason}, None
+    if worst < reference.min_cosine:
+        reason = f"gate: min cosine to eager fp32 {worst:.6f} < {reference.min_cosine}"
+        log(f"{where}: refused: {reason}")
+        return {**entry, "reason": reason, "gate_min_cosine": round(worst, 6)}, None
+    size = sum((model_dir / name).stat().st_size for name in built["files"])
+    log(f"{where}: built in {built_seconds:.0f}s, {size / 1e6:.0f} MB, gate min cosine {worst:.6f}")
+    entry.update(
+        built,
+        gate_min_cosine=round(worst, 6),
+        build_seconds=round(built_seconds, 1),
+        megabytes=round(size / 1e6, 1),
+    )
+    return entry, runner
+
+
+def eager_runners(reference: Reference, precisions: list[str]) -> dict[tuple[str, str], Encoder]:
+    """Eager at each precision served here: the yardstick of the ranking (the load side's last resort)."""
+    import torch
+
+    from handlers.core import runtime
+
+    runners: dict[tuple[str, str], Encoder] = {}
+    for precision in precisions:
+        if not runtime.machine_can_run(precision, torch.device(reference.device)):
+            runners[("eager", precision)] = runtime.convert_model(reference.fp32_model, precision).to(reference.device)
+    return runners
+
+
+def build(
+    model_dir: Path,
+    backends: list[str] | None = None,
+    precisions: list[str] | None = None,
+    min_cosine: float = 0.999,
+    rank_seconds: float = 30.0,
+    threads: int = 1,
+    max_batch: int = 1024,
+    device: str | None = None,
+    force: bool = False,
+    beat_eager: bool = True,
+) -> dict:
+    """Build, gate and rank the backends of ``model_dir``; returns the manifest (also written to backends/)."""
+    import torch
+
+    model_dir = Path(model_dir)
+    needed = ("model.safetensors", "config.json", "reference_sentences.json")
+    missing = [name for name in needed if not (model_dir / name).exists()]
+    if missing:
+        raise BuildError(f"{model_dir} lacks {missing}: stage the model first (python -m scripts.prepare_minilm)")
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    backends = default_backends(device) if backends is None else list(backends)
+    precisions = list(precisions or machine_precisions(device))
+    options = {"min_cosine": min_cosine, "threads": threads, "max_batch": max_batch, "beat_eager": beat_eager}
+    key = build_key(model_dir, backends, precisions, device, options)
+    if not force and up_to_date(model_dir, key):
+        log(f"{model_dir / BACKENDS_DIR} up to date (same weights, code, versions, CPU flags and options)")
+        return {**(read_manifest(model_dir) or {}), "rebuilt": False}
+
+    out = model_dir / BACKENDS_DIR
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    manifest: dict[str, Any] = {"format": FORMAT, "build_key": key, "built_on": built_on(device)}
+    if not backends:  # asked for none: an empty manifest says so, and workers serve eager
+        manifest.update(candidates=[], refused=[], not_built="no backends asked (--backends none)")
+        (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        return {**manifest, "rebuilt": True}
+
+    reference = load_reference(model_dir, device, threads, max_batch, min_cosine)
+    # The served thread count from here on: AOTInductor bakes it into its kernels, and the ranking runs at it.
+    torch.set_num_threads(threads)
+    candidates, refused, runners = [], [], {}
+    for backend in backends:
+        for precision in precisions:
+            entry, runner = build_candidate(reference, backend, precision)
+            if runner is None:
+                refused.append(entry)
+            else:
+                candidates.append(entry)
+                runners[(backend, precision)] = runner
+
+    runners |= eager_runners(reference, precisions)
+    ms_per_text, rank_info = rank(runners, reference.tokenizer, reference.sentences, rank_seconds, device)
+    for candidate in candidates:
+        candidate["ms_per_text"] = ms_per_text[(candidate["backend"], candidate["precision"])]
+    eager_ms = {precision: ms for (backend, precision), ms in ms_per_text.items() if backend == "eager"}
+    candidates, slower = order_candidates(candidates, eager_ms if beat_eager else {})
+    for entry in slower:
+        log(f"{entry['backend']}/{entry['precision']}: refused: {entry['reason']}")
+    remove_unpacked_files(model_dir, candidates)
+
+    manifest.update(
+        gate={"min_cosine_bound": min_cosine, "reference": "eager fp32", "shapes": [list(s) for s in GATE_SHAPES]},
+        ranking_benchmark={
+            "payload_mix": "README minilm mix (loadtests/payloads.py), one row per call padded to its length bucket",
+            "threads": threads,
+            **rank_info,
+            "eager_ms_per_text": eager_ms,
+        },
+        candidates=candidates,
+        refused=refused + slower,
+    )
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    log_ranking(manifest)
+    return {**manifest, "rebuilt": True}
+
+
+def log_ranking(manifest: dict) -> None:
+    for candidate in manifest["candidates"]:
+        log(
+            f"rank {candidate['rank']}: {candidate['backend']}/{candidate['precision']} "
+            f"{candidate['ms_per_text']} ms/text (gate {candidate['gate_min_cosine']})"
+        )
+    for precision, ms in manifest["ranking_benchmark"]["eager_ms_per_text"].items():
+        log(f"yardstick: eager/{precision} {ms} ms/text")
+
+
+def built_on(device: str) -> dict[str, Any]:
+    import torch
+
+    where = {"cpu": machine.cpu_model(), "flags": isa_flags(), "device": device, **versions()}
+    if device == "cuda":
+        where["cuda_device"] = torch.cuda.get_device_name()
+    return where
+
+
+def order_candidates(candidates: list[dict], eager_ms: dict[str, float]) -> tuple[list[dict], list[dict]]:
+    """Rank the gated candidates fastest first (rank 1 = best); one slower than eager at its own precision (where
+    ``eager_ms`` has it) is refused instead: eager is the load side's last resort anyway, so packing it would only
+    make `auto` serve something slower."""
+    kept: list[dict] = []
+    slower: list[dict] = []
+    for candidate in sorted(candidates, key=lambda candidate: candidate["ms_per_text"]):
+        eager = eager_ms.get(candidate["precision"])
+        if eager is not None and candidate["ms_per_text"] > eager:
+            reason = (
+                f"ranking: {candidate['ms_per_text']} ms/text, slower than eager/{candidate['precision']} "
+                f"({eager} ms/text)"
+            )
+            slower.append({k: candidate[k] for k in ("backend", "precision", "device")} | {"reason": reason})
+        else:
+            kept.append({**candidate, "rank": len(kept) + 1})
+    return kept, slower
+
+
+def remove_unpacked_files(model_dir: Path, candidates: list[dict]) -> None:
+    """Delete every file under backends/ that no surviving candidate lists (refused artifacts are not packed)."""
+    kept = {model_dir / name for candidate in candidates for name in candidate["files"]}
+    for path in sorted((model_dir / BACKENDS_DIR).rglob("*"), reverse=True):
+        if path.is_file() and path not in kept:
+            path.unlink()
+        elif path.is_dir() and not any(path.iterdir()):
+            path.rmdir()
+
+
+def csv_list(choices: tuple[str, ...]) -> Callable[[str], list[str]]:
+    def parse(text: str) -> list[str]:
+        values = list(choices) if text == "all" else [value for value in text.split(",") if value]
+        unknown = [value for value in values if value not in choices]
+        if unknown or not values:
+            raise argparse.ArgumentTypeError(f"choose from {', '.join(choices)} (comma-separated) or all")
+        return values
+
+    return parse
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m scripts.build_backends",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--model-dir", type=Path, required=True, help="the staged model folder; backends/ goes in it")
+    parser.add_argument(
+        "--backends",
+        type=csv_list(ALL_BACKENDS),
+        help=f"which to build: {', '.join(ALL_BACKENDS)} or all (default: openvino on a CPU with native bf16, "
+        "openvino,aot on one without, aot on CUDA)",
+    )
+    parser.add_argument(
+        "--precisions",
+        type=csv_list(("fp32", "bf16", "fp16")),
+        help="default: what this machine serves natively (fp32; bf16 with AVX512-BF16/AMX; fp16 on CUDA)",
+    )
+    parser.add_argument("--min-cosine", type=float, default=0.999, help="gate: min cosine to eager fp32 (0.999)")
+    parser.add_argument(
+        "--rank-seconds", type=float, default=30.0, help="ranking benchmark budget, at least 3 rounds (default 30)"
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="threads per worker: the ranking runs at it, AOT packages are compiled for it (default 1)",
+    )
+    parser.add_argument("--max-batch", type=int, default=1024, help="AOT: most rows per forward pass (default 1024)")
+    parser.add_argument("--force", action="store_true", help="rebuild even when the inputs did not change")
+    parser.add_argument(
+        "--keep-slower",
+        action="store_true",
+        help="pack a candidate that ranked slower than eager at its precision (refused by default)",
+    )
+    args = parser.parse_args(argv)
+    if not 0.0 < args.min_cosine <= 1.0:
+        parser.error("--min-cosine must be in (0, 1]")
+    if args.rank_seconds <= 0 or args.threads < 1 or args.max_batch < 1:
+        parser.error("--rank-seconds, --threads and --max-batch must be positive")
+    try:
+        build(
+            args.model_dir,
+            args.backends,
+            args.precisions,
+            args.min_cosine,
+            args.rank_seconds,
+            args.threads,
+            args.max_batch,
+            force=args.force,
+            beat_eager=not args.keep_slower,
+        )
+    except BuildError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
