@@ -10,11 +10,12 @@ normalisation) and its files: :mod:`handlers.embedding.encoder`.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from handlers.core import memory
+from handlers.core import memory, runtime
 from handlers.core.base import BatchScope, Candidate, ServingHandler
 from handlers.core.config import COMMON_OPTIONS, ConfigError, Option
 from handlers.core.http import RequestView
@@ -188,7 +189,7 @@ class EmbeddingHandler(ServingHandler):
             requested = self.config["precision"]
             if requested != "auto" and precision != requested:
                 raise backends.BackendUnavailable(f"handler.precision is {requested}")
-        return backends.load_backend(
+        model = backends.load_backend(
             backend,
             precision,
             self.model_dir,
@@ -198,12 +199,27 @@ class EmbeddingHandler(ServingHandler):
             max_rows=self.config["max_forward_tokens"] // loaded.buckets[0],
             max_tokens=loaded.buckets[-1],
         )
+        if self.config["backend"] == "auto" and backend != "eager":
+            # Lengths where the build's ranking found eager faster than this candidate go to eager (same precision).
+            lengths = backends.eager_lengths(
+                backends.manifest_entry(Path(self.model_dir), backend, precision)[1], loaded.buckets
+            )
+            if lengths:
+                logger.info(
+                    "backend %s %s: rows padded to %s tokens run eager (faster there at build)",
+                    backend,
+                    precision,
+                    sorted(lengths),
+                )
+                return backends.LengthRouted(model, runtime.convert_model(fp32_model, precision), lengths)
+        return model
 
     def describe(self) -> dict[str, Any]:
         return {
             **super().describe(),
             "max_tokens": self.loaded.max_tokens,
             "length_buckets": self.loaded.buckets,
+            "eager_lengths": sorted(getattr(self.loaded.model, "eager_lengths", ())),
             "cache_size": self.config["cache_size"],
             "cached": len(self.cache),
             "shared_cache": self.shared_cache.describe() if self.shared_cache is not None else None,

@@ -14,9 +14,12 @@ fp32 on the reference sentences at several shapes (rows x tokens: one row, many 
 survivors are then ranked by a bounded benchmark (--rank-seconds, default 30 s, warm-up included; at least 3 rounds)
 at the served thread count (--threads, 1 per worker): single rows padded to the handler's length buckets, weighted
 by how often the README payload mix (loadtests/payloads.py) lands in each bucket, round-robin with eager at each
-precision as the yardstick. A candidate slower than eager at its own precision is refused too (--keep-slower packs
-it). backends/manifest.json lists the rest best first; `backend: auto` serves the first one a worker's machine can
-run and that passes the gate again there (docs/performance.md, "Compiled backends").
+precision as the yardstick. Per length bucket where eager at the candidate's precision is over 10 % faster, the
+candidate's "eager_buckets" send that length to eager in the worker (a compiled graph can win on short rows and lose
+on the 256-token ones, which set p99), and its ms/text counts that routing. A candidate slower than eager at its own
+precision is refused too (--keep-slower packs it). backends/manifest.json lists the rest best first; `backend: auto`
+serves the first one a worker's machine can run and that passes the gate again there (docs/performance.md,
+"Compiled backends").
 
 Default backends (--backends not given), from the measurements in docs/performance.md: on a CPU with native bf16,
 openvino only (at 1 thread its bf16 ran 1.1-1.5x AOT bf16 and 1.5-3.0x eager bf16 on the AMX-BF16 Xeon; AOT would
@@ -60,6 +63,7 @@ ALL_BACKENDS = ("openvino", "aot")
 GATE_SHAPES = ((1, 16), (1, 256), (4, 32), (36, 128), (64, 64), (8, 256))
 # The handler's default length buckets (models/minilm/model-config.yaml): the shapes a worker serves.
 RANK_BUCKETS = (16, 32, 64, 128, 256)
+EAGER_ROUTE_MARGIN = 0.1  # eager takes a length bucket from a candidate only when >10 % faster there (noise)
 RANK_SAMPLE_TEXTS = 2000  # texts of the README mix tokenized to weigh the buckets
 # Files whose change must rebuild and re-rank the backends (besides the weights and versions).
 CODE_INPUTS = (
@@ -298,8 +302,8 @@ def rank(
                     runner(input_ids, attention_mask)
                     samples.setdefault((key, bucket), []).append(time.perf_counter() - begun)
             rounds += 1
-    ms_per_text = {
-        key: round(1000 * sum(shares[b] * statistics.median(samples[(key, b)]) for b in RANK_BUCKETS), 3)
+    ms_per_bucket = {
+        key: {bucket: round(1000 * statistics.median(samples[(key, bucket)]), 3) for bucket in RANK_BUCKETS}
         for key in runners
     }
     info = {
@@ -307,7 +311,23 @@ def rank(
         "rounds": rounds,
         "bucket_shares": {str(bucket): round(share, 4) for bucket, share in shares.items()},
     }
-    return ms_per_text, info
+    return ms_per_bucket, info
+
+
+def weighted_ms(ms_per_bucket: dict[int, float], shares: dict[str, float]) -> float:
+    """ms per text of the README mix from per-bucket times and the mix's bucket shares."""
+    return round(sum(shares[str(bucket)] * ms for bucket, ms in ms_per_bucket.items()), 3)
+
+
+def route_to_eager(candidate_ms: dict[int, float], eager_ms: dict[int, float]) -> dict[int, float]:
+    """Per bucket, the time when each length runs on whichever is faster: the candidate, or eager at its precision
+    where eager beats it by more than EAGER_ROUTE_MARGIN (a compiled graph can lose on long rows: on the AMX Xeon
+    OpenVINO bf16 was 5x eager bf16 at 16 tokens but 0.6x at 256). Returns {bucket: ms} with eager's time where
+    eager serves; the buckets that go to eager are those whose time differs from the candidate's."""
+    return {
+        bucket: eager_ms[bucket] if eager_ms[bucket] < candidate_ms[bucket] * (1 - EAGER_ROUTE_MARGIN) else ms
+        for bucket, ms in candidate_ms.items()
+    }
 
 
 # --- the whole build -----------------------------------------------------------------------------------------------
@@ -466,10 +486,19 @@ def build(
                 runners[(backend, precision)] = runner
 
     runners |= eager_runners(reference, precisions)
-    ms_per_text, rank_info = rank(runners, reference.tokenizer, reference.sentences, rank_seconds, device)
+    ms_per_bucket, rank_info = rank(runners, reference.tokenizer, reference.sentences, rank_seconds, device)
+    shares = rank_info["bucket_shares"]
     for candidate in candidates:
-        candidate["ms_per_text"] = ms_per_text[(candidate["backend"], candidate["precision"])]
-    eager_ms = {precision: ms for (backend, precision), ms in ms_per_text.items() if backend == "eager"}
+        own = ms_per_bucket[(candidate["backend"], candidate["precision"])]
+        eager = ms_per_bucket.get(("eager", candidate["precision"]))
+        routed = route_to_eager(own, eager) if eager and candidate["backend"] != "eager" else own
+        # The worker sends these lengths to eager at the same precision (handlers/embedding/backends.LengthRouted).
+        candidate["eager_buckets"] = [bucket for bucket in routed if routed[bucket] != own[bucket]]
+        candidate["ms_per_bucket"] = {str(bucket): ms for bucket, ms in own.items()}
+        candidate["ms_per_text"] = weighted_ms(routed, shares)
+    eager_ms = {
+        precision: weighted_ms(ms, shares) for (backend, precision), ms in ms_per_bucket.items() if backend == "eager"
+    }
     candidates, slower = order_candidates(candidates, eager_ms if beat_eager else {})
     for entry in slower:
         log(f"{entry['backend']}/{entry['precision']}: refused: {entry['reason']}")
@@ -482,6 +511,10 @@ def build(
             "threads": threads,
             **rank_info,
             "eager_ms_per_text": eager_ms,
+            "eager_ms_per_bucket": {
+                precision: {str(bucket): ms for bucket, ms in ms_per_bucket[("eager", precision)].items()}
+                for precision in eager_ms
+            },
         },
         candidates=candidates,
         refused=refused + slower,

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# GPU check for minilm: runs the embedding handler in-process on CUDA with fp16 + a backend (default jit), compares its
+# GPU check for minilm: runs the embedding handler in-process on CUDA with fp16 and the default `backend: auto` (the
+# archive built on this machine packs an AOTInductor fp16 package for CUDA; auto serves it), compares its
 # embeddings with the fp32 eager handler on the same GPU (min cosine must reach the bound) and prints throughput.
 # CI never needs a GPU; run this by hand on a CUDA machine with a CUDA build of torch in .venv:
 #
-#   scripts/gpu_check.sh [--batch-sizes 1,32,128] [--min-cosine 0.999] [--backend jit|eager|auto|aot]
+#   scripts/gpu_check.sh [--batch-sizes 1,32,128] [--min-cosine 0.999] [--backend auto|aot|jit|eager]
 #
 # GPU_CHECK_ON_CPU=1 runs the same steps on the CPU (a dry run of this script where there is no GPU).
 # Exit codes: 0 parity ok, 1 parity below the bound or a load failed, 3 no usable CUDA device.
@@ -33,7 +34,7 @@ from scripts.ops.handler_loader import set_requests
 parser = argparse.ArgumentParser(prog="scripts/gpu_check.sh")
 parser.add_argument("--batch-sizes", default="1,32,128")
 parser.add_argument("--min-cosine", type=float, default=0.999)
-parser.add_argument("--backend", default="jit", choices=["jit", "eager", "auto", "aot"])
+parser.add_argument("--backend", default="auto", choices=["auto", "aot", "jit", "eager"])
 args = parser.parse_args()
 
 model_dir = Path("build/gpu-check/minilm")

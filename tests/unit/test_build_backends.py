@@ -116,3 +116,26 @@ def test_cli_refuses_an_unknown_backend(capsys):
 def test_cli_says_which_files_a_model_folder_lacks(tmp_path, capsys):
     assert build_backends.main(["--model-dir", str(tmp_path)]) == 1
     assert "lacks ['model.safetensors', 'config.json', 'reference_sentences.json']" in capsys.readouterr().err
+
+
+def test_lengths_where_eager_is_clearly_faster_are_routed_to_eager():
+    candidate = {16: 1.8, 64: 4.2, 128: 7.5, 256: 32.0}
+    eager = {16: 9.5, 64: 12.7, 128: 7.0, 256: 19.7}  # 128: eager only 7 % faster (within the margin): no routing
+
+    routed = build_backends.route_to_eager(candidate, eager)
+
+    assert routed == {16: 1.8, 64: 4.2, 128: 7.5, 256: 19.7}
+    shares = {"16": 0.5, "64": 0.3, "128": 0.1, "256": 0.1}
+    assert build_backends.weighted_ms(routed, shares) == round(0.9 + 1.26 + 0.75 + 1.97, 3)
+
+
+def test_the_manifest_records_per_bucket_times_and_the_eager_buckets(built):
+    _, manifest = built
+    eager = manifest["ranking_benchmark"]["eager_ms_per_bucket"]
+    for candidate in manifest["candidates"]:
+        own = candidate["ms_per_bucket"]
+        assert set(own) == set(eager[candidate["precision"]])
+        for bucket in candidate["eager_buckets"]:  # routed only where eager was faster by the margin
+            assert eager[candidate["precision"]][str(bucket)] < own[str(bucket)] * (
+                1 - build_backends.EAGER_ROUTE_MARGIN
+            )
