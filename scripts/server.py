@@ -86,7 +86,7 @@ def stop(server, keep_cache=False):
 
 
 def status(server, as_json):
-    state = server.status()
+    state = {**server.status(), "shared_caches": cache_server.status_all()}
     if as_json:
         print(json.dumps(state, indent=2))
     elif not state["running"]:
@@ -103,6 +103,9 @@ def status(server, as_json):
             )
         if state.get("management_error"):
             print(f"  models: {state['management_error']}")
+    for cache in state["shared_caches"]:
+        running = f"running, pid {cache['pid']}" if cache["running"] else "NOT running (`make restart` starts it)"
+        print(f"  shared cache {cache['url']}: {running}")
     return EXIT_OK if state["running"] else EXIT_FAILED
 
 

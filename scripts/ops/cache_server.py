@@ -267,14 +267,22 @@ def start_for_models(load_models: list[str], with_password: bool, log: Log = pri
     return env
 
 
+def started_servers() -> list[CacheServer]:
+    """The cache servers `make serve` started (.run/cache-<port>), running or not."""
+    folders = [f for f in sorted(RUN_DIR.glob("cache-*")) if f.is_dir() and f.name.split("-", 1)[1].isdigit()]
+    return [dev_server(int(folder.name.split("-", 1)[1])) for folder in folders]
+
+
+def status_all() -> list[dict[str, Any]]:
+    """For `make status`: each cache server `make serve` started, its url, pid and whether its process runs."""
+    return [{"url": server.url, "pid": server.pid(), "running": server.running()} for server in started_servers()]
+
+
 def stop_all(log: Log = print) -> None:
     """Stop every cache server `make serve` started (.run/cache-*)."""
-    for folder in sorted(RUN_DIR.glob("cache-*")):
-        if not folder.is_dir():
-            continue
-        port = int(folder.name.split("-", 1)[1])
-        if dev_server(port).stop():
-            log(f"shared cache on port {port} stopped")
+    for server in started_servers():
+        if server.stop():
+            log(f"shared cache on port {server.port} stopped")
 
 
 def main(argv: list[str] | None = None) -> int:
