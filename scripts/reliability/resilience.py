@@ -58,9 +58,17 @@ def measure_capacity(server, reference, seconds, clients=16):
     )
 
 
+# The open-loop generator runs in this process, on the same cores as the server: above a few hundred requests/s it
+# takes most of a 2-core machine itself, and a rejection's latency then measures the generator's scheduling, not
+# TorchServe's queue (seen: 654 req/s offered with a compiled minilm, rejection p99 74 ms; 302 req/s, 6 ms). The
+# overload is capped there; past this rate the queue is full either way, which is what the check is about.
+MAX_OVERLOAD_RPS = 400.0
+
+
 def overload(server, reference, capacity_rps, factor, seconds, settle_s=2.0):
     url = f"{server.inference_url}/predictions/{reference.name}"
-    rate = capacity_rps * factor
+    rate = min(capacity_rps * factor, MAX_OVERLOAD_RPS)
+    capped = f", capped at the generator's {MAX_OVERLOAD_RPS:.0f}" if rate < capacity_rps * factor else ""
     headers = server.headers("inference")
     generator_cpu = psutil.Process().cpu_times()
     wall = time.perf_counter()
@@ -100,7 +108,7 @@ def overload(server, reference, capacity_rps, factor, seconds, settle_s=2.0):
             f"after the overload: {after_errors + after_lost} errors, {after_mismatches} wrong of {len(after)}"
         )
     return Row(
-        f"{reference.name}: overload {factor:.0f}x capacity ({rate:.0f} req/s offered, {seconds}s open loop)",
+        f"{reference.name}: overload {factor:.0f}x capacity ({rate:.0f} req/s offered{capped}, {seconds}s open loop)",
         f"achieved {achieved:.0f} req/s; rejected {len(rejected)} (p99 {fmt_ms(rejection_p99)}), "
         f"accepted {len(accepted)} (p99 {fmt_ms(accepted_p99)}, {mismatches} wrong), other errors {len(other)}; "
         f"after: {after_errors + after_lost} errors, p50 {fmt_ms(after_p50)}"
