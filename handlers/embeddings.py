@@ -29,7 +29,7 @@ from handlers.embedding.batch import (
     encode_padded,
     pad_rows,
 )
-from handlers.embedding.buckets import bucket_length
+from handlers.embedding.buckets import plan_forward_groups
 from handlers.embedding.cache import CacheKey, EmbeddingCache, cache_key
 from handlers.embedding.encoder import LoadedEncoder, load_embedding_model, read_json
 from handlers.embedding.requests import EmbeddingRequest, parse_embedding_request
@@ -99,7 +99,7 @@ class EmbeddingHandler(ServingHandler):
         namespace = Namespace(
             self.model_name,
             self.model_version,
-            getattr(self, "backend", "eager"),
+            self.backend,
             self.precision,
             self.loaded.max_tokens,
             self.loaded.dimension,
@@ -119,10 +119,11 @@ class EmbeddingHandler(ServingHandler):
             raise ConfigError(
                 f"handler.reference_sentences: {self.config['reference_sentences']} must be a list of strings"
             )
-        groups: dict[int, list[list[int]]] = {}
-        for encoding in loaded.tokenizer.encode_batch(sentences):
-            groups.setdefault(bucket_length(len(encoding.ids), loaded.buckets), []).append(encoding.ids)
-        return [pad_rows(rows, length, loaded.pad_id) for length, rows in sorted(groups.items())]
+        encodings = loaded.tokenizer.encode_batch(sentences)
+        groups = plan_forward_groups(
+            [len(encoding.ids) for encoding in encodings], loaded.buckets, self.config["max_forward_tokens"]
+        )
+        return [pad_rows([encodings[row].ids for row in g.rows], g.pad_length, loaded.pad_id) for g in groups]
 
     def reference_output(self, model: Any, reference: list[Tokens]) -> torch.Tensor:
         return torch.cat([self.forward(model, group).to("cpu", torch.float32) for group in reference])
