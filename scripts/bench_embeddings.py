@@ -114,11 +114,11 @@ def bench_plain_eager(model_dir, texts, batch_size, repeats, threads):
     """The bare fp32 encoder on texts padded to the longest of each batch: no handler, no buckets, no JSON."""
     import torch
 
-    from handlers.embedding.encoder import load_sentence_encoder, load_tokenizer, max_sequence_tokens
+    from handlers.text.model import load_sentence_encoder, read_model_files
 
     torch.set_num_threads(threads)
     model = load_sentence_encoder(model_dir)
-    tokenizer = load_tokenizer(model_dir, max_sequence_tokens(model_dir))
+    tokenizer = read_model_files(model_dir, "embedding").tokenizer
     batches = []
     for start in range(0, len(texts) - batch_size + 1, batch_size):
         encodings = tokenizer.encode_batch(texts[start : start + batch_size])

@@ -1,4 +1,8 @@
-"""Build minilm's compiled backends into the staged model folder, gate each against eager fp32, rank the survivors.
+"""Build a text model's compiled backends into its staged folder, gate each against eager fp32, rank the survivors.
+
+Every text model (minilm, a user's embedding model, a text classifier or reranker: --kind) goes through this one
+build; the model is the worker's own module (handlers/text/model.py), and the gate is the worker's measure for its
+kind (handlers/text/gate.py: row cosine for embeddings, probabilities for classifiers).
 
 For every backend x precision this machine can serve (fp32 always; bf16 where the CPU has native bf16, i.e.
 AVX512-BF16 or AMX; fp16 where CUDA is present) it builds the artifact into MODEL_DIR/backends/:
@@ -68,7 +72,10 @@ RANK_SAMPLE_TEXTS = 2000  # texts of the README mix tokenized to weigh the bucke
 # Files whose change must rebuild and re-rank the backends (besides the weights and versions).
 CODE_INPUTS = (
     "scripts/build_backends.py",
-    "handlers/embedding/encoder.py",
+    "handlers/text/model.py",
+    "handlers/text/folder.py",
+    "handlers/text/gate.py",
+    "handlers/embedding/bert.py",
     "handlers/embedding/backends.py",
     "loadtests/payloads.py",  # the ranking's payload mix
 )
@@ -128,9 +135,12 @@ def versions() -> dict[str, str]:
 def build_key(model_dir: Path, backends: list[str], precisions: list[str], device: str, options: dict) -> str:
     """Hash of everything an artifact depends on: same key, same artifacts (the incremental rebuild skips)."""
     hasher = hashlib.sha256()
-    for name in ("model.safetensors", "config.json", "reference_sentences.json"):
-        hasher.update(name.encode())
-        hasher.update(hashlib.sha256((model_dir / name).read_bytes()).digest())
+    staged = sorted(
+        p for p in model_dir.rglob("*") if p.is_file() and BACKENDS_DIR not in p.relative_to(model_dir).parts
+    )
+    for path in staged:  # weights, configs, tokenizer, reference sentences
+        hasher.update(str(path.relative_to(model_dir)).encode())
+        hasher.update(hashlib.sha256(path.read_bytes()).digest())
     for relative in CODE_INPUTS:
         path = REPO / relative
         hasher.update(relative.encode())
@@ -147,78 +157,97 @@ def build_key(model_dir: Path, backends: list[str], precisions: list[str], devic
     return hasher.hexdigest()
 
 
-def padded_batch(tokenizer: Any, texts: list[str], tokens: int) -> tuple[Any, Any]:
-    """Token ids and attention mask of texts truncated to and padded to ``tokens`` (pad id 0, as the handler)."""
-    import torch
+def padded_batch(files: Any, rows: list[Any], tokens: int) -> tuple[Any, ...]:
+    """The model's inputs for rows (texts or pairs) truncated to and padded to ``tokens``, as the handler pads."""
+    from handlers.embedding.batch import pad_rows
 
-    encodings = [encoding.ids[:tokens] for encoding in tokenizer.encode_batch(texts)]
-    ids = [row + [0] * (tokens - len(row)) for row in encodings]
-    mask = [[1] * len(row) + [0] * (tokens - len(row)) for row in encodings]
-    return torch.tensor(ids, dtype=torch.long), torch.tensor(mask, dtype=torch.long)
+    encodings = files.tokenizer.encode_batch(rows)
+    types = [encoding.type_ids[:tokens] for encoding in encodings] if files.info.token_types else None
+    return pad_rows([encoding.ids[:tokens] for encoding in encodings], tokens, files.info.pad_id, types)
 
 
-def gate_inputs(tokenizer: Any, sentences: list[str], shapes=GATE_SHAPES) -> list[tuple[Any, Any]]:
-    """The reference sentences, cycled to ``rows`` and cut or padded to ``tokens``, for each gate shape."""
+def gate_shapes(max_tokens: int) -> list[tuple[int, int]]:
+    """GATE_SHAPES with the token counts capped at the model's limit (a 64-token model is gated at 64)."""
+    return sorted({(rows, min(tokens, max_tokens)) for rows, tokens in GATE_SHAPES})
+
+
+def gate_inputs(files: Any, rows: list[Any], shapes: Any = None) -> list[tuple[Any, ...]]:
+    """The reference rows, cycled to ``rows`` and cut or padded to ``tokens``, for each gate shape."""
     batches = []
-    for rows, tokens in shapes:
-        texts = [sentences[index % len(sentences)] for index in range(rows)]
-        batches.append(padded_batch(tokenizer, texts, tokens))
+    for count, tokens in shapes or gate_shapes(files.info.max_tokens):
+        chosen = [rows[index % len(rows)] for index in range(count)]
+        batches.append(padded_batch(files, chosen, tokens))
     return batches
 
 
-def gate_min_cosine(candidate: Encoder, references: list[Any], inputs: list[tuple[Any, Any]], device: str) -> float:
-    """Smallest row cosine between the candidate's embeddings and eager fp32's over every gate shape."""
+def gate_min_cosine(candidate: Encoder, reference: Reference) -> float:
+    """The worker's gate measure (handlers/text/gate.py) between the candidate and eager fp32 over every gate shape."""
     import torch
 
-    from handlers.core import runtime
+    from handlers.text import gate
 
     worst = 1.0
     with torch.inference_mode():
-        for reference, (input_ids, attention_mask) in zip(references, inputs, strict=True):
-            got = candidate(input_ids.to(device), attention_mask.to(device))
-            if tuple(got.shape) != tuple(reference.shape):
+        for expected, inputs in zip(reference.outputs, reference.inputs, strict=True):
+            got = candidate(*(tensor.to(reference.device) for tensor in inputs))
+            if tuple(got.shape) != tuple(expected.shape):
                 raise ValueError(
-                    f"output shape {tuple(got.shape)} for input {tuple(input_ids.shape)}, expected "
-                    f"{tuple(reference.shape)}"
+                    f"output shape {tuple(got.shape)} for input {tuple(inputs[0].shape)}, expected "
+                    f"{tuple(expected.shape)}"
                 )
-            worst = min(worst, runtime.min_cosine_similarity(reference, got.cpu()))
+            worst = min(worst, gate.similarity(reference.files.info, expected, got.cpu()))
     return worst
 
 
 # --- building ------------------------------------------------------------------------------------------------------
 
 
-def example_inputs(tokenizer: Any, sentences: list[str], device: str) -> tuple[Any, Any]:
+def example_inputs(reference: Reference) -> tuple[Any, ...]:
     """Export example: 4 rows x 16 tokens (both dims >= 2, or export would specialise a dimension of size 1)."""
-    input_ids, attention_mask = padded_batch(tokenizer, sentences[:4], 16)
-    return input_ids.to(device), attention_mask.to(device)
+    tokens = min(16, reference.files.info.max_tokens)
+    return tuple(tensor.to(reference.device) for tensor in padded_batch(reference.files, reference.rows[:4], tokens))
 
 
-def build_aot(model_dir: Path, fp32_model: Any, example: tuple, precision: str, device: str, max_batch: int) -> dict:
+def build_aot(
+    model_dir: Path,
+    fp32_model: Any,
+    example: tuple,
+    precision: str,
+    device: str,
+    max_batch: int,
+    kind: str = "embedding",
+) -> dict:
     """AOTInductor package of the encoder in ``precision``, dynamic batch (1..max_batch) and length (2..window)."""
     import torch
 
     from handlers.core import runtime
-    from handlers.embedding.encoder import max_sequence_tokens
+    from handlers.text.model import read_model_files
 
+    max_tokens = read_model_files(model_dir, kind).info.max_tokens
     model = runtime.convert_model(fp32_model, precision)
     if model is fp32_model and device != "cpu":
         model = copy.deepcopy(model)  # the caller's fp32 encoder stays on the CPU (the gate's reference)
     model = model.to(device)
     batch = torch.export.Dim("batch", min=1, max=max_batch)
-    tokens = torch.export.Dim("tokens", min=2, max=max_sequence_tokens(model_dir))
+    tokens = torch.export.Dim("tokens", min=2, max=max_tokens)
     with torch.inference_mode():
-        exported = torch.export.export(model, example, dynamic_shapes=({0: batch, 1: tokens}, {0: batch, 1: tokens}))
+        exported = torch.export.export(model, example, dynamic_shapes=tuple({0: batch, 1: tokens} for _ in example))
     relative = f"{BACKENDS_DIR}/aot-{precision}.pt2"
     package = model_dir / relative
     package.unlink(missing_ok=True)
     # Inductor writes the thread count in force now into the package's kernels: the caller set the served one.
     torch._inductor.aoti_compile_and_package(exported, package_path=str(package))
-    return {"files": [relative], "max_batch": max_batch, "max_tokens": max_sequence_tokens(model_dir)}
+    return {"files": [relative], "max_batch": max_batch, "max_tokens": max_tokens}
 
 
 def build_openvino(
-    model_dir: Path, fp32_model: Any, example: tuple, precision: str, device: str, max_batch: int
+    model_dir: Path,
+    fp32_model: Any,
+    example: tuple,
+    precision: str,
+    device: str,
+    max_batch: int,
+    kind: str = "embedding",
 ) -> dict:
     """OpenVINO IR of the fp32 encoder with dynamic [batch, tokens] inputs. Precision is chosen at load
     (INFERENCE_PRECISION_HINT). Weights are stored as fp16 (OpenVINO's default, half the archive's bytes) and widened
@@ -240,7 +269,7 @@ def build_openvino(
     with torch.inference_mode(), warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
         warnings.filterwarnings("ignore", message=".*trace_method.*", category=DeprecationWarning)
-        converted = openvino.convert_model(fp32_model, example_input=example, input=[dynamic, dynamic])
+        converted = openvino.convert_model(fp32_model, example_input=example, input=[dynamic] * len(example))
     openvino.save_model(converted, str(folder / "model.xml"), compress_to_fp16=True)
     (folder / ".built").write_text("")
     return {"files": relative}
@@ -261,7 +290,14 @@ def load_candidate(name: str, precision: str, model_dir: Path, fp32_model: Any, 
 # --- ranking -------------------------------------------------------------------------------------------------------
 
 
-def bucket_shares(tokenizer: Any, buckets=RANK_BUCKETS, count=RANK_SAMPLE_TEXTS) -> dict[int, float]:
+def rank_buckets(max_tokens: int) -> tuple[int, ...]:
+    """The length buckets a worker pads to by default (handler length_buckets: auto; minilm's 16..256 are these)."""
+    from handlers.embedding.buckets import auto_buckets
+
+    return tuple(auto_buckets(max_tokens))
+
+
+def bucket_shares(tokenizer: Any, buckets: tuple[int, ...] = RANK_BUCKETS, count=RANK_SAMPLE_TEXTS) -> dict[int, float]:
     """Share of the README payload mix's texts that the handler pads to each length bucket."""
     from handlers.embedding.buckets import bucket_length
     from loadtests.payloads import MinilmPayloads
@@ -275,7 +311,7 @@ def bucket_shares(tokenizer: Any, buckets=RANK_BUCKETS, count=RANK_SAMPLE_TEXTS)
 
 
 def rank(
-    runners: dict[tuple[str, str], Encoder], tokenizer: Any, sentences: list[str], seconds: float, device: str
+    runners: dict[tuple[str, str], Encoder], files: Any, sentences: list[str], seconds: float, device: str
 ) -> tuple[dict[tuple[str, str], float], dict]:
     """ms per text of each runner on the README mix, one row per call (the served mean batch is ~1).
 
@@ -283,27 +319,27 @@ def rank(
     so machine noise hits every runner alike; a runner's time per bucket is the median of its calls."""
     import torch
 
-    shares = bucket_shares(tokenizer)
+    buckets = rank_buckets(files.info.max_tokens)
+    shares = bucket_shares(files.tokenizer, buckets)
     inputs = {}
-    for bucket in RANK_BUCKETS:
-        input_ids, attention_mask = padded_batch(tokenizer, [" ".join(sentences)], bucket)
-        inputs[bucket] = (input_ids.to(device), attention_mask.to(device))
+    for bucket in buckets:
+        inputs[bucket] = tuple(tensor.to(device) for tensor in padded_batch(files, [" ".join(sentences)], bucket))
     samples: dict[tuple[tuple[str, str], int], list[float]] = {}
     started = time.perf_counter()  # the budget covers the warm-up too
     rounds = 0
     with torch.inference_mode():
         for runner in runners.values():  # warm-up: first calls allocate and pick kernels
-            for input_ids, attention_mask in inputs.values():
-                runner(input_ids, attention_mask)
+            for tensors in inputs.values():
+                runner(*tensors)
         while rounds < 3 or time.perf_counter() - started < seconds:
             for key, runner in runners.items():
-                for bucket, (input_ids, attention_mask) in inputs.items():
+                for bucket, tensors in inputs.items():
                     begun = time.perf_counter()
-                    runner(input_ids, attention_mask)
+                    runner(*tensors)
                     samples.setdefault((key, bucket), []).append(time.perf_counter() - begun)
             rounds += 1
     ms_per_bucket = {
-        key: {bucket: round(1000 * statistics.median(samples[(key, bucket)]), 3) for bucket in RANK_BUCKETS}
+        key: {bucket: round(1000 * statistics.median(samples[(key, bucket)]), 3) for bucket in buckets}
         for key in runners
     }
     info = {
@@ -351,10 +387,12 @@ class Reference:
     """What every candidate is judged against: eager fp32 on the gate inputs, and the runners ranked alongside."""
 
     model_dir: Path
+    kind: str
     fp32_model: Any
-    tokenizer: Any
+    files: Any  # handlers.text.model.ModelFiles: what the folder says, and its tokenizer
     sentences: list[str]
-    inputs: list[tuple[Any, Any]]
+    rows: list[Any]  # the gate's rows: the sentences (a classifier: and pairs of them)
+    inputs: list[tuple[Any, ...]]
     outputs: list[Any]
     device: str
     threads: int
@@ -362,19 +400,23 @@ class Reference:
     min_cosine: float
 
 
-def load_reference(model_dir: Path, device: str, threads: int, max_batch: int, min_cosine: float) -> Reference:
+def load_reference(
+    model_dir: Path, kind: str, device: str, threads: int, max_batch: int, min_cosine: float
+) -> Reference:
     import torch
 
-    from handlers.embedding.encoder import load_sentence_encoder, load_tokenizer, max_sequence_tokens
+    from handlers.text.gate import reference_rows
+    from handlers.text.model import build_module, read_model_files
 
-    fp32_model = load_sentence_encoder(model_dir)
-    tokenizer = load_tokenizer(model_dir, max_sequence_tokens(model_dir))
+    files = read_model_files(model_dir, kind)
+    fp32_model = build_module(model_dir, files.info)
     sentences = json.loads((model_dir / "reference_sentences.json").read_text())
-    inputs = gate_inputs(tokenizer, sentences)
+    rows = reference_rows(kind, sentences)
+    inputs = gate_inputs(files, rows)
     with torch.inference_mode():
-        outputs = [fp32_model(input_ids, attention_mask) for input_ids, attention_mask in inputs]
+        outputs = [fp32_model(*tensors) for tensors in inputs]
     return Reference(
-        model_dir, fp32_model, tokenizer, sentences, inputs, outputs, device, threads, max_batch, min_cosine
+        model_dir, kind, fp32_model, files, sentences, rows, inputs, outputs, device, threads, max_batch, min_cosine
     )
 
 
@@ -393,15 +435,15 @@ def build_candidate(reference: Reference, backend: str, precision: str) -> tuple
     model_dir = reference.model_dir
     started = time.perf_counter()
     try:
-        example = example_inputs(reference.tokenizer, reference.sentences, reference.device)
+        example = example_inputs(reference)
         built = BUILDERS[backend](
-            model_dir, reference.fp32_model, example, precision, reference.device, reference.max_batch
+            model_dir, reference.fp32_model, example, precision, reference.device, reference.max_batch, reference.kind
         )
         built_seconds = time.perf_counter() - started
         runner = load_candidate(
             backend, precision, model_dir, reference.fp32_model, reference.threads, reference.device
         )
-        worst = gate_min_cosine(runner, reference.outputs, reference.inputs, reference.device)
+        worst = gate_min_cosine(runner, reference)
     except Exception as error:  # a backend that cannot be built or loaded here is refused, not fatal
         reason = f"build or load failed: {type(error).__name__}: {str(error).strip().splitlines()[0][:300]}"
         log(f"{where}: refused: {reason}")
@@ -445,19 +487,34 @@ def build(
     device: str | None = None,
     force: bool = False,
     beat_eager: bool = True,
+    kind: str = "embedding",
 ) -> dict:
     """Build, gate and rank the backends of ``model_dir``; returns the manifest (also written to backends/)."""
     import torch
 
+    from handlers.text.folder import FolderError, inspect_folder
+
     model_dir = Path(model_dir)
-    needed = ("model.safetensors", "config.json", "reference_sentences.json")
-    missing = [name for name in needed if not (model_dir / name).exists()]
-    if missing:
-        raise BuildError(f"{model_dir} lacks {missing}: stage the model first (python -m scripts.prepare_minilm)")
+    try:
+        inspect_folder(model_dir, kind)
+    except FolderError as error:
+        raise BuildError(
+            f"{model_dir}: {error} (stage the model first: python -m scripts.prepare_text_model)"
+        ) from None
+    if not (model_dir / "reference_sentences.json").is_file():
+        raise BuildError(
+            f"{model_dir} lacks reference_sentences.json: stage it with python -m scripts.prepare_text_model"
+        )
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     backends = default_backends(device) if backends is None else list(backends)
     precisions = list(precisions or machine_precisions(device))
-    options = {"min_cosine": min_cosine, "threads": threads, "max_batch": max_batch, "beat_eager": beat_eager}
+    options = {
+        "min_cosine": min_cosine,
+        "threads": threads,
+        "max_batch": max_batch,
+        "beat_eager": beat_eager,
+        "kind": kind,
+    }
     key = build_key(model_dir, backends, precisions, device, options)
     if not force and up_to_date(model_dir, key):
         log(f"{model_dir / BACKENDS_DIR} up to date (same weights, code, versions, CPU flags and options)")
@@ -472,7 +529,7 @@ def build(
         (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         return {**manifest, "rebuilt": True}
 
-    reference = load_reference(model_dir, device, threads, max_batch, min_cosine)
+    reference = load_reference(model_dir, kind, device, threads, max_batch, min_cosine)
     # The served thread count from here on: AOTInductor bakes it into its kernels, and the ranking runs at it.
     torch.set_num_threads(threads)
     candidates, refused, runners = [], [], {}
@@ -486,7 +543,7 @@ def build(
                 runners[(backend, precision)] = runner
 
     runners |= eager_runners(reference, precisions)
-    ms_per_bucket, rank_info = rank(runners, reference.tokenizer, reference.sentences, rank_seconds, device)
+    ms_per_bucket, rank_info = rank(runners, reference.files, reference.sentences, rank_seconds, device)
     shares = rank_info["bucket_shares"]
     for candidate in candidates:
         own = ms_per_bucket[(candidate["backend"], candidate["precision"])]
@@ -505,7 +562,12 @@ def build(
     remove_unpacked_files(model_dir, candidates)
 
     manifest.update(
-        gate={"min_cosine_bound": min_cosine, "reference": "eager fp32", "shapes": [list(s) for s in GATE_SHAPES]},
+        gate={
+            "min_cosine_bound": min_cosine,
+            "measure": "row cosine" if kind == "embedding" else "1 - largest probability difference",
+            "reference": "eager fp32",
+            "shapes": [list(s) for s in gate_shapes(reference.files.info.max_tokens)],
+        },
         ranking_benchmark={
             "payload_mix": "README minilm mix (loadtests/payloads.py), one row per call padded to its length bucket",
             "threads": threads,
@@ -590,6 +652,7 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--model-dir", type=Path, required=True, help="the staged model folder; backends/ goes in it")
+    parser.add_argument("--kind", choices=("embedding", "classification"), default="embedding", help="the model kind")
     parser.add_argument(
         "--backends",
         type=csv_list(ALL_BACKENDS),
@@ -634,6 +697,7 @@ def main(argv: list[str] | None = None) -> int:
             args.max_batch,
             force=args.force,
             beat_eager=not args.keep_slower,
+            kind=args.kind,
         )
     except BuildError as error:
         print(f"error: {error}", file=sys.stderr)

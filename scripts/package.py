@@ -90,13 +90,25 @@ def load_spec(name):
     return spec
 
 
+def check_model_name(name):
+    """A model name TorchServe routes and a file name: letters, digits, '-', '_' and '.', not starting with '.'."""
+    import re
+
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", name):
+        raise PackagingError(
+            f"--name {name!r}: use 1-64 letters, digits, '-', '_' or '.', starting with a letter or digit "
+            f"(it becomes the archive's file name and the /predictions/<name> path)"
+        )
+
+
 def all_model_names(include_optional=False):
     """Model specs under models/; a spec with `optional: true` (slow to build, e.g. an AOT variant) is built only
     when named, so `make mar` and the test session stay fast."""
     names = sorted(p.parent.name for p in MODELS_DIR.glob("*/model.yaml"))
     if include_optional:
         return names
-    return [n for n in names if not (yaml.safe_load((MODELS_DIR / n / "model.yaml").read_text()) or {}).get("optional")]
+    specs = {n: yaml.safe_load((MODELS_DIR / n / "model.yaml").read_text()) or {} for n in names}
+    return [n for n in names if not specs[n].get("optional") and not specs[n].get("template")]
 
 
 def handler_class(handler_path):
@@ -261,12 +273,15 @@ def digest(paths, extra=""):
 
 
 def run_prepare(spec, build_dir, values, force, log):
-    """Run the spec's prepare step when needed; its outputs are the spec's files."""
+    """Run the spec's prepare step when needed; its outputs are the spec's files.
+
+    Its inputs may name a --var (``{model_dir}``): a user's model folder is hashed too, so editing it rebuilds."""
     prepare = spec.get("prepare")
     if not prepare:
         return
     command = [fill(part, values) for part in prepare["command"]]
-    inputs = [REPO / p for p in prepare.get("inputs", [])]
+    filled = [fill(p, values) for p in prepare.get("inputs", [])]
+    inputs = [REPO / p for p in filled if p.strip()]
     stamp = build_dir / ".prepare-hash"
     wanted = digest(inputs, extra=json.dumps(command))
     outputs = [build_dir / f for f in spec.get("files", [])]
@@ -278,7 +293,7 @@ def run_prepare(spec, build_dir, values, force, log):
     result = subprocess.run(command, cwd=REPO)
     if result.returncode != 0:
         raise PackagingError(f"{spec['name']}: prepare step failed with exit code {result.returncode}")
-    missing = [str(p.relative_to(REPO)) for p in outputs if not p.exists()]
+    missing = [str(p.relative_to(REPO) if p.is_relative_to(REPO) else p) for p in outputs if not p.exists()]
     if missing:
         raise PackagingError(f"{spec['name']}: prepare step did not produce {missing}")
     stamp.write_text(wanted)
@@ -287,7 +302,7 @@ def run_prepare(spec, build_dir, values, force, log):
 def resolve_file(spec, build_dir, name):
     for base in (build_dir, spec["dir"], REPO):
         if (base / name).exists():
-            return base / name
+            return base / name.rstrip("/")
     raise PackagingError(
         f"{spec['name']}: file {name!r} not found in {build_dir.relative_to(REPO)}, "
         f"{spec['dir'].relative_to(REPO)} or the repository root"
@@ -311,15 +326,29 @@ def update_manifest(store, archive_name, entry):
         os.replace(temporary, store / MANIFEST_NAME)
 
 
+def archive_entries(spec, build_dir):
+    """(source path, name at the archive's root) for each of the spec's files; an entry ending in '/' packs the
+    folder's contents at the root (a staged model folder), anything else goes in under its own name."""
+    entries = []
+    for name in spec.get("files", []):
+        source = resolve_file(spec, build_dir, name)
+        if name.endswith("/"):
+            entries += [(child, child.name) for child in sorted(source.iterdir())]
+        else:
+            entries.append((source, source.name))
+    return entries
+
+
 def make_archive(model_name, version, handler, files, config, destination):
-    """Run torch-model-archiver on the handlers package plus `files`; the .mar is written to `destination`."""
+    """Run torch-model-archiver on the handlers package plus `files` ((source, name) pairs); the .mar is written to
+    `destination`."""
     with tempfile.TemporaryDirectory(prefix=f"stage-{model_name}-") as staging:
         stage = Path(staging) / "files"
         # The folder that CONTAINS handlers/ goes in as --extra-files, so `import handlers.core.base` works in the
         # worker; copytree takes the subpackages along.
         shutil.copytree(HANDLERS_DIR, stage / "handlers", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        for file in files:
-            target = stage / Path(file).name
+        for file, name in files:
+            target = stage / name
             shutil.copytree(file, target) if Path(file).is_dir() else shutil.copy2(file, target)
         export = Path(staging) / "export"
         export.mkdir()
@@ -351,12 +380,22 @@ def run_archiver(model_name, version, handler, extra_files, config, export_path)
         raise PackagingError(f"{model_name}: torch-model-archiver failed:\n{result.stdout}{result.stderr}")
 
 
-def build(name, store, version=None, variables=None, force=False, log=print, cpu_kind=None):
+def build(name, store, version=None, variables=None, force=False, log=print, cpu_kind=None, model_name=None):
     """Build one archive if its inputs changed; returns its manifest entry (with 'rebuilt': bool).
 
-    ``cpu_kind`` picks the model-config's ``per_cpu_kind`` overrides (default: $TS_CPU_KIND, else this machine's)."""
+    ``cpu_kind`` picks the model-config's ``per_cpu_kind`` overrides (default: $TS_CPU_KIND, else this machine's).
+    ``model_name`` builds the spec under another name (a template spec such as ``embedding`` needs one): the archive
+    is model_store/<model_name>.mar and serves at /predictions/<model_name>."""
     cpu_kind = cpu_kind or os.environ.get("TS_CPU_KIND") or machine.cpu_kind()
     spec = load_spec(name)
+    if spec.get("template") and not model_name:
+        raise PackagingError(
+            f"{name} is a template for your own model: name it and point it at the folder, e.g. "
+            f"python -m scripts.package {name} --name my-model --var model_dir=/path/to/folder (docs/your-model.md)"
+        )
+    if model_name:
+        check_model_name(model_name)
+        spec = {**spec, "name": model_name}
     version = str(version or spec["version"])
     values = {**{k: str(v) for k, v in (spec.get("vars") or {}).items()}, **(variables or {})}
     # A misspelt --var would be ignored and build a "new" version identical to the old one: refuse it.
@@ -366,16 +405,20 @@ def build(name, store, version=None, variables=None, force=False, log=print, cpu
             f"{spec['name']}: --var {undeclared} not declared under vars: in "
             f"models/{name}/model.yaml (declared: {sorted(spec.get('vars') or {})})"
         )
-    suffix = "" if version == str(spec["version"]) and not variables else f"-{version}"
+    # A spec built under its own name with other values gets a versioned archive beside the default one; a named
+    # build (--name) is the user's own model: <name>.mar, versioned only when another version is asked for.
+    same_version = version == str(spec["version"])
+    suffix = "" if same_version and (model_name or not variables) else f"-{version}"
     archive_name = f"{spec['name']}{suffix}.mar"
     build_dir = REPO / "build" / f"{spec['name']}{suffix}"
     values.update(python=sys.executable, build=build_dir, repo=REPO, version=version)
 
     config = validate_model_config(spec, cpu_kind)
     run_prepare(spec, build_dir, values, force, log)
-    files = [resolve_file(spec, build_dir, f) for f in spec.get("files", [])]
+    files = archive_entries(spec, build_dir)
     # The whole package folder (every file of every subpackage, as make_archive packs it), not only its top level.
-    inputs = [spec["spec_path"], spec["dir"] / spec["config"], REPO / "requirements.txt", HANDLERS_DIR, *files]
+    inputs = [spec["spec_path"], spec["dir"] / spec["config"], REPO / "requirements.txt", HANDLERS_DIR]
+    inputs += [source for source, _ in files]
     input_hash = digest(
         inputs, extra=json.dumps({"version": version, "vars": variables or {}, "cpu_kind": cpu_kind}, sort_keys=True)
     )
@@ -428,6 +471,11 @@ def main(argv=None):
     parser.add_argument("--force", action="store_true", help="rebuild even if nothing changed (reruns prepare too)")
     parser.add_argument("--version", help="archive version (default: the spec's); another version -> NAME-VERSION.mar")
     parser.add_argument(
+        "--name",
+        help="build the spec under this model name: model_store/NAME.mar, served at /predictions/NAME (needed for "
+        "the templates embedding and text-classifier, with --var model_dir=/path/to/your/folder)",
+    )
+    parser.add_argument(
         "--var",
         action="append",
         default=[],
@@ -464,13 +512,24 @@ def main(argv=None):
         key, value = item.split("=", 1)
         variables[key] = value
     names = args.models or all_model_names()
+    if args.name and len(names) != 1:
+        parser.error("--name names one model: give exactly one spec, e.g. embedding --name my-model")
     log = (lambda *_: None) if args.json else print
     write_metrics_config(log)
     results = []
     try:
         for name in names:
             results.append(
-                build(name, args.store, args.version, variables, args.force, log=log, cpu_kind=args.cpu_kind)
+                build(
+                    name,
+                    args.store,
+                    args.version,
+                    variables,
+                    args.force,
+                    log=log,
+                    cpu_kind=args.cpu_kind,
+                    model_name=args.name,
+                )
             )
     except PackagingError as error:
         print(f"error: {error}", file=sys.stderr)

@@ -174,7 +174,7 @@ class ServingHandler:
                 model = self.load_backend(backend, precision, fp32_model, loaded)
                 exact = backend == "eager" and precision == "fp32"  # the reference itself: nothing to compare
                 similarity = (
-                    1.0 if exact else runtime.min_cosine_similarity(expected, self.reference_output(model, reference))
+                    1.0 if exact else self.gate_similarity(loaded, expected, self.reference_output(model, reference))
                 )
             except runtime.BackendUnavailable as error:
                 reason = str(error)
@@ -199,6 +199,11 @@ class ServingHandler:
             fallbacks.append({"backend": backend, "precision": precision, "reason": reason})
         refused = "; ".join(f"{f['backend']} {f['precision']}: {f['reason']}" for f in fallbacks)
         raise ConfigError(f"handler.backend: no candidate can serve on this worker ({refused})")
+
+    def gate_similarity(self, loaded: Any, expected: torch.Tensor, got: torch.Tensor) -> float:
+        """How close a candidate's reference output is to fp32 eager's, compared with handler.min_cosine: the smallest
+        row cosine similarity (a text classifier compares probabilities instead, handlers/text/gate.py)."""
+        return runtime.min_cosine_similarity(expected, got)
 
     def backend_candidates(self, loaded: Any, precision: str) -> list[Candidate]:
         """The configured backend at the wanted precision, then at fp32 (where the accuracy gate falls back to)."""

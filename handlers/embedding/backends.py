@@ -1,7 +1,8 @@
-"""What runs the embedding model: one interface over eager torch, torch.compile, AOTInductor and OpenVINO.
+"""What runs a text model: one interface over eager torch, torch.compile, AOTInductor and OpenVINO.
 
-Every backend is a callable ``(input_ids, attention_mask) -> embeddings``: int64 tensors ``[rows, tokens]`` in, fp32
-unit vectors ``[rows, dim]`` out, so the handler, its accuracy gate and its warm-up never ask which one runs.
+Every backend is a callable ``(input_ids, attention_mask[, token_type_ids]) -> rows``: int64 tensors
+``[rows, tokens]`` in, fp32 ``[rows, dim]`` out (embeddings, or a classifier's logits), so the handler, its accuracy
+gate and its warm-up never ask which one runs.
 :func:`load_backend` builds one from the fp32 encoder or from the artifacts the packaging step put under
 ``backends/`` in the archive, or raises :class:`BackendUnavailable` with the reason this worker cannot run it (a
 missing artifact, a CPU without native bf16, openvino not importable, a package built for another device or CPU).
@@ -32,7 +33,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["BackendUnavailable", "Encode", "load_backend", "machine_can_run", "read_manifest"]
 
-Encode = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (input_ids, attention_mask) -> fp32 unit vectors
+Encode = Callable[..., torch.Tensor]  # (input_ids, attention_mask[, token_type_ids]) -> fp32 rows
 
 BACKENDS_DIR = "backends"
 MANIFEST = f"{BACKENDS_DIR}/manifest.json"
@@ -58,6 +59,8 @@ ISA_FLAGS = frozenset(
     }
 )
 OPENVINO_PRECISIONS = {"fp32": "f32", "bf16": "bf16"}
+# A text model's forward arguments, in order (handlers/text/model.py); a classifier over pairs takes all three.
+FORWARD_ARGUMENTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 def aot_package(precision: str) -> str:
@@ -168,15 +171,17 @@ class OpenVinoEncoder:
         inputs = list(compiled.inputs)
         names = [set(port.get_names()) for port in inputs]
         # Bind by name where the IR kept the forward's argument names, else by position (the forward's order).
-        ids = next((i for i, port_names in enumerate(names) if "input_ids" in port_names), None)
-        mask = next((i for i, port_names in enumerate(names) if "attention_mask" in port_names), None)
-        self.ids_index, self.mask_index = (ids, mask) if ids is not None and mask is not None else (0, 1)
+        found = [
+            next((i for i, port_names in enumerate(names) if argument in port_names), -1)
+            for argument in FORWARD_ARGUMENTS[: len(inputs)]
+        ]
+        self.indices = found if -1 not in found else list(range(len(inputs)))
         self.dtypes = [port.get_element_type().to_dtype() for port in inputs]
 
-    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def __call__(self, *tensors: torch.Tensor) -> torch.Tensor:
         feeds = {
-            self.ids_index: input_ids.cpu().numpy().astype(self.dtypes[self.ids_index], copy=False),
-            self.mask_index: attention_mask.cpu().numpy().astype(self.dtypes[self.mask_index], copy=False),
+            index: tensor.cpu().numpy().astype(self.dtypes[index], copy=False)
+            for index, tensor in zip(self.indices, tensors, strict=True)
         }
         self.request.infer(feeds)
         # The request owns its output buffer and overwrites it on the next call: copy it out.
@@ -236,9 +241,9 @@ class LengthRouted:
         self.eager = eager
         self.eager_lengths = eager_lengths
 
-    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def __call__(self, input_ids: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
         model = self.eager if input_ids.shape[1] in self.eager_lengths else self.compiled
-        return model(input_ids, attention_mask)
+        return model(input_ids, *rest)
 
 
 def eager_lengths(entry: dict[str, Any], buckets: list[int]) -> set[int]:

@@ -1,22 +1,39 @@
-"""Batch assembly for the embedding model: cache lookups (the worker's LRU, then one round trip to the shared tier
-for its misses), one tokenizer call, limits, padded length groups; and the answers once the rows are computed, after
-which the computed rows are stored in both tiers. Each step returns what the next one needs
-(:class:`EmbeddingBatch`)."""
+"""Batch assembly for every text model (embeddings, classifiers, rerankers): cache lookups (the worker's LRU, then
+one round trip to the shared tier for its misses), one tokenizer call, limits, padded length groups; and the answers
+once the rows are computed, after which the computed rows are stored in both tiers. Each step returns what the next
+one needs (:class:`EmbeddingBatch`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from handlers.core.errors import RequestError, too_large
 from handlers.embedding.buckets import padded_tokens, plan_forward_groups
 from handlers.embedding.cache import CachedEmbedding, CacheKey, EmbeddingCache
-from handlers.embedding.encoder import LoadedEncoder
-from handlers.embedding.requests import EmbeddingRequest, format_response
 from handlers.embedding.shared_cache import SharedCache
+
+if TYPE_CHECKING:
+    from handlers.text.handler import LoadedTextModel
+
+# One row of a text model: a text, or a text pair (premise and hypothesis, query and document) for a classifier.
+Row = str | tuple[str, str]
+
+
+class RowsRequest(Protocol):
+    """What batch assembly needs of a request: its rows, how errors name them, whether truncation is allowed."""
+
+    @property
+    def texts(self) -> Sequence[Row]: ...
+
+    @property
+    def names(self) -> Sequence[str]: ...
+
+    @property
+    def truncate(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -36,6 +53,14 @@ class ForwardPass:
     rows: list[int]  # positions among the batch's computed rows
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
+    token_type_ids: torch.Tensor | None = None  # models that segment text pairs (BERT classifiers)
+
+    @property
+    def inputs(self) -> tuple[torch.Tensor, ...]:
+        """The model's arguments, in its forward's order."""
+        if self.token_type_ids is None:
+            return (self.input_ids, self.attention_mask)
+        return (self.input_ids, self.attention_mask, self.token_type_ids)
 
 
 @dataclass
@@ -64,27 +89,37 @@ class ComputedBatch:
     embeddings: torch.Tensor
 
 
-def pad_rows(id_lists: Sequence[Sequence[int]], pad_length: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token id lists -> (input_ids, attention_mask), right-padded to ``pad_length``."""
+def pad_rows(
+    id_lists: Sequence[Sequence[int]],
+    pad_length: int,
+    pad_id: int,
+    type_lists: Sequence[Sequence[int]] | None = None,
+) -> tuple[torch.Tensor, ...]:
+    """Token id lists -> (input_ids, attention_mask[, token_type_ids]), right-padded to ``pad_length``."""
     ids = [list(row) + [pad_id] * (pad_length - len(row)) for row in id_lists]
     mask = [[1] * len(row) + [0] * (pad_length - len(row)) for row in id_lists]
-    return torch.tensor(ids, dtype=torch.long), torch.tensor(mask, dtype=torch.long)
+    padded = (torch.tensor(ids, dtype=torch.long), torch.tensor(mask, dtype=torch.long))
+    if type_lists is None:
+        return padded
+    types = [list(row) + [0] * (pad_length - len(row)) for row in type_lists]
+    return (*padded, torch.tensor(types, dtype=torch.long))
 
 
 def encode_padded(
-    loaded: LoadedEncoder, texts: Sequence[str], pad_length: int | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Tokenize texts in one call and pad them to one length (for the gate and warm-up inputs)."""
+    loaded: LoadedTextModel, texts: Sequence[Row], pad_length: int | None = None
+) -> tuple[torch.Tensor, ...]:
+    """Tokenize rows in one call and pad them to one length (for the gate and warm-up inputs)."""
     encodings = loaded.tokenizer.encode_batch(list(texts))
     pad_length = pad_length or max(len(e.ids) for e in encodings)
-    return pad_rows([e.ids for e in encodings], pad_length, loaded.pad_id)
+    types = [e.type_ids for e in encodings] if loaded.info.token_types else None
+    return pad_rows([e.ids for e in encodings], pad_length, loaded.pad_id, types)
 
 
 def assemble_batch(
-    payloads: Sequence[EmbeddingRequest],
-    loaded: LoadedEncoder,
+    payloads: Sequence[RowsRequest],
+    loaded: LoadedTextModel,
     cache: EmbeddingCache,
-    key_of: Callable[[str], CacheKey],
+    key_of: Callable[[Row], CacheKey],
     max_request_tokens: int,
     max_forward_tokens: int,
     shared: SharedCache | None = None,
@@ -93,7 +128,7 @@ def assemble_batch(
     for the remaining misses, truncation and token checks, then padded length groups."""
     batch = EmbeddingBatch(keys=[], known={}, errors=[None] * len(payloads))
     miss_index: dict[CacheKey, int] = {}  # key -> position among the misses (a repeated text is computed once)
-    misses: list[str] = []
+    misses: list[Row] = []
     miss_keys: list[CacheKey] = []
     for payload in payloads:
         keys = [key_of(text) for text in payload.texts]
@@ -127,12 +162,16 @@ def assemble_batch(
     batch.compute_tokens = [len(encodings[m].ids) for m in order]
     batch.compute_truncated = [bool(encodings[m].overflowing) for m in order]
     groups = plan_forward_groups(batch.compute_tokens, loaded.buckets, max_forward_tokens)
+    types = loaded.info.token_types
     for group in groups:
         # Tensors are made here, outside inference mode, exactly like warm-up's (a compiled graph guards on it).
-        input_ids, attention_mask = pad_rows(
-            [encodings[order[row]].ids for row in group.rows], group.pad_length, loaded.pad_id
+        tensors = pad_rows(
+            [encodings[order[row]].ids for row in group.rows],
+            group.pad_length,
+            loaded.pad_id,
+            [encodings[order[row]].type_ids for row in group.rows] if types else None,
         )
-        batch.passes.append(ForwardPass(group.rows, input_ids, attention_mask))
+        batch.passes.append(ForwardPass(group.rows, *tensors))
     batch.stats = BatchStats(
         rows=sum(len(keys) for keys, error in zip(batch.keys, batch.errors, strict=True) if error is None),
         hits=local_hits,
@@ -148,9 +187,9 @@ def ask_shared_tier(
     shared: SharedCache,
     cache: EmbeddingCache,
     known: dict[CacheKey, CachedEmbedding],
-    misses: list[str],
+    misses: list[Row],
     miss_keys: list[CacheKey],
-) -> tuple[list[str], list[CacheKey]]:
+) -> tuple[list[Row], list[CacheKey]]:
     """One round trip for the worker cache's misses: entries found join ``known`` (and the worker's cache); returns
     the texts and keys still to compute."""
     found = shared.get_many(miss_keys)
@@ -164,7 +203,7 @@ def ask_shared_tier(
 
 
 def request_error(
-    payload: EmbeddingRequest,
+    payload: RowsRequest,
     keys: Sequence[CacheKey],
     known: dict[CacheKey, CachedEmbedding],
     miss_index: dict[CacheKey, int],
@@ -195,13 +234,14 @@ def request_error(
 
 def answer_requests(
     computed: ComputedBatch,
-    payloads: Sequence[EmbeddingRequest],
+    payloads: Sequence[RowsRequest],
     cache: EmbeddingCache,
-    model_name: str,
+    format_answer: Callable[[Any, list[CachedEmbedding]], Any],
     shared: SharedCache | None = None,
 ) -> list[Any]:
-    """Answer each request with its own rows in its own order, then store the computed rows in the worker's cache
-    and (one pipelined round trip) in the shared tier."""
+    """Answer each request with its own rows in its own order (``format_answer(payload, rows)``, the model kind's
+    answer shape), then store the computed rows in the worker's cache and (one pipelined round trip) in the shared
+    tier."""
     batch, embeddings = computed.batch, computed.embeddings
     known = dict(batch.known)
     computed_entries = []
@@ -214,7 +254,7 @@ def answer_requests(
         if error is not None:
             results.append(error)
         else:
-            results.append(format_response(payload, [known[key] for key in keys], model_name))
+            results.append(format_answer(payload, [known[key] for key in keys]))
     for key, entry in computed_entries:
         cache.put(key, entry)
     if shared is not None and computed_entries:

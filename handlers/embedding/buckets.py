@@ -30,6 +30,17 @@ def check_buckets(buckets: Sequence[int], max_tokens: int) -> list[int]:
     return list(buckets)
 
 
+def auto_buckets(max_tokens: int, smallest: int = 16) -> list[int]:
+    """Powers of two from ``smallest`` below the model's limit, then the limit itself: 256 -> 16, 32, 64, 128, 256;
+    512 -> ... 256, 512; 100 -> 16, 32, 64, 100. Every bucket at least halves the padding of the one above it."""
+    buckets = []
+    length = smallest
+    while length < max_tokens:
+        buckets.append(length)
+        length *= 2
+    return [*buckets, max_tokens]
+
+
 def bucket_length(length: int, buckets: Sequence[int]) -> int:
     """The smallest bucket length >= length (the last bucket when none is)."""
     for bucket in buckets:

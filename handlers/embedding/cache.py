@@ -22,10 +22,18 @@ class CachedEmbedding:
     truncated: bool
 
 
-def cache_key(text: str, model_version: str, precision: str, max_tokens: int) -> CacheKey:
-    """What determines a text's vector. A digest, not the text: a full cache of max_text_chars texts would hold up to
-    4 bytes x 20,000 characters x 4096 entries of keys (Python stores astral characters in 4 bytes each)."""
-    digest = hashlib.blake2b(text.encode("utf-8"), digest_size=16).digest()
+def cache_key(row: str | tuple[str, str], model_version: str, precision: str, max_tokens: int) -> CacheKey:
+    """What determines a row's vector. A digest, not the text: a full cache of max_text_chars texts would hold up to
+    4 bytes x 20,000 characters x 4096 entries of keys (Python stores astral characters in 4 bytes each).
+
+    A text pair is digested with a marker and the first text's length, so no pair and no single text share a key
+    ("a" + "bc" and "ab" + "c" differ; a text cannot contain the marker's lone byte 0xff in UTF-8)."""
+    if isinstance(row, tuple):
+        first, second = (part.encode("utf-8") for part in row)
+        data = b"\xffpair" + len(first).to_bytes(8, "little") + first + second
+    else:
+        data = row.encode("utf-8")
+    digest = hashlib.blake2b(data, digest_size=16).digest()
     return (digest, model_version, precision, max_tokens)
 
 

@@ -3,13 +3,15 @@
 Accepted bodies (docs/embeddings.md):
 
 - plain text (``Content-Type: text/*``): the whole body is one text;
-- ``{"text": "...", "truncate": bool?}`` -> ``{"embedding": [...], "truncated": bool}``;
+- ``{"text": "...", "truncate": bool?, "prompt_name": str?}`` -> ``{"embedding": [...], "truncated": bool}``;
 - OpenAI style ``{"input": "..." | ["...", ...], "model": str?, "encoding_format": "float"?, "dimensions": int?,
   "user": str?, "truncate": bool?}`` -> ``{"object": "list", "data": [...], "model": ..., "usage": {...}}``.
 
-``model`` and ``user`` are accepted and ignored (the URL picks the model). Fields that would change the answer and
-that we cannot honour are refused instead of silently ignored: ``encoding_format`` other than ``"float"``,
-``dimensions`` other than the model's own, token-id arrays, and any field not listed above.
+``prompt_name`` (either shape) picks one of the model's named prompts (config_sentence_transformers.json), as
+sentence-transformers' ``encode(prompt_name=...)`` does; without it the model's default prompt applies, if it has one;
+``null`` asks for none. ``model`` and ``user`` are accepted and ignored (the URL picks the model). Fields that
+would change the answer and that we cannot honour are refused instead of silently ignored: ``encoding_format``
+other than ``"float"``, ``dimensions`` other than the model's own, token-id arrays, and any field not listed above.
 
 Size limits (``handler:`` config, :class:`EmbeddingLimits`) are checked here, before any text reaches the tokenizer:
 the tokenizer reads a whole text even though only its first 256 tokens are kept, so its cost grows with characters.
@@ -19,7 +21,7 @@ Each refusal is a 413 whose message names the limit key and its value.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -27,8 +29,8 @@ import torch
 from handlers.core.errors import RequestError, too_large
 from handlers.core.http import decode_json
 
-TEXT_FIELDS = {"text", "truncate"}
-OPENAI_FIELDS = {"input", "model", "encoding_format", "dimensions", "user", "truncate"}
+TEXT_FIELDS = {"text", "truncate", "prompt_name"}
+OPENAI_FIELDS = {"input", "model", "encoding_format", "dimensions", "user", "truncate", "prompt_name"}
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,38 @@ class EmbeddingLimits:
     max_inputs: int  # texts in one 'input' list
     max_text_chars: int  # characters (code points) of one text
     max_request_chars: int  # characters of all the request's texts together
+
+
+@dataclass(frozen=True)
+class TextPreparation:
+    """How the model's own folder says a text becomes its input: a named prompt in front (sentence-transformers'
+    ``encode(prompt_name=...)``), lower-casing (sentence_bert_config.json ``do_lower_case``)."""
+
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+    lowercase: bool = False
+
+    def prompt(self, body: dict[str, Any]) -> str:
+        """The prompt a request picked: 'prompt_name' (null: none), else the model's default prompt, else none."""
+        if "prompt_name" not in body:
+            return self.prompts.get(self.default_prompt_name, "") if self.default_prompt_name else ""
+        name = body["prompt_name"]
+        if name is None:
+            return ""
+        if not isinstance(name, str):
+            raise RequestError(f"'prompt_name' must be a string or null, got {type(name).__name__}")
+        if name not in self.prompts:
+            shown = name if len(name) <= 64 else name[:64] + "..."
+            known = f"this model's prompts are {sorted(self.prompts)}" if self.prompts else "this model has none"
+            raise RequestError(f"'prompt_name' {shown!r} is not a prompt of this model; {known}")
+        return self.prompts[name]
+
+    def apply(self, texts: list[str], prompt: str) -> list[str]:
+        texts = [prompt + text for text in texts] if prompt else texts
+        return [text.lower() for text in texts] if self.lowercase else texts
+
+
+NO_PROMPTS = TextPreparation()
 
 
 @dataclass
@@ -63,9 +97,16 @@ def check_text(value: Any, where: str, max_chars: int) -> str:
     return value
 
 
-def parse_embedding_request(body: Any, content_type: str, dimension: int, limits: EmbeddingLimits) -> EmbeddingRequest:
-    """Validate one request body (as TorchServe hands it over) into an :class:`EmbeddingRequest`."""
-    request = parse_body(body, content_type, dimension, limits)
+def parse_embedding_request(
+    body: Any,
+    content_type: str,
+    dimension: int,
+    limits: EmbeddingLimits,
+    preparation: TextPreparation = NO_PROMPTS,
+) -> EmbeddingRequest:
+    """Validate one request body (as TorchServe hands it over) into an :class:`EmbeddingRequest` whose texts are the
+    model's inputs (the request's prompt in front)."""
+    request = parse_body(body, content_type, dimension, limits, preparation)
     chars = sum(len(text) for text in request.texts)
     if chars > limits.max_request_chars:
         raise too_large(
@@ -75,10 +116,13 @@ def parse_embedding_request(body: Any, content_type: str, dimension: int, limits
     return request
 
 
-def parse_body(body: Any, content_type: str, dimension: int, limits: EmbeddingLimits) -> EmbeddingRequest:
+def parse_body(
+    body: Any, content_type: str, dimension: int, limits: EmbeddingLimits, preparation: TextPreparation
+) -> EmbeddingRequest:
     body = decoded_body(body, content_type)
     if isinstance(body, str):
-        return EmbeddingRequest([check_text(body, "body", limits.max_text_chars)], ["body"], "text", True)
+        texts = preparation.apply([check_text(body, "body", limits.max_text_chars)], preparation.prompt({}))
+        return EmbeddingRequest(texts, ["body"], "text", True)
     if not isinstance(body, dict):
         raise RequestError(f"body must be a JSON object with 'text' or 'input', got {type(body).__name__}")
     if "text" in body and "input" in body:
@@ -92,12 +136,14 @@ def parse_body(body: Any, content_type: str, dimension: int, limits: EmbeddingLi
     truncate = body.get("truncate", True)
     if not isinstance(truncate, bool):
         raise RequestError(f"'truncate' must be true or false, got {truncate!r}")
+    prompt = preparation.prompt(body)
     if shape == "text":
-        return EmbeddingRequest(
-            [check_text(body["text"], "'text'", limits.max_text_chars)], ["'text'"], shape, truncate
-        )
+        texts = preparation.apply([check_text(body["text"], "'text'", limits.max_text_chars)], prompt)
+        return EmbeddingRequest(texts, ["'text'"], shape, truncate)
     check_openai_options(body, dimension)
-    return openai_request(body["input"], truncate, limits)
+    request = openai_request(body["input"], truncate, limits)
+    request.texts = preparation.apply(request.texts, prompt)
+    return request
 
 
 def decoded_body(body: Any, content_type: str) -> Any:

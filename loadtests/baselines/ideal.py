@@ -367,9 +367,9 @@ def token_counter(model_dir: str, described: dict[str, Any]) -> Callable[[list[A
     max_tokens = described.get("max_tokens")
     if not max_tokens:
         return None
-    from handlers.embedding.encoder import load_tokenizer
+    from handlers.text.model import read_model_files
 
-    tokenizer = load_tokenizer(model_dir, int(max_tokens))
+    tokenizer = read_model_files(model_dir, "embedding").tokenizer  # truncates at the model's own limit
 
     def count(bodies: list[Any]) -> list[int]:
         return [len(encoding.ids) for encoding in tokenizer.encode_batch([body["text"] for body in bodies])]

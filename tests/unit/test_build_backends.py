@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from handlers.core import runtime
-from handlers.embedding.encoder import load_sentence_encoder
+from handlers.text.model import load_sentence_encoder
 from scripts import build_backends
 from tests.unit.tiny_minilm import make_tiny_model_dir
 
@@ -115,7 +115,7 @@ def test_cli_refuses_an_unknown_backend(capsys):
 
 def test_cli_says_which_files_a_model_folder_lacks(tmp_path, capsys):
     assert build_backends.main(["--model-dir", str(tmp_path)]) == 1
-    assert "lacks ['model.safetensors', 'config.json', 'reference_sentences.json']" in capsys.readouterr().err
+    assert "modules.json: is missing. Fix: save the model with sentence-transformers" in capsys.readouterr().err
 
 
 def test_lengths_where_eager_is_clearly_faster_are_routed_to_eager():

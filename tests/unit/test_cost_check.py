@@ -55,9 +55,9 @@ def minilm_limits(model_store):
 def test_minilm_max_requests_are_accepted_and_reach_the_shipped_limits(minilm_limits, unpacked_model):
     """Each kind parses under the shipped limits and hits the token/char limits exactly (checked with the archive's
     own tokenizer), so the check times the real worst case and not something smaller."""
-    from handlers.embedding.encoder import load_tokenizer
+    from handlers.text.model import read_model_files
 
-    tokenizer = load_tokenizer(unpacked_model("minilm"), 256)
+    tokenizer = read_model_files(unpacked_model("minilm"), "embedding").tokenizer
     limits = EmbeddingLimits(
         minilm_limits["max_inputs"], minilm_limits["max_text_chars"], minilm_limits["max_request_chars"]
     )

@@ -14,7 +14,7 @@ import torch
 from handlers.core import runtime
 from handlers.core.config import ConfigError
 from handlers.embedding import backends
-from handlers.embedding.encoder import load_sentence_encoder
+from handlers.text.model import load_sentence_encoder
 from scripts.ops.handler_loader import handler_class, load_handler, make_context, record_metrics, set_requests, statuses
 from tests.unit.tiny_minilm import make_tiny_model_dir
 

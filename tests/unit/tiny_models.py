@@ -32,9 +32,8 @@ def stage_model_dir(name, target):
     package.run_prepare(spec, build_dir, values, force=True, log=lambda *_: None)
     model_dir = target / "model"
     model_dir.mkdir(parents=True)
-    for name_in_spec in spec.get("files", []):
-        source = package.resolve_file(spec, build_dir, name_in_spec)
-        destination = model_dir / source.name
+    for source, name_in_archive in package.archive_entries(spec, build_dir):
+        destination = model_dir / name_in_archive
         shutil.copytree(source, destination) if source.is_dir() else shutil.copy2(source, destination)
     shutil.copy2(spec["dir"] / spec["config"], model_dir / "model-config.yaml")
     shutil.rmtree(build_dir)

@@ -1,0 +1,207 @@
+"""Text classification and reranking requests: what a body may say, validated into rows; and their answers.
+
+Accepted bodies (docs/your-model.md):
+
+- plain text (``Content-Type: text/*``): the whole body is one text;
+- ``{"text": "...", "text_pair": "..."?, "top_k": int | null?, "truncate": bool?}`` -> one row's answer;
+- ``{"inputs": "..." | ["...", ["premise", "hypothesis"], ...], "top_k"?, "truncate"?}`` ->
+  ``{"results": [one answer per input, in order], "model": ..., "usage": {...}}``;
+- a reranker (a model with one output, e.g. a cross-encoder): ``{"query": "...", "documents": ["...", ...],
+  "top_n": int?, "return_documents": bool?, "truncate"?}`` -> ``{"results": [{"index", "relevance_score"
+  [, "document"]}, ...] best first, "model": ..., "usage": {...}}``.
+
+One row's answer: ``{"label": <best label>, "score": <its probability>}``; with ``top_k`` also ``"scores"``, the k best
+labels with their probabilities (``null``: all labels), best first; a multi-label model also answers ``"labels"``,
+every label whose sigmoid is at least 0.5. Probabilities are what the folder says the model's head means
+(handlers/text/folder.py ``score_activation``): softmax, a sigmoid per label, or the raw value of a regression head.
+
+Limits are the embedding kind's (``handler:`` config): inputs per request, characters per text and per request
+(a pair counts both of its texts; a reranker's query counts once per document, as it is computed once per document),
+and tokens per request after truncation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from handlers.core.errors import RequestError, too_large
+from handlers.embedding.batch import Row
+from handlers.embedding.requests import EmbeddingLimits, EmbeddingRow, check_text, decoded_body
+from handlers.text.folder import MULTI_LABEL, TextModelFolder
+from handlers.text.gate import probabilities
+
+SINGLE_FIELDS = {"text", "text_pair", "top_k", "truncate"}
+LIST_FIELDS = {"inputs", "top_k", "truncate"}
+RERANK_FIELDS = {"query", "documents", "top_n", "return_documents", "truncate"}
+MULTI_LABEL_THRESHOLD = 0.5
+
+
+@dataclass
+class ClassificationRequest:
+    texts: list[Row]  # model inputs: a text or a (text, text pair) per row
+    names: list[str]  # how error messages name each row
+    shape: str  # "single", "list" or "rerank"
+    truncate: bool
+    top_k: int | None = 1  # labels in "scores" (None: all); 1 without "top_k": no "scores" at all
+    scores: bool = False  # the request asked for top_k
+    top_n: int | None = None  # rerank: results kept
+    documents: list[str] = field(default_factory=list)  # rerank with return_documents
+
+
+def parse_classification_request(
+    body: Any, content_type: str, limits: EmbeddingLimits, info: TextModelFolder
+) -> ClassificationRequest:
+    """Validate one request body (as TorchServe hands it over) into a :class:`ClassificationRequest`."""
+    body = decoded_body(body, content_type)
+    if isinstance(body, str):
+        return ClassificationRequest([check_text(body, "body", limits.max_text_chars)], ["body"], "single", True)
+    if not isinstance(body, dict):
+        raise RequestError(f"body must be a JSON object with 'text', 'inputs' or 'query', got {type(body).__name__}")
+    shapes = [name for name in ("text", "inputs", "query") if name in body]
+    if len(shapes) != 1:
+        raise RequestError(
+            "send exactly one of 'text' (one text), 'inputs' (a list) or 'query' with 'documents' (reranking)"
+            + (f"; got {shapes}" if shapes else "")
+        )
+    shape = shapes[0]
+    allowed = {"text": SINGLE_FIELDS, "inputs": LIST_FIELDS, "query": RERANK_FIELDS}[shape]
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise RequestError(f"unknown field(s) {unknown}; accepted with '{shape}': {sorted(allowed)}")
+    truncate = body.get("truncate", True)
+    if not isinstance(truncate, bool):
+        raise RequestError(f"'truncate' must be true or false, got {truncate!r}")
+    if shape == "query":
+        request = rerank_request(body, truncate, limits, info)
+    else:
+        request = classify_request(body, shape, truncate, limits)
+        request.top_k, request.scores = top_k(body, len(info.labels))
+    chars = sum(len(row) if isinstance(row, str) else len(row[0]) + len(row[1]) for row in request.texts)
+    if chars > limits.max_request_chars:
+        raise too_large(
+            f"the request's texts have {chars} characters together; handler.max_request_chars is "
+            f"{limits.max_request_chars}"
+        )
+    return request
+
+
+def positive_int(body: dict[str, Any], name: str) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if type(value) is not int or value < 1:
+        raise RequestError(f"'{name}' must be a positive integer or null, got {value!r}")
+    return value
+
+
+def top_k(body: dict[str, Any], labels: int) -> tuple[int | None, bool]:
+    """(labels to list in "scores", whether to list them): absent -> no list; null -> all; k -> at most k."""
+    if "top_k" not in body:
+        return 1, False
+    value = positive_int(body, "top_k")
+    return (None if value is None else min(value, labels)), True
+
+
+def pair_row(item: Any, where: str, max_chars: int) -> Row:
+    if isinstance(item, list):
+        if len(item) != 2:
+            raise RequestError(f"{where} must be a text or a pair [text, text_pair], got a list of {len(item)}")
+        return (check_text(item[0], f"{where}[0]", max_chars), check_text(item[1], f"{where}[1]", max_chars))
+    return check_text(item, where, max_chars)
+
+
+def classify_request(
+    body: dict[str, Any], shape: str, truncate: bool, limits: EmbeddingLimits
+) -> ClassificationRequest:
+    if shape == "text":
+        text = check_text(body["text"], "'text'", limits.max_text_chars)
+        if "text_pair" in body and body["text_pair"] is not None:
+            row: Row = (text, check_text(body["text_pair"], "'text_pair'", limits.max_text_chars))
+        else:
+            row = text
+        return ClassificationRequest([row], ["'text'"], "single", truncate)
+    inputs = body["inputs"]
+    if isinstance(inputs, str):
+        return ClassificationRequest(
+            [check_text(inputs, "'inputs'", limits.max_text_chars)], ["'inputs'"], "list", truncate
+        )
+    if not isinstance(inputs, list) or not inputs:
+        raise RequestError("'inputs' must be a text or a non-empty list of texts and [text, text_pair] pairs")
+    check_count(len(inputs), "'inputs'", limits)
+    names = [f"'inputs'[{i}]" for i in range(len(inputs))]
+    rows = [pair_row(item, name, limits.max_text_chars) for item, name in zip(inputs, names, strict=True)]
+    return ClassificationRequest(rows, names, "list", truncate)
+
+
+def check_count(count: int, where: str, limits: EmbeddingLimits) -> None:
+    if count > limits.max_inputs:
+        raise too_large(
+            f"{where} has {count} items; at most {limits.max_inputs} are allowed per request (handler.max_inputs)"
+        )
+
+
+def rerank_request(
+    body: dict[str, Any], truncate: bool, limits: EmbeddingLimits, info: TextModelFolder
+) -> ClassificationRequest:
+    if len(info.labels) != 1:
+        raise RequestError(
+            f"this model has {len(info.labels)} outputs ({', '.join(info.labels[:8])}); reranking needs a model with "
+            f"one relevance score (a cross-encoder): send 'text' or 'inputs' instead"
+        )
+    query = check_text(body["query"], "'query'", limits.max_text_chars)
+    documents = body.get("documents")
+    if not isinstance(documents, list) or not documents:
+        raise RequestError("'documents' must be a non-empty list of texts")
+    check_count(len(documents), "'documents'", limits)
+    names = [f"'documents'[{i}]" for i in range(len(documents))]
+    texts = [check_text(item, name, limits.max_text_chars) for item, name in zip(documents, names, strict=True)]
+    return_documents = body.get("return_documents", False)
+    if not isinstance(return_documents, bool):
+        raise RequestError(f"'return_documents' must be true or false, got {return_documents!r}")
+    top_n = positive_int(body, "top_n")
+    return ClassificationRequest(
+        [(query, text) for text in texts],
+        names,
+        "rerank",
+        truncate,
+        top_n=None if top_n is None else min(top_n, len(texts)),
+        documents=texts if return_documents else [],
+    )
+
+
+def row_answer(scores: torch.Tensor, info: TextModelFolder, request: ClassificationRequest) -> dict[str, Any]:
+    ranked = sorted(range(len(info.labels)), key=lambda i: (-float(scores[i]), i))
+    best = ranked[0]
+    answer: dict[str, Any] = {"label": info.labels[best], "score": float(scores[best])}
+    if info.problem_type == MULTI_LABEL:
+        answer["labels"] = [info.labels[i] for i in ranked if float(scores[i]) >= MULTI_LABEL_THRESHOLD]
+    if request.scores:
+        kept = ranked if request.top_k is None else ranked[: request.top_k]
+        answer["scores"] = [{"label": info.labels[i], "score": float(scores[i])} for i in kept]
+    return answer
+
+
+def format_answer(
+    request: ClassificationRequest, rows: list[EmbeddingRow], info: TextModelFolder, model_name: str
+) -> dict[str, Any]:
+    """The answer to one request from its rows' logits, in its own order."""
+    scores = probabilities(torch.stack([row.embedding for row in rows]), info.activation)
+    if request.shape == "single":
+        return row_answer(scores[0], info, request)
+    tokens = sum(row.tokens for row in rows)
+    usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+    if request.shape == "list":
+        results = [row_answer(row_scores, info, request) for row_scores in scores]
+        return {"results": results, "model": model_name, "usage": usage}
+    relevance = scores[:, 0].tolist()
+    order = sorted(range(len(relevance)), key=lambda i: (-relevance[i], i))[: request.top_n]
+    ranked = []
+    for index in order:
+        entry: dict[str, Any] = {"index": index, "relevance_score": relevance[index]}
+        if request.documents:
+            entry["document"] = {"text": request.documents[index]}
+        ranked.append(entry)
+    return {"results": ranked, "model": model_name, "usage": usage}

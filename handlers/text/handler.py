@@ -1,0 +1,360 @@
+"""The one text-model path: every embedding model and every text classifier or reranker is served by this base.
+
+Per batch TorchServe hands over: look each row (a text, or a text pair) up in the worker's LRU cache and then the
+shared tier, tokenize the misses with ONE call of the fast tokenizer, group them by token length and run one forward
+pass per group, then answer every request with exactly its own rows, in order. What differs between kinds is only
+what a request may say (``parse_request``) and how a computed row becomes an answer (``postprocess``): the embedding
+handler (handlers/embeddings.py) and the text-classification handler (handlers/text_classifier.py) supply those two.
+
+Model, limits and buckets come from the model's own folder (handlers/text/folder.py); the compiled backends, their
+accuracy gate and ranking from the archive's backends/ (handlers/embedding/backends.py, scripts/build_backends.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from handlers.core import memory, runtime
+from handlers.core.base import BatchScope, Candidate, Loaded, ServingHandler
+from handlers.core.config import COMMON_OPTIONS, ConfigError, Option
+from handlers.core.metrics import HandlerMetrics
+from handlers.embedding import backends
+from handlers.embedding.batch import (
+    ComputedBatch,
+    EmbeddingBatch,
+    Row,
+    assemble_batch,
+    encode_padded,
+    pad_rows,
+)
+from handlers.embedding.buckets import auto_buckets, check_buckets, plan_forward_groups
+from handlers.embedding.cache import CacheKey, EmbeddingCache, cache_key
+from handlers.embedding.requests import EmbeddingLimits
+from handlers.embedding.shared_cache import (
+    SHARED_CACHE_OPTION,
+    Namespace,
+    SharedCache,
+    open_shared_cache,
+    record_shared_cache,
+)
+from handlers.text import gate
+from handlers.text.folder import FolderError, TextModelFolder, read_json
+from handlers.text.model import build_module, read_model_files
+
+logger = logging.getLogger(__name__)
+
+Tokens = tuple[torch.Tensor, ...]  # (input_ids, attention_mask[, token_type_ids]), [rows, length]
+
+
+def check_length_buckets(option: Option, key: str, value: Any) -> Any:
+    if value == "auto" or isinstance(value, list):
+        return value
+    option.refuse(key, f"expected 'auto' or a list of token lengths, got {value!r}")
+    return value
+
+
+@dataclass
+class LoadedTextModel(Loaded):
+    """A text model and what serving it needs, as loaded from its folder and checked against the config."""
+
+    info: TextModelFolder  # what the folder says: kind, pooling, labels, prompts, limits
+    tokenizer: Any  # tokenizers.Tokenizer, truncating at max_tokens
+    pad_id: int
+    dimension: int  # floats per row: embedding dimension or number of labels
+    max_tokens: int  # the model's token limit (texts are truncated to it)
+    buckets: list[int]  # token lengths rows are padded to
+    limits: EmbeddingLimits
+
+
+def load_text_model(model_dir: str, config: dict[str, Any], kind: str) -> LoadedTextModel:
+    """Load the model and its tokenizer; refuse a folder or a ``handler:`` config that cannot serve it."""
+    try:
+        files = read_model_files(model_dir, kind)
+    except FolderError as error:
+        raise ConfigError(f"model folder: {error}") from None
+    info = files.info
+    configured = config["length_buckets"]
+    try:
+        buckets = auto_buckets(info.max_tokens) if configured == "auto" else check_buckets(configured, info.max_tokens)
+    except ValueError as error:
+        raise ConfigError(f"handler.length_buckets: {error}") from None
+    if config["max_forward_tokens"] < info.max_tokens:
+        raise ConfigError(f"handler.max_forward_tokens must hold one {info.max_tokens}-token row")
+    if config["max_request_chars"] < config["max_text_chars"]:
+        raise ConfigError(
+            f"handler.max_request_chars ({config['max_request_chars']}) is below "
+            f"handler.max_text_chars ({config['max_text_chars']}): no request could carry "
+            f"the longest text allowed"
+        )
+    return LoadedTextModel(
+        model=build_module(model_dir, info),
+        info=info,
+        tokenizer=files.tokenizer,
+        pad_id=info.pad_id,
+        dimension=info.output_size,
+        max_tokens=info.max_tokens,
+        buckets=buckets,
+        limits=EmbeddingLimits(config["max_inputs"], config["max_text_chars"], config["max_request_chars"]),
+    )
+
+
+TEXT_MODEL_OPTIONS: dict[str, Option] = {
+    **COMMON_OPTIONS,
+    "backend": Option(
+        str,
+        "auto",
+        ("auto", "eager", "jit", "aot", "openvino"),
+        help="what runs the model: auto = the best prebuilt candidate in backends/manifest.json that this "
+        "machine runs and that passes the accuracy gate, else eager; eager = the torch module; jit = "
+        "torch.compile at load; aot = the archive's AOTInductor package; openvino = its OpenVINO IR",
+    ),
+    "max_inputs": Option(int, 64, minimum=1, maximum=4096, help="texts one request may carry ('input' list)"),
+    # Cost bounds per request (docs/reliability.md has the measured worst case at these values).
+    "max_text_chars": Option(
+        int,
+        20000,
+        minimum=1,
+        help="characters one text may have; checked before "
+        "tokenizing, which reads the whole text even when it is truncated",
+    ),
+    "max_request_chars": Option(int, 50000, minimum=1, help="characters of all texts of one request"),
+    "max_request_tokens": Option(
+        int,
+        1024,
+        minimum=1,
+        help="tokens of one request after truncation (usage.prompt_tokens); bounds its forward passes",
+    ),
+    "cache_size": Option(int, 4096, minimum=0, help="rows kept in the worker's LRU cache; 0 disables it"),
+    "shared_cache": SHARED_CACHE_OPTION,
+    "length_buckets": Option(
+        object,
+        "auto",
+        validator=check_length_buckets,
+        help="token lengths rows are padded to; the last must be the model's limit; auto = 16, 32, 64, ... up to "
+        "the model's own limit",
+    ),
+    "max_forward_tokens": Option(int, 8192, minimum=256, help="padded tokens one forward pass may hold"),
+    "release_memory_tokens": Option(
+        int,
+        512,
+        minimum=0,
+        help="after a batch of at least this many padded tokens, return freed heap memory to the OS (~2 ms); 0 = never",
+    ),
+    "reference_sentences": Option(str, "reference_sentences.json", help="accuracy-gate sentences in the archive"),
+}
+
+
+class TextModelHandler(ServingHandler):
+    """The shared base; a subclass sets ``kind`` and supplies ``parse_request`` and ``postprocess``."""
+
+    kind = "embedding"
+    options = TEXT_MODEL_OPTIONS
+    loaded: LoadedTextModel
+
+    # ----------------------------------------------------------------------------------------------- load time
+    def initialize(self, context: Any) -> None:
+        super().initialize(context)
+        self.cache = EmbeddingCache(self.config["cache_size"])
+        # The shared tier's keys name everything that determines a row, so no other model, version, backend or
+        # precision can read this worker's entries (handlers/embedding/shared_cache.py).
+        namespace = Namespace(
+            self.model_name,
+            self.model_version,
+            self.backend,
+            self.precision,
+            self.loaded.max_tokens,
+            self.loaded.dimension,
+        )
+        self.shared_cache: SharedCache | None = open_shared_cache(self.config["shared_cache"], namespace)
+
+    def load_model(self, model_dir: str) -> LoadedTextModel:
+        return load_text_model(model_dir, self.config, self.kind)
+
+    def reference_rows(self, sentences: list[str]) -> list[Row]:
+        """The gate's inputs: the reference sentences (a classifier adds pairs of them)."""
+        return gate.reference_rows(self.kind, sentences)
+
+    def reference_batch(self, loaded: LoadedTextModel) -> list[Tokens]:
+        """The reference sentences as served: one padded group per length bucket.
+
+        Padded to the longest sentence instead, one long sentence would make every row of the gate's forward passes
+        (eager fp32 and each candidate) that long: ~6x the tokens, seconds of a worker's start-up on one thread."""
+        sentences = read_json(Path(self.model_dir), self.config["reference_sentences"])
+        if not isinstance(sentences, list) or not sentences or not all(isinstance(s, str) for s in sentences):
+            raise ConfigError(
+                f"handler.reference_sentences: {self.config['reference_sentences']} must be a list of strings"
+            )
+        rows = self.reference_rows(sentences)
+        encodings = loaded.tokenizer.encode_batch(rows)
+        groups = plan_forward_groups(
+            [len(encoding.ids) for encoding in encodings], loaded.buckets, self.config["max_forward_tokens"]
+        )
+        types = loaded.info.token_types
+        return [
+            pad_rows(
+                [encodings[row].ids for row in g.rows],
+                g.pad_length,
+                loaded.pad_id,
+                [encodings[row].type_ids for row in g.rows] if types else None,
+            )
+            for g in groups
+        ]
+
+    def reference_output(self, model: Any, reference: list[Tokens]) -> torch.Tensor:
+        return torch.cat([self.forward(model, group).to("cpu", torch.float32) for group in reference])
+
+    def gate_similarity(self, loaded: LoadedTextModel, expected: torch.Tensor, got: torch.Tensor) -> float:
+        return gate.similarity(loaded.info, expected, got)
+
+    def warmup_batches(self, loaded: LoadedTextModel) -> list[Tokens]:
+        """What the serving backend needs run once before the first request, and no more (load time counts).
+
+        jit: every bucket length with 1 row and with 2 rows (half padded): with dynamic shapes one graph serves every
+        batch size >= 2 and every length; size 1 is specialised by the compiler, so both are run (the jit unit test
+        proves a mixed load afterwards compiles nothing). aot / openvino: one row per bucket length (their first
+        call at a new length prepares buffers for it). eager: one small pass warms the kernels.
+        """
+        token = loaded.pad_id + 3 if loaded.pad_id + 3 < 100 else 5
+        types = loaded.info.token_types
+
+        def rows(real: list[int], length: int) -> Tokens:
+            ids = [[token] * n for n in real]
+            return pad_rows(ids, length, loaded.pad_id, [[0] * n for n in real] if types else None)
+
+        if self.backend == "eager":
+            return [rows([loaded.buckets[0]], loaded.buckets[0])]
+        row_counts = (1, 2) if self.backend == "jit" else (1,)
+        batches = []
+        for length in loaded.buckets:
+            for count in row_counts:
+                batches.append(rows([length] + [max(2, length // 2)] * (count - 1), length))
+        return batches
+
+    def forward(self, model: Any, batch: Tokens) -> torch.Tensor:
+        return model(*(tensor.to(self.device) for tensor in batch))
+
+    def encode_padded(self, texts: list[str]) -> Tokens:
+        """Texts as one padded batch for :meth:`forward` (benchmarks time the bare forward pass with it)."""
+        return encode_padded(self.loaded, texts)
+
+    def backend_candidates(self, loaded: LoadedTextModel, precision: str) -> list[Candidate]:
+        """auto: the archive's prebuilt candidates best first, then eager (at the wanted precision, then fp32)."""
+        if self.config["backend"] != "auto":
+            return super().backend_candidates(loaded, precision)
+        manifest, problem = backends.read_manifest(self.model_dir)
+        candidates = []
+        if manifest is None:
+            logger.info("backend auto: %s, so eager serves", problem)
+            last_resort = f"last resort: {problem}"
+        else:
+            ranked = backends.ranked_candidates(manifest)
+            for place, entry in enumerate(ranked, start=1):
+                measured = f", {entry['ms_per_text']} ms/text at build" if "ms_per_text" in entry else ""
+                why = f"rank {place} of {len(ranked)} in {backends.MANIFEST}{measured}"
+                candidates.append(Candidate(entry["backend"], entry["precision"], why))
+            for refused in manifest.get("refused") or []:
+                logger.info("backend auto: refused when the archive was built: %s", refused)
+            not_built = f" ({manifest['not_built']})" if manifest.get("not_built") else ""
+            nothing_left = "every prebuilt candidate was refused" if ranked else f"{backends.MANIFEST} lists none"
+            nothing_left += not_built
+            last_resort = f"last resort: {nothing_left}"
+        candidates.append(Candidate("eager", precision, last_resort))
+        if precision != "fp32":
+            candidates.append(Candidate("eager", "fp32", f"{last_resort}; {precision} refused"))
+        return candidates
+
+    def load_backend(self, backend: str, precision: str, fp32_model: torch.nn.Module, loaded: LoadedTextModel) -> Any:
+        if self.config["backend"] == "auto" and backend != "eager":
+            # A prebuilt candidate serves only where it is what was asked for and what this machine computes well.
+            reason = backends.machine_can_run(precision, self.device)
+            if reason:
+                raise backends.BackendUnavailable(reason)
+            requested = self.config["precision"]
+            if requested != "auto" and precision != requested:
+                raise backends.BackendUnavailable(f"handler.precision is {requested}")
+        model = backends.load_backend(
+            backend,
+            precision,
+            self.model_dir,
+            fp32_model,
+            self.threads,
+            self.device,
+            max_rows=self.config["max_forward_tokens"] // loaded.buckets[0],
+            max_tokens=loaded.buckets[-1],
+        )
+        if self.config["backend"] == "auto" and backend != "eager":
+            # Lengths where the build's ranking found eager faster than this candidate go to eager (same precision).
+            lengths = backends.eager_lengths(
+                backends.manifest_entry(Path(self.model_dir), backend, precision)[1], loaded.buckets
+            )
+            if lengths:
+                logger.info(
+                    "backend %s %s: rows padded to %s tokens run eager (faster there at build)",
+                    backend,
+                    precision,
+                    sorted(lengths),
+                )
+                return backends.LengthRouted(model, runtime.convert_model(fp32_model, precision), lengths)
+        return model
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            **super().describe(),
+            "model": self.loaded.info.describe(),
+            "max_tokens": self.loaded.max_tokens,
+            "length_buckets": self.loaded.buckets,
+            "eager_lengths": sorted(getattr(self.loaded.model, "eager_lengths", ())),
+            "cache_size": self.config["cache_size"],
+            "cached": len(self.cache),
+            "shared_cache": self.shared_cache.describe() if self.shared_cache is not None else None,
+            "dimension": self.loaded.dimension,
+            "limits": {
+                key: self.config[key]
+                for key in ("max_inputs", "max_text_chars", "max_request_chars", "max_request_tokens")
+            },
+        }
+
+    # ----------------------------------------------------------------------------------------------- per batch
+    def cache_key(self, row: Row) -> CacheKey:
+        return cache_key(row, self.model_version, self.precision, self.loaded.max_tokens)
+
+    def preprocess(self, payloads: list[Any]) -> EmbeddingBatch:
+        return assemble_batch(
+            payloads,
+            self.loaded,
+            self.cache,
+            self.cache_key,
+            self.config["max_request_tokens"],
+            self.config["max_forward_tokens"],
+            self.shared_cache,
+        )
+
+    def inference(self, batch: EmbeddingBatch, scope: BatchScope) -> ComputedBatch:
+        """One forward pass per length group; rows land at their own positions."""
+        outputs = torch.empty(len(batch.compute_keys), self.loaded.dimension, dtype=torch.float32)
+        for forward_pass in batch.passes:
+            output = self.forward(self.loaded.model, forward_pass.inputs)
+            outputs[torch.tensor(forward_pass.rows, dtype=torch.long)] = output.to("cpu", torch.float32)
+        return ComputedBatch(batch, outputs)
+
+    def after_batch(self, batch: EmbeddingBatch, metrics: HandlerMetrics) -> None:
+        super().after_batch(batch, metrics)
+        stats = batch.stats
+        if stats is None:
+            return
+        metrics.record("CacheHits", stats.hits)
+        metrics.record("CacheMisses", stats.misses)
+        if self.shared_cache is not None:
+            record_shared_cache(self.shared_cache, metrics)
+        metrics.record("PaddedTokens", stats.padded_tokens)
+        metrics.record("RealTokens", stats.real_tokens)
+        threshold = self.config["release_memory_tokens"]
+        if threshold and stats.padded_tokens >= threshold:
+            # Otherwise the allocator keeps what this batch's activations and tokenizer buffers freed, and the
+            # worker's RSS ratchets up with every larger batch (see handlers/core/memory.py).
+            memory.release_free_memory()
