@@ -10,7 +10,8 @@ All accepted requests of a batch decode together (:func:`handlers.generation.dec
 the left-padded prompts, then one cached step per token; a finished request leaves the batch, and each request samples
 with its own seeded generator, so its tokens do not depend on its batch-mates. Streamed pieces go out as TorchServe
 intermediate responses addressed to the streaming requests only (:mod:`handlers.generation.streaming`). The model
-folder and its limits: :mod:`handlers.generation.model`.
+folder: :mod:`handlers.generation.model`; its token limits (``auto`` from the model's positions):
+:mod:`handlers.generation.limits`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from handlers.core.config import COMMON_OPTIONS, Option
 from handlers.core.errors import RequestError, ServerError
 from handlers.core.http import RequestView, json_body
 from handlers.generation.decoding import FINISH_ERROR, generate
+from handlers.generation.limits import AUTO, AutoOrInt
 from handlers.generation.model import LoadedGenerator, load_generator
 from handlers.generation.requests import (
     AcceptedGeneration,
@@ -43,8 +45,15 @@ class GeneratorHandler(ServingHandler):
         "backend": Option(str, "eager", ("eager",), help="decoding runs eagerly (shapes change every step)"),
         "model_subdir": Option(str, "lm", help="the Hugging Face model folder inside the archive"),
         "info_file": Option(str, "model_info.json", help="JSON {name, weights} shown in answers (optional file)"),
-        "max_prompt_tokens": Option(int, 256, minimum=1, help="longest prompt accepted, in tokens"),
-        "max_new_tokens": Option(int, 128, minimum=1, help="largest max_new_tokens a request may ask for"),
+        "max_prompt_tokens": AutoOrInt(
+            int, AUTO, minimum=1, help="longest prompt accepted, in tokens; auto = min(256, the model's positions // 2)"
+        ),
+        "max_new_tokens": AutoOrInt(
+            int,
+            AUTO,
+            minimum=1,
+            help="largest max_new_tokens a request may ask for; auto = min(256, the model's positions // 2)",
+        ),
         "default_max_new_tokens": Option(int, 32, minimum=1, help="max_new_tokens when a request gives none"),
         "max_temperature": Option(float, 5.0, minimum=0.0, help="largest temperature a request may ask for"),
     }
@@ -92,6 +101,8 @@ class GeneratorHandler(ServingHandler):
                 "default_max_new_tokens": limits.default_max_new_tokens,
                 "max_temperature": limits.max_temperature,
                 "top_k_max": limits.vocab_size,
+                "positions": limits.positions,  # the model's longest sequence (prompt + output), from its config
+                "auto": list(limits.auto),  # the limits resolved from the positions (handler.<key>: auto)
             },
             "stop_token_ids": self.loaded.stop_token_ids,
         }

@@ -1,7 +1,8 @@
 """Prepare the model folder of the `generator` archive: your own Hugging Face causal LM, or the random demo model.
 
     python -m scripts.prepare_generator --out build/generator                       # demo: random-weight tiny GPT-2
-    python -m scripts.prepare_generator --out build/generator-2.0 --model-dir ~/models/gpt2
+    python -m scripts.prepare_generator --out build/generator-2.0 --model-dir ~/models/gpt2 \
+        [--config models/generator/model-config.yaml]
 
 Normally run by the packaging step (models/generator/model.yaml), e.g.
     python -m scripts.package generator --version 2.0 --var model_dir=/path/to/hf-dir [--var name=my-gpt2]
@@ -9,7 +10,10 @@ Normally run by the packaging step (models/generator/model.yaml), e.g.
 Writes OUT/lm/ (config, safetensors weights, tokenizer and generation files only) and OUT/model_info.json
 ({"name", "weights", "source"}), which the handler shows in every answer. A model directory must load offline with
 `AutoModelForCausalLM` and have safetensors weights (pickled *.bin/*.pt weights are refused: loading them can run
-code). Exit codes: 0 prepared, 1 the model directory is unusable, 2 bad arguments.
+code). The token limits of the config's `handler:` section (--config, default models/generator/model-config.yaml)
+must fit the staged model's positions (n_positions or max_position_embeddings in lm/config.json): `auto` always fits,
+explicit integers that do not are refused here rather than in a worker (handlers/generation/limits.py).
+Exit codes: 0 prepared, 1 the model directory or its limits are unusable, 2 bad arguments.
 """
 
 import argparse
@@ -36,6 +40,9 @@ SERVING_FILES = (
     "tokenizer.model",
     "chat_template.jinja",
 )
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_CONFIG = REPO / "models" / "generator" / "model-config.yaml"
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 DEMO_NAME = "tiny-gpt2-random"
 DEMO_WEIGHTS = "random (demo)"
 
@@ -50,8 +57,14 @@ def copy_model_dir(source, target):
     if not (source / "config.json").is_file():
         raise PrepareError(f"{source}: no config.json (expected a Hugging Face model directory)")
     if not any(source.glob("*.safetensors")):
-        pickled = sorted(p.name for p in source.iterdir() if p.suffix in (".bin", ".pt", ".pth"))
-        hint = f" (found {pickled}: convert them to safetensors first)" if pickled else ""
+        pickled = sorted(p.name for p in source.iterdir() if p.suffix in PICKLE_SUFFIXES)
+        hint = (
+            f" (found {pickled}: pickled weights are refused because loading a pickle can run code; convert them "
+            "to safetensors where you trust them, e.g. AutoModelForCausalLM.from_pretrained(folder)"
+            ".save_pretrained(folder, safe_serialization=True), then package again)"
+            if pickled
+            else ""
+        )
         raise PrepareError(f"{source}: no *.safetensors weights{hint}")
     if not any((source / name).is_file() for name in ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")):
         raise PrepareError(f"{source}: no tokenizer files (tokenizer.json, tokenizer.model, vocab.json or vocab.txt)")
@@ -84,6 +97,57 @@ def check_loads(model_dir):
     return config.model_type, sum(p.numel() for p in model.parameters())
 
 
+def handler_config(config_path):
+    """The ``handler:`` section of the model-config.yaml the spec packs, validated with the handler's own schema."""
+    import yaml
+
+    from handlers.core.config import ConfigError, validate
+    from handlers.generator import GeneratorHandler
+
+    try:
+        config = yaml.safe_load(Path(config_path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as error:
+        raise PrepareError(f"{config_path}: cannot read it: {error}") from None
+    if not isinstance(config, dict):
+        raise PrepareError(f"{config_path}: must be a mapping")
+    try:
+        return validate(config.get("handler"), GeneratorHandler.options)
+    except ConfigError as error:
+        raise PrepareError(f"{config_path}: {error}") from None
+
+
+def shown_path(path):
+    """A path as messages show it: relative to the repository when inside it."""
+    resolved = Path(path).resolve()
+    return str(resolved.relative_to(REPO)) if resolved.is_relative_to(REPO) else str(path)
+
+
+def check_limits(lm_dir, config_path):
+    """The config's token limits resolved against the staged model's positions; refused when they do not fit."""
+    from transformers import AutoConfig
+
+    from handlers.generation.limits import LimitsError, read_positions, resolve_token_limits
+
+    config = handler_config(config_path)
+    try:
+        model_config = AutoConfig.from_pretrained(lm_dir, local_files_only=True)
+    except (OSError, ValueError, KeyError) as error:
+        raise PrepareError(f"{lm_dir / 'config.json'}: does not load as a transformers config: {error}") from None
+    positions = read_positions(lm_dir, f"{lm_dir.name}/config.json", model_config)
+    try:
+        return resolve_token_limits(config, positions, shown_path(config_path))
+    except LimitsError as error:
+        raise PrepareError(str(error)) from None
+
+
+def describe_limits(limits):
+    auto = f" (auto: {', '.join(limits.auto)})" if limits.auto else ""
+    return (
+        f"token limits: max_prompt_tokens {limits.max_prompt_tokens} + max_new_tokens {limits.max_new_tokens}"
+        f"{auto}, model positions {limits.positions}"
+    )
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="python -m scripts.prepare_generator",
@@ -94,12 +158,19 @@ def main(argv=None):
     parser.add_argument("--model-dir", default="", help="your Hugging Face causal-LM folder (empty: the random demo)")
     parser.add_argument("--name", default="", help="name shown in answers (default: the folder's name)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the demo's random weights (default 0)")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=DEFAULT_CONFIG,
+        help="model-config.yaml whose handler: token limits must fit the model (default: the generator's)",
+    )
     args = parser.parse_args(argv)
     lm_dir = args.out / "lm"
     args.out.mkdir(parents=True, exist_ok=True)
     try:
         if args.model_dir:
             source, copied = copy_model_dir(args.model_dir, lm_dir)
+            limits = check_limits(lm_dir, args.config)  # before loading the weights: a wrong limit fails fast
             model_type, parameters = check_loads(lm_dir)
             info = {"name": args.name or source.name, "weights": "user-supplied", "source": str(source)}
             print(f"copied {len(copied)} files from {source} ({model_type}, {parameters:,} parameters): {copied}")
@@ -117,6 +188,8 @@ def main(argv=None):
                 "source": f"scripts/make_tiny_gpt2.py seed {args.seed}: untrained, its text is meaningless",
             }
             print(f"built the random-weight demo model: {json.dumps(summary)}")
+            limits = check_limits(lm_dir, args.config)
+        print(describe_limits(limits))
     except PrepareError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

@@ -242,10 +242,14 @@ def main(argv: list[str] | None = None) -> int:
         f"{', '.join(build_backends.ALL_BACKENDS)} (scripts/build_backends.py)",
     )
     parser.add_argument("--rank-seconds", type=float, default=30.0, help="backend ranking budget (default 30 s)")
-    parser.add_argument("--min-cosine", type=float, default=0.999, help="backend accuracy gate (default 0.999)")
+    parser.add_argument(
+        "--min-cosine", type=float, help="backend accuracy gate (default: 0.999 embeddings, 0.99 classifiers)"
+    )
     parser.add_argument("--min-parity", type=float, help="fp32 agreement with the reference library (0.9999)")
     args = parser.parse_args(argv)
     backends = parse_backends(parser, args.backends)
+    if args.min_cosine is None:  # the handler's own default bound for the kind (models/*/model-config.yaml)
+        args.min_cosine = 0.999 if args.kind == "embedding" else 0.99
     if args.rank_seconds <= 0 or not 0 < args.min_cosine <= 1:
         parser.error("--rank-seconds must be positive and --min-cosine in (0, 1]")
     from handlers.text.folder import FolderError

@@ -66,15 +66,18 @@ def cache_server(start_cache_server):
 
 @pytest.fixture(scope="session")
 def start_ts_server(tmp_path_factory, model_store, java_home, cache_server):
-    """Factory: start_ts_server(config=..., overrides={...}, models=[...], env={...}) -> a READY Server on free
-    ports (env: extra environment for its workers; default: the session's cache server)."""
+    """Factory: start_ts_server(config=..., overrides={...}, models=[...], env={...}, store=...) -> a READY Server on
+    free ports (env: extra environment for its workers; default: the session's cache server; store: another model
+    store than model_store/)."""
     started = []
 
-    def start(config=REPO / "config.properties", overrides=None, models=None, name="ts", wait=900, env=None):
+    def start(
+        config=REPO / "config.properties", overrides=None, models=None, name="ts", wait=900, env=None, store=None
+    ):
         # start_isolated stops a server that fails to become READY; the ones that start are stopped below.
         env = {URL_ENV: cache_server.url, **(env or {})}
         server = ops_server.start_isolated(
-            config, tmp_path_factory.mktemp(name), model_store, java_home, models, overrides, wait, env
+            config, tmp_path_factory.mktemp(name), store or model_store, java_home, models, overrides, wait, env
         )
         started.append(server)
         return server

@@ -1,6 +1,10 @@
 """The generator's model folder inside the archive: any Hugging Face causal LM (config, safetensors weights,
 tokenizer), loaded with what serving it needs and checked against the ``handler:`` config.
 
+The request limits come from the ``handler:`` config; ``max_prompt_tokens`` and ``max_new_tokens`` may be ``auto``,
+resolved from the folder's ``config.json`` (:mod:`handlers.generation.limits`, the same check the packaging step
+runs), so a model with fewer positions than the shipped limits assume is served with smaller limits, not refused.
+
 The archive's ``model_info.json`` (optional) names the model and says where its weights come from (the demo's are
 random); answers show the name and the weights' origin, ``describe`` also the source.
 """
@@ -17,6 +21,7 @@ import torch
 from handlers.core.base import Loaded
 from handlers.core.config import ConfigError
 from handlers.generation.decoding import stop_token_ids
+from handlers.generation.limits import ModelPositions, read_positions, resolve_token_limits
 from handlers.generation.requests import GenerationLimits
 
 
@@ -43,12 +48,13 @@ def load_generator(model_dir: str, config: dict[str, Any], model_name: str) -> L
     info, source = read_model_info(model_dir, config["info_file"], model_name)
     stop_ids = stop_token_ids(getattr(model, "generation_config", None), tokenizer)
     pad = tokenizer.pad_token_id
+    positions = read_positions(path, f"{config['model_subdir']}/config.json", model.config)
     return LoadedGenerator(
         model=model,
         tokenizer=tokenizer,
         info=info,
         source=source,
-        limits=generation_limits(config, model.config, tokenizer),
+        limits=generation_limits(config, model.config, tokenizer, positions),
         stop_token_ids=stop_ids,
         pad_token_id=pad if pad is not None else (stop_ids or [0])[0],
     )
@@ -65,27 +71,22 @@ def read_model_info(model_dir: str, info_file: str, model_name: str) -> tuple[di
     return info, written.get("source")
 
 
-def generation_limits(config: dict[str, Any], model_config: Any, tokenizer: Any) -> GenerationLimits:
-    """The request limits from the config, refused when they do not fit the model."""
-    if config["default_max_new_tokens"] > config["max_new_tokens"]:
-        raise ConfigError(
-            f"handler.default_max_new_tokens ({config['default_max_new_tokens']}) is above "
-            f"handler.max_new_tokens ({config['max_new_tokens']})"
-        )
-    positions = getattr(model_config, "n_positions", None) or getattr(model_config, "max_position_embeddings", None)
-    longest = config["max_prompt_tokens"] + config["max_new_tokens"]
-    if positions and longest > positions:
-        raise ConfigError(
-            f"handler.max_prompt_tokens + handler.max_new_tokens = {longest} exceeds the model's {positions} positions"
-        )
+def generation_limits(
+    config: dict[str, Any], model_config: Any, tokenizer: Any, positions: ModelPositions
+) -> GenerationLimits:
+    """The request limits from the config (``auto`` resolved from the model's positions), refused when they do not
+    fit the model."""
+    tokens = resolve_token_limits(config, positions, "model-config.yaml")
     # A token stands for at most its longest vocabulary entry (+1 for a space a decoder may add), so a prompt
     # longer than this cannot fit the token limit: refuse it without tokenizing megabytes.
     longest_entry = max(len(entry) for entry in tokenizer.get_vocab())
     return GenerationLimits(
-        max_prompt_tokens=config["max_prompt_tokens"],
-        max_new_tokens=config["max_new_tokens"],
-        default_max_new_tokens=config["default_max_new_tokens"],
+        max_prompt_tokens=tokens.max_prompt_tokens,
+        max_new_tokens=tokens.max_new_tokens,
+        default_max_new_tokens=tokens.default_max_new_tokens,
         max_temperature=config["max_temperature"],
         vocab_size=model_config.vocab_size,
-        max_prompt_chars=(longest_entry + 1) * config["max_prompt_tokens"],
+        max_prompt_chars=(longest_entry + 1) * tokens.max_prompt_tokens,
+        positions=tokens.positions,
+        auto=tokens.auto,
     )

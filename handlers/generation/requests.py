@@ -33,6 +33,8 @@ class GenerationLimits:
     max_temperature: float
     vocab_size: int  # top_k can not exceed it
     max_prompt_chars: int  # longer prompts cannot fit max_prompt_tokens; refused before tokenizing
+    positions: int | None = None  # the model's longest sequence (None: its config names none)
+    auto: tuple[str, ...] = ()  # the token limits resolved from the model's positions (handler.<key>: auto)
 
 
 @dataclass
@@ -108,7 +110,8 @@ def checked_prompt(body: dict[str, Any], limits: GenerationLimits) -> str:
         raise RequestError("'prompt' is empty")
     if len(prompt) > limits.max_prompt_chars:
         raise RequestError(
-            f"'prompt' has {len(prompt)} characters; it cannot fit the limit of {limits.max_prompt_tokens} tokens"
+            f"'prompt' has {len(prompt)} characters; it cannot fit the limit of {limits.max_prompt_tokens} tokens "
+            "(handler.max_prompt_tokens)"
         )
     try:
         prompt.encode("utf-8")
@@ -153,6 +156,9 @@ def parse_generation_request(
     if not prompt_ids:
         raise RequestError("'prompt' has no tokens")
     if len(prompt_ids) > limits.max_prompt_tokens:
-        raise RequestError(f"'prompt' has {len(prompt_ids)} tokens; at most {limits.max_prompt_tokens} are allowed")
+        raise RequestError(
+            f"'prompt' has {len(prompt_ids)} tokens; at most {limits.max_prompt_tokens} are allowed "
+            "(handler.max_prompt_tokens)"
+        )
     settings = SamplingSettings(max_new_tokens=max_new_tokens, temperature=float(temperature), top_k=top_k, seed=seed)
     return GenerationRequest(prompt_ids=prompt_ids, settings=settings, stream=stream, seed_reported=not settings.greedy)

@@ -22,6 +22,7 @@ and tokens per request after truncation.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -185,7 +186,7 @@ def row_answer(scores: torch.Tensor, info: TextModelFolder, request: Classificat
 
 
 def format_answer(
-    request: ClassificationRequest, rows: list[EmbeddingRow], info: TextModelFolder, model_name: str
+    request: ClassificationRequest, rows: Sequence[EmbeddingRow], info: TextModelFolder, model_name: str
 ) -> dict[str, Any]:
     """The answer to one request from its rows' logits, in its own order."""
     scores = probabilities(torch.stack([row.embedding for row in rows]), info.activation)

@@ -67,13 +67,24 @@ def archive_config(store, model):
     """(model-config.yaml as a dict, its handler section validated with the handler's own schema) from the .mar."""
     import importlib
 
-    from handlers.core.config import validate
-
-    with zipfile.ZipFile(Path(store) / f"{model}.mar") as mar:
-        config = yaml.safe_load(mar.read("model-config.yaml")) or {}
     module, name = HANDLER_CLASSES[model].split(":")
     options = getattr(importlib.import_module(module), name).options
-    return config, validate(config.get("handler"), options)
+    with zipfile.ZipFile(Path(store) / f"{model}.mar") as mar:
+        config = yaml.safe_load(mar.read("model-config.yaml")) or {}
+        return config, served_handler_config(mar, config, options)
+
+
+def served_handler_config(mar, config, options):
+    """An archive's handler section as its worker serves it: validated, and the generator's ``auto`` token limits
+    resolved from the model's own positions (lm/config.json), as handlers/generation/limits.py does at load."""
+    from handlers.core.config import validate
+    from handlers.generation.limits import positions_in, with_resolved_limits
+
+    handler = validate(config.get("handler"), options)
+    if "max_prompt_tokens" not in handler or "lm/config.json" not in mar.namelist():
+        return handler
+    positions = positions_in(json.loads(mar.read("lm/config.json")), "lm/config.json")
+    return with_resolved_limits(handler, positions, "model-config.yaml")
 
 
 # ------------------------------------------------------------------------------------------------ request builders

@@ -121,13 +121,13 @@ def handler_limits(model, archive, max_request_size):
     """The archive's handler: section with the handler's defaults filled in (as the worker validates it)."""
     import importlib
 
-    from handlers.core.config import validate
+    from scripts.reliability.cost import served_handler_config
 
     module, name = HANDLER_CLASSES[model]
     options = getattr(importlib.import_module(module), name).options
     with zipfile.ZipFile(archive) as mar:
         config = yaml.safe_load(mar.read("model-config.yaml")) or {}
-    return Limits(max_request_size=max_request_size, handler=validate(config.get("handler"), options))
+        return Limits(max_request_size=max_request_size, handler=served_handler_config(mar, config, options))
 
 
 class ClassifierOracle:

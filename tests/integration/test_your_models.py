@@ -1,0 +1,262 @@
+"""A user's own models, from folder to served answer: the documented commands against a real TorchServe.
+
+Small random models are made offline (tests/text_models.py): a BERT embedder with CLS pooling and Normalize, an
+XLM-RoBERTa embedder with mean pooling, no Normalize and named prompts, a DistilBERT single-label classifier, a BERT
+multi-label classifier and a BERT cross-encoder reranker. Each is packaged with `python -m scripts.package <kind>
+--name ... --var model_dir=...` into a private model store; four are served by a TorchServe started from the
+project's config.properties, the reranker is added to the running server with `modelctl register`. Answers are
+compared with sentence-transformers / transformers computed here. Bad folders are refused by the same command,
+with the file and the fix named and nothing written to the store.
+"""
+
+import json
+import math
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import requests
+import torch
+
+from tests import text_models
+
+REPO = Path(__file__).resolve().parents[2]
+TEXTS = ["How do I reset my password?", "Le café est très chaud ce matin.", "the quick brown fox", "ok"]
+PAIRS = [("the cat sleeps", "a cat is sleeping"), ("How do I reset my password?", "stock markets fell")]
+# (archive name, package kind, builder, prepare vars): only the XLM-R embedder builds compiled backends (a short
+# ranking), so that a transformers-engine model is served through the compiled path too; the others serve eager.
+MODELS = {
+    "t-bert-cls": ("embedding", text_models.make_bert_cls_normalize_embedder, ["backends=none"]),
+    "t-xlmr-mean": ("embedding", text_models.make_xlmr_mean_prompts_embedder, ["rank_seconds=2"]),
+    "t-distil": ("text-classifier", text_models.make_distilbert_classifier, ["backends=none"]),
+    "t-multilabel": ("text-classifier", text_models.make_bert_multilabel_classifier, ["backends=none"]),
+    "t-rerank": ("text-classifier", text_models.make_cross_encoder, ["backends=none"]),
+}
+SERVED_AT_START = ["t-bert-cls", "t-xlmr-mean", "t-distil", "t-multilabel"]
+
+
+def package(kind, name, folder, store, *variables):
+    command = [sys.executable, "-m", "scripts.package", kind, "--name", name, "--var", f"model_dir={folder}"]
+    for variable in variables:
+        command += ["--var", variable]
+    command += ["--store", str(store)]
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("user-models")
+    return {name: builder(root / name) for name, (_, builder, _) in MODELS.items()}
+
+
+@pytest.fixture(scope="module")
+def store(folders, tmp_path_factory):
+    store = tmp_path_factory.mktemp("user-store")
+    for name, (kind, _, variables) in MODELS.items():
+        result = package(kind, name, folders[name], store, *variables)
+        assert result.returncode == 0, result.stdout + result.stderr
+    return store
+
+
+@pytest.fixture(scope="module")
+def server(start_ts_server, store):
+    return start_ts_server(name="user-models", models=SERVED_AT_START, store=store)
+
+
+@pytest.fixture(scope="module")
+def post(server):
+    session = requests.Session()
+
+    def call(model, body):
+        return session.post(f"{server.inference_url}/predictions/{model}", json=body, timeout=60)
+
+    return call
+
+
+def describe(server, model):
+    response = requests.get(f"{server.management_url}/models/{model}", params={"customized": "true"}, timeout=30)
+    response.raise_for_status()
+    metadata = response.json()[0]["customizedMetadata"]
+    return json.loads(metadata) if isinstance(metadata, str) else metadata
+
+
+def cosine(a, b):
+    return float(torch.nn.functional.cosine_similarity(torch.tensor(a), torch.tensor(b), dim=-1))
+
+
+def test_each_archive_records_parity_with_the_reference_library_in_fp32(store):
+    for name in MODELS:
+        with zipfile.ZipFile(store / f"{name}.mar") as archive:
+            source = json.loads(archive.read("model_source.json"))
+        assert source["parity"]["fp32_agreement"] >= 0.9999, (name, source["parity"])
+
+
+def test_bert_cls_normalize_embeddings_match_sentence_transformers(server, post, folders):
+    from sentence_transformers import SentenceTransformer
+
+    reference = SentenceTransformer(str(folders["t-bert-cls"]), device="cpu").encode(TEXTS)
+    response = post("t-bert-cls", {"input": TEXTS})
+    assert response.status_code == 200, response.text
+    data = response.json()["data"]
+    bound = describe(server, "t-bert-cls")["backend_min_cosine"] - 1e-3
+    for row, expected in zip(data, reference, strict=True):
+        assert len(row["embedding"]) == 32
+        assert math.isclose(sum(v * v for v in row["embedding"]), 1.0, rel_tol=1e-3)  # Normalize module honoured
+        assert cosine(row["embedding"], expected) >= min(bound, 0.999)
+
+
+def test_xlmr_mean_embeddings_honour_prompts_and_the_missing_normalize(server, post, folders):
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(folders["t-xlmr-mean"]), device="cpu")
+    plain = model.encode(TEXTS)
+    query = model.encode(TEXTS, prompt_name="query")
+    served_plain = post("t-xlmr-mean", {"input": TEXTS}).json()["data"]
+    served_query = post("t-xlmr-mean", {"input": TEXTS, "prompt_name": "query"}).json()["data"]
+    for row, expected in zip(served_plain, plain, strict=True):
+        assert cosine(row["embedding"], expected) >= 0.995
+        # No Normalize module: the served vector keeps sentence-transformers' length, not 1.
+        norm = math.sqrt(sum(v * v for v in row["embedding"]))
+        assert math.isclose(norm, float(torch.tensor(expected).norm()), rel_tol=0.02)
+    for row, expected, other in zip(served_query, query, plain, strict=True):
+        assert cosine(row["embedding"], expected) >= 0.995
+        assert cosine(row["embedding"], expected) > cosine(row["embedding"], other)
+    single = post("t-xlmr-mean", {"text": TEXTS[0], "prompt_name": "query"}).json()["embedding"]
+    assert cosine(single, query[0]) >= 0.995
+    described = describe(server, "t-xlmr-mean")
+    assert described["model"]["pooling"] == ["mean"] and described["model"]["normalize"] is False
+    assert described["model"]["architecture"] == "xlm-roberta" and described["max_tokens"] == 64
+    assert described["length_buckets"] == [16, 32, 64]  # the model's own limit, not minilm's 256
+    assert described["backend"] in ("openvino", "eager")
+
+
+def test_an_unknown_prompt_name_is_a_400_naming_the_prompts_and_the_batch_goes_on(post):
+    bad = post("t-xlmr-mean", {"text": "hello", "prompt_name": "nope"})
+    assert bad.status_code == 400
+    assert "'nope' is not a prompt of this model" in bad.json()["message"]
+    assert "query" in bad.json()["message"]
+    assert post("t-xlmr-mean", {"text": "hello"}).status_code == 200
+    # sentence-transformers 6 saves empty "query"/"document" prompts by default: the same vector as no prompt.
+    empty = post("t-bert-cls", {"text": "hello", "prompt_name": "query"})
+    assert empty.json()["embedding"] == post("t-bert-cls", {"text": "hello"}).json()["embedding"]
+
+
+def hf_probabilities(folder, rows, multi_label=False):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    model = AutoModelForSequenceClassification.from_pretrained(str(folder), local_files_only=True).eval()
+    out = []
+    with torch.inference_mode():
+        for row in rows:
+            first, second = (row, None) if isinstance(row, str) else row
+            logits = model(**tokenizer(first, second, truncation=True, return_tensors="pt")).logits[0]
+            out.append(torch.sigmoid(logits) if multi_label else torch.softmax(logits, -1))
+    return out, model.config.id2label
+
+
+def test_distilbert_classifier_labels_and_probabilities_match_transformers(post, folders):
+    expected, id2label = hf_probabilities(folders["t-distil"], TEXTS)
+    response = post("t-distil", {"inputs": TEXTS, "top_k": None})
+    assert response.status_code == 200, response.text
+    results = response.json()["results"]
+    for result, probabilities in zip(results, expected, strict=True):
+        best = int(probabilities.argmax())
+        assert result["label"] == id2label[best]
+        assert math.isclose(result["score"], float(probabilities[best]), abs_tol=0.01)
+        assert [s["label"] for s in result["scores"]] == [
+            id2label[i] for i in sorted(range(3), key=lambda i: -float(probabilities[i]))
+        ]
+        assert math.isclose(sum(s["score"] for s in result["scores"]), 1.0, abs_tol=1e-3)
+    single = post("t-distil", {"text": TEXTS[0], "top_k": 2}).json()
+    assert single["label"] == results[0]["label"] and len(single["scores"]) == 2
+
+
+def test_multilabel_classifier_answers_a_sigmoid_per_label(post, folders):
+    expected, id2label = hf_probabilities(folders["t-multilabel"], TEXTS, multi_label=True)
+    results = post("t-multilabel", {"inputs": TEXTS, "top_k": None}).json()["results"]
+    for result, probabilities in zip(results, expected, strict=True):
+        by_label = {s["label"]: s["score"] for s in result["scores"]}
+        for index, label in id2label.items():
+            assert math.isclose(by_label[label], float(probabilities[index]), abs_tol=0.01)
+        assert result["labels"] == [s["label"] for s in result["scores"] if s["score"] >= 0.5]
+
+
+def test_pairs_are_classified_as_pairs(post, folders):
+    expected, id2label = hf_probabilities(folders["t-multilabel"], PAIRS, multi_label=True)
+    results = post("t-multilabel", {"inputs": [list(pair) for pair in PAIRS], "top_k": None}).json()["results"]
+    for result, probabilities in zip(results, expected, strict=True):
+        by_label = {s["label"]: s["score"] for s in result["scores"]}
+        assert all(math.isclose(by_label[id2label[i]], float(p), abs_tol=0.01) for i, p in enumerate(probabilities))
+
+
+def test_a_bad_row_in_a_batch_fails_alone(server, post):
+    import concurrent.futures
+
+    bodies = [{"inputs": ["fine text"]}, {"inputs": [["only one"]]}, {"text": "x", "top_k": 0}, {"inputs": ["also"]}]
+    with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
+        responses = list(pool.map(lambda body: post("t-distil", body), bodies))
+    assert [r.status_code for r in responses] == [200, 400, 400, 200]
+    assert "pair" in responses[1].json()["message"] and "'top_k'" in responses[2].json()["message"]
+
+
+def test_register_adds_a_reranker_to_the_running_server_and_it_ranks_like_cross_encoder(server, store, folders):
+    from sentence_transformers import CrossEncoder
+
+    command = [
+        sys.executable,
+        "-m",
+        "scripts.modelctl",
+        "--management-url",
+        server.management_url,
+        "--model-store",
+        str(store),
+        "--json",
+        "register",
+        "t-rerank.mar",
+    ]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert json.loads(result.stdout)["ready_workers"] >= 1
+    query, documents = "the cat sleeps", ["a cat is sleeping", "stock markets fell", "cats nap a lot", "ok"]
+    expected = CrossEncoder(str(folders["t-rerank"]), device="cpu").predict([(query, d) for d in documents])
+    response = requests.post(
+        f"{server.inference_url}/predictions/t-rerank",
+        json={"query": query, "documents": documents, "return_documents": True, "top_n": 3},
+        timeout=60,
+    )
+    assert response.status_code == 200, response.text
+    results = response.json()["results"]
+    order = sorted(range(len(documents)), key=lambda i: -float(expected[i]))[:3]
+    assert [r["index"] for r in results] == order
+    for r in results:
+        assert math.isclose(r["relevance_score"], float(expected[r["index"]]), abs_tol=0.01)
+        assert r["document"]["text"] == documents[r["index"]]
+    described = describe(server, "t-rerank")
+    assert described["model"]["labels"] == ["LABEL_0"] and described["model"]["activation"] == "sigmoid"
+    not_a_reranker = requests.post(
+        f"{server.inference_url}/predictions/t-distil", json={"query": "q", "documents": ["d"]}, timeout=60
+    )
+    assert not_a_reranker.status_code == 400 and "one relevance score" in not_a_reranker.json()["message"]
+
+
+@pytest.mark.parametrize(
+    "breaker, file, words",
+    [
+        (text_models.break_no_weights, "model.safetensors", "no weights"),
+        (text_models.break_bin_only, "pytorch_model.bin", "pickled weights"),
+        (text_models.break_pooling_mode, "1_Pooling/config.json", "is unknown"),
+        (text_models.break_architecture, "config.json", "is not supported"),
+        (text_models.break_tokenizer, "tokenizer.json", "every other tokenizer file"),
+    ],
+)
+def test_a_bad_folder_is_refused_at_package_time_naming_the_file_and_the_fix(tmp_path, breaker, file, words):
+    good = text_models.make_bert_cls_normalize_embedder(tmp_path / "good")
+    bad = breaker(tmp_path / "bad", good)
+    store = tmp_path / "store"
+    result = package("embedding", "refused", bad, store, "backends=none")
+    assert result.returncode == 1
+    assert f"{file}: " in result.stderr and words in result.stderr and "Fix: " in result.stderr, result.stderr
+    assert not store.exists() or not any(store.glob("*.mar"))
