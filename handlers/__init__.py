@@ -8,11 +8,18 @@ Where each model's request is parsed, batched, computed and answered (paths unde
 - classifier (``classifier.py``): parsed in classification/requests.py ``parse_classifier_request``; batched there as
   a ``ClassifierBatch`` (every request's rows in one tensor); computed by classification/nets.py ``MLPClassifier``;
   answered by classification/requests.py ``answer_requests``.
-- minilm (``embeddings.py``): parsed in embedding/requests.py ``parse_embedding_request``; batched by
-  embedding/batch.py ``assemble_batch`` (the LRU cache in embedding/cache.py, length buckets in embedding/buckets.py);
-  computed by embedding/encoder.py ``SentenceEncoder`` through the backend that serves it (embedding/backends.py:
-  eager, jit, aot, openvino); answered by embedding/batch.py ``answer_requests`` (shapes:
-  embedding/requests.py ``format_response``).
+- minilm and every embedding model packaged from its folder (``embeddings.py``): parsed in embedding/requests.py
+  ``parse_embedding_request``; batched by embedding/batch.py ``assemble_batch``, called from text/handler.py
+  ``TextModelHandler.preprocess`` (the LRU cache in embedding/cache.py, length buckets in embedding/buckets.py);
+  computed by text/model.py ``SentenceEncoder`` (embedding/bert.py's plain-torch BERT or transformers' model, then
+  the folder's pooling and normalisation) through the backend that serves it (embedding/backends.py: eager, jit,
+  aot, openvino); answered by embedding/batch.py ``answer_requests`` (shapes: embedding/requests.py
+  ``format_response``).
+- text classifiers, NLI models and cross-encoder rerankers packaged from their folder (``text_classifier.py``):
+  parsed in text/classification.py ``parse_classification_request``; batched like embeddings (rows are texts or text
+  pairs); computed by text/model.py ``SequenceClassifier`` (logits) through the same backends; answered by
+  embedding/batch.py ``answer_requests`` with text/classification.py ``format_answer`` (probabilities:
+  text/gate.py ``probabilities``).
 - generator (``generator.py``): parsed in generation/requests.py ``parse_generation_request``; batched by
   generation/requests.py ``start_generations``; computed by generation/decoding.py ``generate`` (model loading:
   generation/model.py); answered by ``GeneratorHandler.postprocess``, streamed pieces by generation/streaming.py.
@@ -20,8 +27,14 @@ Where each model's request is parsed, batched, computed and answered (paths unde
 Every handler answers through core/base.py (``answer``/``reject``: status, content type, strict JSON).
 
 Entry modules: ``classifier.py`` (ClassifierHandler), ``embeddings.py`` (EmbeddingHandler),
-``generator.py`` (GeneratorHandler). Each model's files are loaded by ``classification/nets.py``,
-``embedding/encoder.py`` and ``generation/model.py`` into a typed ``Loaded*`` object.
+``text_classifier.py`` (TextClassifierHandler), ``generator.py`` (GeneratorHandler). Each model's files are loaded by
+``classification/nets.py``, ``text/model.py`` (``read_model_files``, ``build_module``; into text/handler.py's
+``LoadedTextModel``) and ``generation/model.py`` into a typed ``Loaded*`` object.
+
+text/: the one path of every text model (docs/your-model.md): ``folder.py`` reads and checks a model's folder (kind,
+architecture, pooling, prompts, labels, token limit; refusals name the file and the fix), ``model.py`` builds the
+torch module and the tokenizer, ``gate.py`` the accuracy measure per kind, ``handler.py`` the shared handler base
+``TextModelHandler``, ``classification.py`` classifier and reranker requests and answers.
 
 core/: ``base.py`` the batch orchestration every handler inherits (load, the backend walk with its accuracy gate,
 warm-up; per batch: parse each request, preprocess -> inference -> postprocess, one result per request, a failed batch

@@ -7,7 +7,7 @@ kind (handlers/text/gate.py: row cosine for embeddings, probabilities for classi
 For every backend x precision this machine can serve (fp32 always; bf16 where the CPU has native bf16, i.e.
 AVX512-BF16 or AMX; fp16 where CUDA is present) it builds the artifact into MODEL_DIR/backends/:
 
-    aot-<precision>.pt2         AOTInductor package of the encoder (handlers/embedding/encoder.py), dynamic batch and
+    aot-<precision>.pt2         AOTInductor package of the model (handlers/text/model.py), dynamic batch and
                                 length; compiled for this machine's CPU vector ISA (or its CUDA device for fp16)
     openvino/model.xml, .bin    OpenVINO IR of the fp32 encoder, dynamic dims; bf16 is OpenVINO's inference precision
                                 hint at load, so one IR serves both precisions

@@ -40,10 +40,11 @@ LEGACY_POOLING_KEYS = {
     "pooling_mode_weightedmean_tokens": "weightedmean",
     "pooling_mode_lasttoken": "lasttoken",
 }
-SINGLE_LABEL, MULTI_LABEL, REGRESSION = (
+SINGLE_LABEL, MULTI_LABEL, REGRESSION, SCORE = (
     "single_label_classification",
     "multi_label_classification",
     "regression",
+    "score",
 )
 WEIGHTS = "model.safetensors"
 SHARDED_WEIGHTS = "model.safetensors.index.json"
@@ -379,8 +380,9 @@ def classification_folder(
         ) from None
     if not labels or [int(key) for key in sorted(id2label, key=int)] != list(range(len(labels))):
         raise FolderError("config.json", "id2label must map 0..n-1 to label names", "set id2label before saving")
-    problem_type = config.get("problem_type") or (SINGLE_LABEL if len(labels) > 1 else REGRESSION)
-    if problem_type not in (SINGLE_LABEL, MULTI_LABEL, REGRESSION):
+    # One output without a stated problem_type is a scorer (a cross-encoder): its activation says how it is read.
+    problem_type = config.get("problem_type") or (SINGLE_LABEL if len(labels) > 1 else SCORE)
+    if problem_type not in (SINGLE_LABEL, MULTI_LABEL, REGRESSION, SCORE):
         raise FolderError("config.json", f"problem_type {problem_type!r} is unknown", "use a transformers problem_type")
     activation = score_activation(folder, config, len(labels), problem_type)
     max_tokens = token_limit(None, tokenizer_config, max_positions, "tokenizer_config.json")
