@@ -93,6 +93,9 @@ class BatchScope:
 
 class ServingHandler:
     options: dict[str, Option] = COMMON_OPTIONS
+    # URL paths after /predictions/<model>/<version>/ this handler answers ('' = the model's own URL); a request to
+    # any other path gets a 404 naming these (a subclass adds e.g. 'v1/embeddings' and branches on view.url_path).
+    routes: tuple[str, ...] = ("",)
 
     def __init__(self) -> None:
         self.initialized = False
@@ -243,6 +246,8 @@ class ServingHandler:
                         code=415,
                         error_type="UnsupportedMediaType",
                     )
+                if view.url_path not in self.routes:
+                    raise self.unknown_route(view.url_path)
                 accepted.append((idx, self.parse_request(request_body(request), view)))
             except RequestError as error:
                 responses[idx] = self.reject(scope, idx, None, error)
@@ -261,6 +266,14 @@ class ServingHandler:
             scope.metrics.record("Recompilations", compiles)
             self.compiles_after_warmup += compiles
         return [response if response is not None else "" for response in responses]
+
+    def unknown_route(self, path: str) -> RequestError:
+        shown = path if len(path) <= 80 else path[:80] + "..."
+        served = ", ".join(
+            f"/predictions/{self.model_name}" if not route else f"/predictions/{self.model_name}/<version>/{route}"
+            for route in self.routes
+        )
+        return RequestError(f"this model does not serve '{shown}'; it serves {served}", code=404, error_type="NotFound")
 
     def describe(self) -> dict[str, Any]:
         """What ``describe --customized`` shows: the choices this worker made at load."""

@@ -31,6 +31,13 @@ class RequestView:
     def content_type(self) -> str:
         return (self.header("Content-Type") or "").split(";")[0].strip().lower()
 
+    @property
+    def url_path(self) -> str:
+        """What followed the model (and version) in the URL: '' for /predictions/<model>[/<version>], 'v1/embeddings'
+        for /predictions/<model>/<version>/v1/embeddings. TorchServe 0.12 routes every such path to the model and
+        passes the rest in the request header ``url_path``."""
+        return (self.header("url_path") or "").strip("/")
+
 
 def request_body(request: Any) -> Any:
     """TorchServe hands each request as a dict; a raw body is under ``body`` (or ``data`` for some clients).
