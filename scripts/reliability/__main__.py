@@ -60,7 +60,7 @@ def build_hang_archive(store):
         "classifier-hang",
         "1.0",
         REPO / "scripts/reliability/hang_handler.py",
-        [REPO / "build/classifier/classifier.pt"],
+        [(REPO / "build/classifier/classifier.pt", "classifier.pt")],
         config_path,
         store / "classifier-hang.mar",
     )
