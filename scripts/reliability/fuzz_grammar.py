@@ -1,8 +1,9 @@
 """The whole-server fuzzer's request grammar: seeded, reproducible request bodies per model, valid and invalid.
 
 Every case is drawn from ``random.Random(f"{seed}:{model}:{index}")``, so ``(seed, model, index)`` rebuilds it exactly
-(``python -m scripts.reliability.fuzz --model M --seed S --case I``). The first cases of a campaign walk every
-production once, so even a short run covers each kind of body; the rest are drawn by weight.
+(``python -m scripts.reliability.fuzz --model M --seed S --case I``; ``--archive PATH`` instead of ``--model`` for a
+user's model). The first cases of a campaign walk every production once, so even a short run covers each kind of body;
+the rest are drawn by weight.
 
 A case says what the server must do with it:
 
@@ -72,6 +73,7 @@ class Case:
     expect: str  # OK, ERROR or EITHER (see the module docstring)
     query: Any = None  # what the oracle needs to check a 200 answer (model-specific)
     oversize: bool = False  # longer than max_request_size: TorchServe's own 413
+    archive: str | None = None  # a user's model: its archive, which the reproducer names instead of --model
 
     def reproducer(self, url):
         """A shell command that sends exactly this body (curl for small ones, the fuzzer's CLI for big ones)."""
@@ -82,8 +84,9 @@ class Case:
                 f"python3 -c \"import sys; sys.stdout.buffer.write(bytes.fromhex('{data}'))\" | "
                 f"curl -s -X POST {url}{header} --data-binary @-"
             )
+        source = f"--archive {self.archive}" if self.archive else f"--model {self.model}"
         return (
-            f"python -m scripts.reliability.fuzz --model {self.model} --seed {self.seed} --case {self.index} "
+            f"python -m scripts.reliability.fuzz {source} --seed {self.seed} --case {self.index} "
             f"--send   # {len(self.body)} bytes"
         )
 
@@ -102,6 +105,8 @@ class Limits:
     vocab_size: int = 0  # generator
     max_prompt_chars: int = 0  # generator: longer prompts cannot fit max_prompt_tokens
     repeat_piece: str = " a"  # generator: a piece that is one token however often it repeats
+    labels: int = 0  # text-classifier: the model's outputs (1: a reranker)
+    max_tokens: int = 0  # text-classifier: the model's token limit (longer texts are truncated to it)
 
 
 # ------------------------------------------------------------------------------------------------ shared pieces
@@ -461,9 +466,20 @@ class ClassifierProductions:
         return json_case(rng, classifier_body(rng, self.limits))[0]
 
 
-# ------------------------------------------------------------------------------------------------ minilm
-class MinilmProductions:
-    """minilm's productions: both body shapes, text/plain, limits of tokens, characters and bytes, bad text."""
+# ------------------------------------------------------------------------------------------------ text models
+EMPTY_TEXTS = ["", " ", "\t\n", "\u3000", "\u00a0 \u2003", "\r\n"]  # empty, or only whitespace for Python's strip
+LONE_SURROGATES = ["\ud800", "\udfff", "a\ud83d", "\ude00b"]  # escaped in JSON they parse; no tokenizer takes them
+INVALID_UTF8 = [b"\xff", b"\xc0\xaf", b"\xed\xa0\x80", b"\xe2\x82", b"\x80abc", b"\xf5\x80\x80\x80"]
+
+
+def text_of_length(length):
+    """Exactly ``length`` characters of words (far more tokens than any model keeps)."""
+    return ("word " * (length // 5 + 1))[: length - 1] + "x"
+
+
+class TextProductions:
+    """What every text model's grammar shares (minilm, a user's text classifier or reranker): a pool of texts,
+    text/plain bodies in several charsets, the body-size limit, bad UTF-8. Both APIs take ``{"text": ...}``."""
 
     def __init__(self, limits, seed, pool_size):
         self.limits, self.texts = limits, text_pool(seed, pool_size)
@@ -472,6 +488,39 @@ class MinilmProductions:
 
     def pick(self, rng):
         return rng.choice(self.texts)
+
+    def plain_text(self, rng):
+        content_type = rng.choice(
+            ["text/plain", "text/plain; charset=utf-8", "text/plain;charset=UTF-8", "text/markdown", "TEXT/PLAIN"]
+        )
+        return encode(self.pick(rng)), content_type, OK
+
+    def plain_other_charset(self, rng):  # a charset we may or may not honour: a 200 must answer the text as meant
+        text = rng.choice(["naïve façade", "café crème", "Grüße aus Köln"])  # Latin-1 can spell these
+        charset = rng.choice(["latin-1", "utf-16"])
+        return text.encode(charset), f"text/plain; charset={charset}", EITHER
+
+    def max_body_text(self, rng):  # a text/plain body of exactly max_request_size bytes
+        size = self.limits.max_request_size
+        return ("word " * (size // 5 + 1)).encode()[:size], "text/plain", OK
+
+    def over_max_body(self, rng):
+        return b"x" * (self.limits.max_request_size + rng.choice([1, 1000])), rng.choice(["text/plain", JSON]), ERROR
+
+    def surrogate_pair(self, rng):  # a valid escaped pair is one astral character
+        return encode(dumps({"text": "smile \ud83d\ude00 please"}, ascii_only=True)), JSON, OK
+
+    def invalid_utf8_text(self, rng):
+        junk = rng.choice(INVALID_UTF8)
+        return b"hello " + junk + b" world", rng.choice(["text/plain", "text/plain; charset=utf-8"]), ERROR
+
+    def nul_text(self, rng):
+        return b"before \x00 after", "text/plain", OK
+
+
+# ------------------------------------------------------------------------------------------------ minilm
+class MinilmProductions(TextProductions):
+    """minilm's productions: both body shapes, text/plain, limits of tokens, characters and bytes, bad text."""
 
     def good_text(self, rng):
         body = {"text": self.pick(rng)}
@@ -496,17 +545,6 @@ class MinilmProductions:
     def max_inputs_list(self, rng):
         return (*json_case(rng, {"input": [f"short text {i}" for i in range(self.max_inputs)]}), OK)
 
-    def plain_text(self, rng):
-        content_type = rng.choice(
-            ["text/plain", "text/plain; charset=utf-8", "text/plain;charset=UTF-8", "text/markdown", "TEXT/PLAIN"]
-        )
-        return encode(self.pick(rng)), content_type, OK
-
-    def plain_other_charset(self, rng):  # a charset we may or may not honour: a 200 must embed the text as meant
-        text = rng.choice(["naïve façade", "café crème", "Grüße aus Köln"])  # Latin-1 can spell these
-        charset = rng.choice(["latin-1", "utf-16"])
-        return text.encode(charset), f"text/plain; charset={charset}", EITHER
-
     def token_boundary(self, rng):  # around the 256-token limit ([CLS] + n words + [SEP]), truncate true and false
         body = {"text": " ".join(["word"] * rng.choice([253, 254, 255, 256, 300])), "truncate": rng.random() < 0.7}
         return (*json_case(rng, body), OK)  # the oracle counts tokens and expects 400 for truncate false + long
@@ -514,20 +552,13 @@ class MinilmProductions:
     def char_boundary(self, rng):  # at and just over the character limit (the oracle knows which one must fail)
         limit = self.text_limit or 20000
         length = rng.choice([limit, limit + 1])
-        text = ("word " * (length // 5 + 1))[: length - 1] + "x"
+        text = text_of_length(length)
         if rng.random() < 0.5:
             return encode(text), "text/plain", OK
         return (*json_case(rng, {"input": [text, "short"]}), OK)
 
-    def max_body_text(self, rng):  # a text/plain body of exactly max_request_size bytes
-        size = self.limits.max_request_size
-        return ("word " * (size // 5 + 1)).encode()[:size], "text/plain", OK
-
-    def over_max_body(self, rng):
-        return b"x" * (self.limits.max_request_size + rng.choice([1, 1000])), rng.choice(["text/plain", JSON]), ERROR
-
     def empty_text(self, rng):
-        value = rng.choice(["", " ", "\t\n", "\u3000", "\u00a0 \u2003", "\r\n"])
+        value = rng.choice(EMPTY_TEXTS)
         if rng.random() < 0.3:
             return encode(value), "text/plain", ERROR
         return (*json_case(rng, rng.choice([{"text": value}, {"input": value}, {"input": ["ok", value]}])), ERROR)
@@ -563,19 +594,9 @@ class MinilmProductions:
         return (*json_case(rng, body), ERROR)
 
     def lone_surrogate(self, rng):
-        where = rng.choice(["\ud800", "\udfff", "a\ud83d", "\ude00b"])
+        where = rng.choice(LONE_SURROGATES)
         body = rng.choice([{"text": f"abc {where} def"}, {"input": ["fine", f"x{where}"]}])
         return encode(dumps(body, ascii_only=True)), JSON, ERROR
-
-    def surrogate_pair(self, rng):  # a valid escaped pair is one astral character
-        return encode(dumps({"text": "smile \ud83d\ude00 please"}, ascii_only=True)), JSON, OK
-
-    def invalid_utf8_text(self, rng):
-        junk = rng.choice([b"\xff", b"\xc0\xaf", b"\xed\xa0\x80", b"\xe2\x82", b"\x80abc", b"\xf5\x80\x80\x80"])
-        return b"hello " + junk + b" world", rng.choice(["text/plain", "text/plain; charset=utf-8"]), ERROR
-
-    def nul_text(self, rng):
-        return b"before \x00 after", "text/plain", OK
 
     def duplicate_keys(self, rng):
         if rng.random() < 0.5:
@@ -608,6 +629,270 @@ class MinilmProductions:
 
     def good_body(self, rng):
         return json_case(rng, {"text": self.pick(rng)})[0]
+
+
+# ------------------------------------------------------------------------------------------------ text-classifier
+# top_k / top_n: a positive integer (a huge one is clamped) or null; everything else is refused.
+BAD_COUNTS = [
+    0,
+    -1,
+    -(10**30),
+    Raw("-0"),
+    1.5,
+    2.0,
+    1e30,
+    Raw("1e2"),
+    Raw("1E400"),
+    Raw("NaN"),
+    Raw("-Infinity"),
+    True,
+    False,
+    "2",
+    "",
+    [],
+    [1],
+    {},
+]
+
+
+class TextClassifierProductions(TextProductions):
+    """A user's text classifier, NLI model or reranker (handlers/text/classification.py): one text or pair, lists
+    mixing texts and pairs, reranking (valid only for a model with one output), top_k and top_n at their extremes,
+    the character, token and count limits, and wrong types for every field."""
+
+    def __init__(self, limits, seed, pool_size):
+        super().__init__(limits, seed, pool_size)
+        self.labels = max(1, limits.labels)
+        self.reranks = OK if limits.labels == 1 else ERROR  # reranking needs one relevance score
+        self.max_tokens = limits.max_tokens or 128
+        self.request_chars = limits.handler["max_request_chars"]
+
+    def row(self, rng):  # an item of 'inputs': a text or a [text, text_pair]
+        return [self.pick(rng), self.pick(rng)] if rng.random() < 0.4 else self.pick(rng)
+
+    def count(self, rng):  # a valid top_k / top_n
+        return rng.choice([None, 1, 1, 2, 3, self.labels, self.labels + 1, 10**30, Raw("1" + "0" * 400)])
+
+    def options(self, rng, body, names=("top_k", "truncate")):
+        for name in names:
+            if rng.random() < 0.3:
+                body[name] = rng.random() < 0.5 if name in ("truncate", "return_documents") else self.count(rng)
+        return body
+
+    def place(self, rng, value):
+        """A body of some shape with ``value`` in one of its text slots (the other slots hold good texts)."""
+        good = self.pick(rng)
+        return rng.choice(
+            [
+                {"text": value},
+                {"text": good, "text_pair": value},
+                {"inputs": value},
+                {"inputs": [good, value]},
+                {"inputs": [[good, value]]},
+                {"inputs": [[value, good], good]},
+                {"query": value, "documents": [good]},
+                {"query": good, "documents": [good, value]},
+            ]
+        )
+
+    def good_text(self, rng):
+        body = {"text": self.pick(rng)}
+        if rng.random() < 0.5:
+            body["text_pair"] = self.pick(rng) if rng.random() < 0.9 else None
+        return (*json_case(rng, self.options(rng, body)), OK)
+
+    def good_inputs(self, rng):
+        count = rng.choice([0, 1, 2, 3, 5, 8])
+        inputs = self.pick(rng) if count == 0 else [self.row(rng) for _ in range(count)]
+        return (*json_case(rng, self.options(rng, {"inputs": inputs})), OK)
+
+    def max_inputs_list(self, rng):
+        inputs = [
+            [f"premise {i}", f"hypothesis {i}"] if i % 3 == 0 else f"short text {i}" for i in range(self.max_inputs)
+        ]
+        return (*json_case(rng, {"inputs": inputs, "top_k": None}), OK)
+
+    def rerank(self, rng):  # valid for a reranker; a model with several outputs must refuse it
+        body = {"query": self.pick(rng), "documents": [self.pick(rng) for _ in range(rng.choice([1, 2, 3, 5, 8, 16]))]}
+        return (*json_case(rng, self.options(rng, body, ("top_n", "return_documents", "truncate"))), self.reranks)
+
+    def rerank_max_documents(self, rng):
+        documents = [f"document number {i}" for i in range(self.max_inputs)]
+        body = {
+            "query": "which document?",
+            "documents": documents,
+            "top_n": rng.choice([None, 3]),
+            "return_documents": True,
+        }
+        return (*json_case(rng, body), self.reranks)
+
+    def count_extremes(self, rng):  # valid extremes: null (every label), more than there are, a 400-digit integer
+        value = rng.choice([None, 1, self.labels, self.labels + 1, 10**30, Raw("1" + "0" * 400), Raw("1")])
+        if self.reranks == OK and rng.random() < 0.5:
+            return (*json_case(rng, {"query": "q", "documents": [self.pick(rng), self.pick(rng)], "top_n": value}), OK)
+        body = rng.choice([{"text": self.pick(rng)}, {"inputs": [self.row(rng), self.row(rng)]}])
+        return (*json_case(rng, {**body, "top_k": value}), OK)
+
+    def token_boundary(self, rng):  # around the model's token limit, truncate true and false: the oracle counts tokens
+        text = " ".join(["word"] * (self.max_tokens + rng.choice([-4, -3, -2, -1, 0, 1, 40])))
+        body = rng.choice(
+            [{"text": text}, {"text": "a question", "text_pair": text}, {"inputs": [text, ["short", text]]}]
+        )
+        body["truncate"] = rng.random() < 0.6
+        return (*json_case(rng, body), OK)
+
+    def char_boundary(self, rng):  # one text at and just over max_text_chars (the oracle knows which one must fail)
+        text = text_of_length(rng.choice([self.text_limit, self.text_limit + 1]))
+        if rng.random() < 0.3:
+            return encode(text), "text/plain", OK
+        body = rng.choice([{"text": text}, {"text": "short", "text_pair": text}, {"inputs": [["short", text]]}])
+        return (*json_case(rng, body), OK)
+
+    def request_chars_boundary(self, rng):  # all texts together at and just over max_request_chars
+        total = self.request_chars + rng.choice([0, 1])
+        count = min(self.max_inputs, max(2, -(-total // self.text_limit)))
+        if self.reranks == OK and rng.random() < 0.5:  # the query counts once per document
+            query = min(self.text_limit, total // (2 * count))
+            sizes = [(total - count * query) // count] * count
+            sizes[0] += total - count * query - sum(sizes)
+            body = {"query": text_of_length(query), "documents": [text_of_length(n) for n in sizes]}
+        else:
+            sizes = [total // count] * count
+            sizes[0] += total - sum(sizes)
+            body = {"inputs": [text_of_length(n) for n in sizes]}
+        return (*json_case(rng, body), OK)  # over the limit: the oracle expects the 413
+
+    def empty_text(self, rng):
+        value = rng.choice(EMPTY_TEXTS)
+        if rng.random() < 0.2:
+            return encode(value), "text/plain", ERROR
+        return (*json_case(rng, self.place(rng, value)), ERROR)
+
+    def lone_surrogate(self, rng):
+        body = self.place(rng, f"abc {rng.choice(LONE_SURROGATES)} def")
+        return encode(dumps(body, ascii_only=True)), JSON, ERROR
+
+    def over_text_chars(self, rng):
+        text = text_of_length(self.text_limit + rng.choice([1, 100, self.text_limit]))
+        return (*json_case(rng, self.place(rng, text)), ERROR)
+
+    def over_request_chars(self, rng):  # every text within max_text_chars, together over max_request_chars
+        count = self.request_chars // self.text_limit + 1
+        if self.reranks == OK and rng.random() < 0.5:  # a short list of documents, each paired with a long query
+            body = {"query": text_of_length(self.text_limit), "documents": ["short"] * count}
+        else:
+            body = {"inputs": [text_of_length(self.text_limit)] * count}
+        return (*json_case(rng, body), ERROR)
+
+    def too_many_inputs(self, rng):
+        items = ["x"] * rng.choice([self.max_inputs + 1, 10 * self.max_inputs])
+        return (*json_case(rng, rng.choice([{"inputs": items}, {"query": "q", "documents": items}])), ERROR)
+
+    def bad_pair(self, rng):  # a pair is exactly two texts
+        good = self.pick(rng)
+        item = rng.choice([[], [good], [good, good, good], [good, 5], [None, good], [good, [good]], [good, ""]])
+        return (*json_case(rng, {"inputs": rng.choice([[item], [good, item]])}), ERROR)
+
+    def wrong_types(self, rng):
+        field_name = rng.choice(
+            ["text", "text_pair", "inputs", "truncate", "top_k", "query", "documents", "top_n", "return_documents"]
+        )
+        value = wrong_values(rng)
+        if field_name in ("text", "text_pair", "inputs", "query") and isinstance(value, str) and value.strip():
+            value = 5  # any non-blank string is a text
+        if field_name == "text_pair" and value is None:  # null: no pair
+            value = [self.pick(rng)]
+        if field_name in ("truncate", "return_documents") and isinstance(value, bool):
+            value = "yes"
+        if field_name in ("top_k", "top_n"):
+            value = rng.choice(BAD_COUNTS)
+        if field_name in ("query", "documents", "top_n", "return_documents"):
+            body = {"query": "q", "documents": ["d"]}
+        else:
+            body = rng.choice([{"text": "hello"}, {"inputs": ["hello"]}]) if field_name in ("truncate", "top_k") else {}
+            body.setdefault("text" if field_name == "text_pair" else field_name, "hello")
+        body[field_name] = value
+        return (*json_case(rng, body), ERROR)
+
+    def bad_counts(self, rng):  # top_k / top_n: 0, negatives, floats, booleans, 1e30, strings
+        value = rng.choice(BAD_COUNTS)
+        if rng.random() < 0.3:
+            return (*json_case(rng, {"query": "q", "documents": ["a", "b"], "top_n": value}), ERROR)
+        body = rng.choice([{"text": self.pick(rng)}, {"inputs": [self.row(rng)]}])
+        return (*json_case(rng, {**body, "top_k": value}), ERROR)
+
+    def unknown_field(self, rng):  # a stranger, or another shape's field
+        body, strangers = rng.choice(
+            [
+                ({"text": "a"}, ["top_n", "documents", "return_documents", "Text", "", "texts", "label"]),
+                ({"inputs": ["a"]}, ["text_pair", "top_n", "input", "Inputs", "return_documents"]),
+                ({"query": "q", "documents": ["d"]}, ["top_k", "text_pair", "document", "Query"]),
+            ]
+        )
+        body[rng.choice(strangers)] = rng.choice([wrong_values(rng), 1, True, "a"])
+        return (*json_case(rng, body), ERROR)
+
+    def shapes(self, rng):  # two request shapes at once, or none
+        body = rng.choice(
+            [
+                {"text": "a", "inputs": ["b"]},
+                {"text": "a", "query": "b", "documents": ["c"]},
+                {"inputs": ["a"], "query": "b", "documents": ["c"]},
+                {},
+                {"top_k": 1},
+                {"documents": ["d"]},
+                {"text_pair": "b"},
+                {"input": "a"},
+            ]
+        )
+        return (*json_case(rng, body), ERROR)
+
+    def duplicate_keys(self, rng):  # the last key wins in Python's parser; a server may also refuse duplicates
+        text = self.pick(rng)
+        if rng.random() < 0.5:
+            good = rng.choice(
+                [Pairs([("text", 5), ("text", text)]), Pairs([("top_k", 0), ("text", text), ("top_k", 2)])]
+            )
+            return (*json_case(rng, good), EITHER)
+        bad = rng.choice(
+            [Pairs([("text", text), ("text", None)]), Pairs([("inputs", [text]), ("top_k", 1), ("top_k", -1)])]
+        )
+        return (*json_case(rng, bad), ERROR)
+
+    def weighted(self):
+        """(production, weight) pairs; the first cases walk them in this order."""
+        return [
+            (self.good_text, 14),
+            (self.good_inputs, 14),
+            (self.max_inputs_list, 1),
+            (self.rerank, 8),
+            (self.rerank_max_documents, 1),
+            (self.count_extremes, 3),
+            (self.plain_text, 6),
+            (self.plain_other_charset, 2),
+            (self.token_boundary, 3),
+            (self.char_boundary, 1),
+            (self.request_chars_boundary, 1),
+            (self.max_body_text, 0.1),
+            (self.over_max_body, 0.2),
+            (self.empty_text, 4),
+            (self.lone_surrogate, 3),
+            (self.surrogate_pair, 1),
+            (self.invalid_utf8_text, 2),
+            (self.nul_text, 1),
+            (self.over_text_chars, 2),
+            (self.over_request_chars, 1),
+            (self.too_many_inputs, 2),
+            (self.bad_pair, 3),
+            (self.wrong_types, 10),
+            (self.bad_counts, 6),
+            (self.unknown_field, 3),
+            (self.shapes, 3),
+            (self.duplicate_keys, 2),
+        ]
+
+    def good_body(self, rng):
+        return json_case(rng, rng.choice([{"text": self.pick(rng)}, {"inputs": [self.row(rng), self.row(rng)]}]))[0]
 
 
 # ------------------------------------------------------------------------------------------------ generator
@@ -762,17 +1047,26 @@ def prompt_pool(seed, size):
 
 # ------------------------------------------------------------------------------------------------ campaign
 # Each model's own productions; the generic ones (GENERIC: content types, encodings, broken JSON) are added to all.
-PRODUCTIONS = {"classifier": ClassifierProductions, "minilm": MinilmProductions, "generator": GeneratorProductions}
+PRODUCTIONS = {
+    "classifier": ClassifierProductions,
+    "minilm": MinilmProductions,
+    "generator": GeneratorProductions,
+    "text-classifier": TextClassifierProductions,
+}
 
 
 class Grammar:
-    """All productions of one model; ``case(index)`` is a pure function of (seed, model, index)."""
+    """All productions of one model; ``case(index)`` is a pure function of (seed, model, index).
 
-    def __init__(self, model, limits, seed, pool_size=200):
+    ``kind`` picks the productions (a key of PRODUCTIONS; default the model's name, as for the bundled models);
+    ``archive``, for a user's model, is what its cases' reproducers name."""
+
+    def __init__(self, model, limits, seed, pool_size=200, kind=None, archive=None):
         self.model, self.limits, self.seed = model, limits, seed
-        if model not in PRODUCTIONS:
-            raise ValueError(f"no request grammar for model {model!r}")
-        own = PRODUCTIONS[model](limits, seed, pool_size)
+        self.kind, self.archive = kind or model, archive
+        if self.kind not in PRODUCTIONS:
+            raise ValueError(f"no request grammar for model {model!r} (kinds: {', '.join(PRODUCTIONS)})")
+        own = PRODUCTIONS[self.kind](limits, seed, pool_size)
         self.good_body = own.good_body
         generic = [(self._generic(name, make, expect), 1.0) for name, make, expect in GENERIC]
         self.productions: list[tuple[Callable, float]] = own.weighted() + generic
@@ -792,7 +1086,7 @@ class Grammar:
         else:
             production = rng.choices([p for p, _ in self.productions], [w for _, w in self.productions])[0]
         body, content_type, expect = production(rng)
-        case = Case(self.model, self.seed, index, production.__name__, body, content_type, expect)
+        case = Case(self.model, self.seed, index, production.__name__, body, content_type, expect, archive=self.archive)
         case.oversize = len(body) > self.limits.max_request_size
         if case.oversize:
             case.expect = ERROR

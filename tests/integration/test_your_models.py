@@ -260,3 +260,24 @@ def test_a_bad_folder_is_refused_at_package_time_naming_the_file_and_the_fix(tmp
     assert result.returncode == 1
     assert f"{file}: " in result.stderr and words in result.stderr and "Fix: " in result.stderr, result.stderr
     assert not store.exists() or not any(store.glob("*.mar"))
+
+
+@pytest.mark.parametrize("model", ["t-multilabel", "t-rerank"])
+def test_the_fuzzer_covers_a_users_classifier_and_reranker(server, store, model):
+    """The whole-server fuzzer on a user's archives, as on the bundled models (tests/integration/test_fuzz_server.py):
+    the campaign learns the kind from the archive (its handler, text_classifier.py), not from the name."""
+    from scripts.reliability import fuzz
+
+    client = server.management()
+    if not client.registered(model):  # t-rerank: registered by the modelctl test above, unless that did not run
+        client.register(f"{model}.mar", synchronous=True, timeout=600)
+        client.wait_ready(model, timeout=600)
+    count = 200
+    row = fuzz.campaign(server, model, store, requests=count, seed=11, clients=24)
+    details = row.details
+    assert row.passed, f"{row.figure}\n{json.dumps(details['examples'], indent=1)[:6000]}"
+    assert details["requests"] == count and sum(int(n) for n in details["statuses"].values()) == count
+    # The campaign really mixed valid and invalid requests, and valid ones were answered.
+    assert details["expected"]["ok"] > count // 5 and details["expected"]["error"] > count // 5
+    assert details["statuses"].get("200", 0) >= details["expected"]["ok"]
+    assert details["worker_restarts"] == 0
