@@ -32,6 +32,7 @@ help:
 	@echo "make lint    ruff + the type checker (part of make test)"
 	@echo "make install create .venv from requirements.txt (every target does this first)"
 	@echo "make mar     build model_store/*.mar (incremental; FORCE=1 rebuilds)"
+	@echo "make grpc-stubs   TorchServe's gRPC Python stubs from the installed wheel's .proto files (build/grpc/)"
 	@echo "make package KIND=embedding|text-classifier NAME=my-model MODEL_DIR=/path   your own model -> model_store/NAME.mar"
 	@echo "make reliability   concurrency, bad input, fuzzing, overload, worker death, security, cost, logs, memory"
 	@echo "make soak MINUTES=10   memory soak at ~50% capacity"
@@ -84,8 +85,14 @@ status: install
 restart: mar
 	@$(WITH_JAVA) $(PY) -m scripts.server restart
 
+# TorchServe's gRPC client stubs, generated from the .proto files inside the installed torchserve wheel into build/grpc/
+# (seconds; scripts/ops/grpc_stubs.py). scripts/ops/grpc_client.py also generates them on first use.
+.PHONY: grpc-stubs
+grpc-stubs: install
+	$(PY) -m scripts.ops.grpc_stubs
+
 # Lint first: a style or type error fails in seconds, before the archives are built and servers start.
-test: lint mar
+test: lint mar grpc-stubs
 	$(WITH_JAVA) $(PY) -m pytest tests $(PYTEST_ARGS)
 
 # The fast loop: unit tests that need no built archive and no server (markers set in tests/conftest.py).

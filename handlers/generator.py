@@ -6,6 +6,11 @@ Request ``{"prompt": "...", "max_new_tokens": n, "temperature": t, "top_k": k, "
 is newline-delimited JSON sent as the tokens are produced: ``{"text": piece, "done": false}`` lines, then one
 ``{"text": rest, "done": true, ...counts...}`` line; the pieces concatenate to the non-streamed text.
 
+The same model speaks OpenAI's completions and chat completions at ``/predictions/<model>/<version>/v1/completions``
+and ``.../v1/chat/completions`` (:mod:`handlers.generation.openai_api`, chat templates in
+:mod:`handlers.generation.chat`): those bodies map onto the same generation requests and limits, and only the framing
+of answers and streams differs (server-sent events instead of NDJSON; :mod:`handlers.generation.answers`).
+
 All accepted requests of a batch decode together (:func:`handlers.generation.decoding.generate`): one prefill over
 the left-padded prompts, then one cached step per token; a finished request leaves the batch, and each request samples
 with its own seeded generator, so its tokens do not depend on its batch-mates. Streamed pieces go out as TorchServe
@@ -16,6 +21,7 @@ folder: :mod:`handlers.generation.model`; its token limits (``auto`` from the mo
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -24,17 +30,27 @@ import torch
 from handlers.core.base import BatchScope, ServingHandler
 from handlers.core.config import COMMON_OPTIONS, Option
 from handlers.core.errors import RequestError, ServerError
-from handlers.core.http import RequestView, json_body
+from handlers.core.http import RequestView, json_body, to_json
+from handlers.generation import chat
+from handlers.generation.answers import Outcome
 from handlers.generation.decoding import FINISH_ERROR, generate
 from handlers.generation.limits import AUTO, AutoOrInt
 from handlers.generation.model import LoadedGenerator, load_generator
+from handlers.generation.openai_api import (
+    CHAT_ROUTE,
+    COMPLETIONS_ROUTE,
+    Served,
+    as_openai_error,
+    parse_openai_request,
+)
 from handlers.generation.requests import (
     AcceptedGeneration,
+    Generation,
     GenerationBatch,
     parse_generation_request,
     start_generations,
 )
-from handlers.generation.streaming import STREAM_CONTENT_TYPE, ndjson, send_chunks
+from handlers.generation.streaming import send_chunks
 
 ModelInputs = dict[str, torch.Tensor]  # input_ids and attention_mask
 
@@ -57,6 +73,8 @@ class GeneratorHandler(ServingHandler):
         "default_max_new_tokens": Option(int, 32, minimum=1, help="max_new_tokens when a request gives none"),
         "max_temperature": Option(float, 5.0, minimum=0.0, help="largest temperature a request may ask for"),
     }
+    # '' = the native API at /predictions/<model>; the OpenAI routes follow /predictions/<model>/<version>/.
+    routes = ("", COMPLETIONS_ROUTE, CHAT_ROUTE)
     loaded: LoadedGenerator
 
     def __init__(self) -> None:
@@ -105,11 +123,22 @@ class GeneratorHandler(ServingHandler):
                 "auto": list(limits.auto),  # the limits resolved from the positions (handler.<key>: auto)
             },
             "stop_token_ids": self.loaded.stop_token_ids,
+            "openai": {
+                "routes": [f"/predictions/{self.model_name}/{self.model_version}/{r}" for r in self.routes if r],
+                "chat_template": "the model's" if chat.has_chat_template(self.loaded.tokenizer) else "plain",
+            },
         }
 
     # ----------------------------------------------------------------------------------------------- per request
     def parse_request(self, body: Any, request: RequestView) -> AcceptedGeneration:
-        """Validate one request (see handlers.generation.requests)."""
+        """Validate one request (see handlers.generation.requests; OpenAI routes: handlers.generation.openai_api)."""
+        if request.url_path:
+            served = Served(self.model_name, self.loaded.info, self.loaded.limits, self.loaded.tokenizer)
+            try:
+                value = None if body is None else json_body(body, request)
+            except RequestError as error:  # invalid JSON: refused in OpenAI's shape too
+                raise as_openai_error(error) from None
+            return AcceptedGeneration(request.idx, parse_openai_request(request.url_path, value, served))
         if body is None:
             raise RequestError("body must be a JSON object with a 'prompt' field, got null")
         tokenize = self.loaded.tokenizer.encode
@@ -133,14 +162,15 @@ class GeneratorHandler(ServingHandler):
             chunks = {}
             for index, token in new_tokens.items():
                 generation = generations[index]
-                generation.text.push(token)
-                # A finished request's last pieces go in its final line, which closes its stream.
-                if generation.request.stream and not generation.sequence.finished:
-                    piece = "".join(generation.text.pieces[generation.pieces_sent :])
-                    if piece:
-                        chunks[generation.idx] = ndjson({"text": piece, "done": False})
-                        generation.pieces_sent = len(generation.text.pieces)
+                piece = self.advance(generation, token)
+                if piece:
+                    chunks[generation.idx] = generation.request.answers.piece(piece)
             if chunks and scope.context is not None:
+                for generation in generations:
+                    if generation.idx in chunks:
+                        scope.context.set_response_content_type(
+                            generation.idx, generation.request.answers.stream_content_type
+                        )
                 self.stream_sink(scope.context, chunks)
                 scope.partly_answered.update(chunks)
 
@@ -155,7 +185,20 @@ class GeneratorHandler(ServingHandler):
         if first_token_at:
             scope.metrics.record("TimeToFirstTokenSeconds", first_token_at[0] - started)
         scope.metrics.record("GeneratedTokens", sum(len(g.sequence.token_ids) for g in generations))
-        return batch  # its generations now hold their tokens and text pieces
+        return batch  # its generations now hold their tokens and text
+
+    @staticmethod
+    def advance(generation: Generation, token: int) -> str:
+        """Add one new token to a generation's text; returns the text its stream may send now ('' for none).
+
+        A stop sequence in the text finishes the generation at once (it leaves the batch before the next step). A
+        finished request's last text goes in its final chunk, which closes its stream."""
+        generation.text.push(token)
+        if generation.text.stopped:
+            generation.sequence.stop()
+        if not generation.request.stream or generation.sequence.finished:
+            return ""
+        return generation.text.take()
 
     def postprocess(self, batch: GenerationBatch, payloads: list[AcceptedGeneration]) -> list[Any]:
         results: list[Any] = []
@@ -167,34 +210,51 @@ class GeneratorHandler(ServingHandler):
                 )
                 continue
             generation.text.finish()
-            answer = {
-                "finish_reason": sequence.finish_reason,
-                "prompt_tokens": len(sequence.prompt_ids),
-                "completion_tokens": len(sequence.token_ids),
-                "model": self.loaded.info,
-            }
-            if request.seed_reported:
-                answer["seed"] = request.settings.seed
-            if request.stream:
-                rest = "".join(generation.text.pieces[generation.pieces_sent :])
-                results.append({"text": rest, "done": True, **answer})
-            else:
-                results.append({"text": generation.text.text, **answer})
+            if generation.text.stopped:  # a stop sequence completed by the text held back until the end
+                sequence.stop()
+            results.append(
+                Outcome(
+                    text=generation.text.text,
+                    rest=generation.text.rest() if request.stream else "",
+                    finish_reason=sequence.finish_reason,
+                    prompt_tokens=len(sequence.prompt_ids),
+                    completion_tokens=len(sequence.token_ids),
+                    seed=request.settings.seed if request.seed_reported else None,
+                    model=self.loaded.info,
+                )
+            )
         return results
 
     # ------------------------------------------------------------------------------ how answers are framed
+    # Each request's API (native, OpenAI completions or chat) frames its answer: request.answers.
     @staticmethod
     def streams(payload: AcceptedGeneration | None) -> bool:
         return payload is not None and payload.request.stream
 
+    def answer(self, scope: BatchScope, idx: int, payload: AcceptedGeneration, result: Any) -> str:
+        """As the base; a server-sent-events stream that failed before its first chunk gets a plain JSON error with
+        its status, which an OpenAI client reads (after a chunk the status is 200 already: an error event ends it)."""
+        answers = payload.request.answers
+        unopened = self.streams(payload) and idx not in scope.partly_answered
+        if isinstance(result, RequestError) and unopened and answers.plain_error_until_streamed:
+            payload = dataclasses.replace(payload, request=dataclasses.replace(payload.request, stream=False))
+        return super().answer(scope, idx, payload, result)
+
     def serialize(self, payload: AcceptedGeneration | None, value: Any) -> str:
-        """A streamed request's answer (or error) is its stream's last NDJSON line; the others are one JSON object."""
-        return ndjson(value) if self.streams(payload) else super().serialize(payload, value)
+        """An Outcome in the request's API shape (a streamed one as its stream's last chunk); an error body as JSON, or
+        as the chunk that closes the stream."""
+        if payload is None:
+            return super().serialize(payload, value)
+        answers = payload.request.answers
+        if isinstance(value, Outcome):
+            return answers.stream_end(value) if payload.request.stream else to_json(answers.body(value))
+        return answers.stream_error(value) if payload.request.stream else to_json(value)
 
     def error_value(self, payload: AcceptedGeneration | None, error: RequestError) -> dict[str, Any]:
-        """As the base; a streamed answer's error also closes its stream (``done``), which may already be open."""
-        body = super().error_value(payload, error)
-        return {**body, "done": True} if self.streams(payload) else body
+        """The error in the request's API shape (payload None: refused while parsing, already in its shape)."""
+        return super().error_value(payload, error) if payload is None else payload.request.answers.error_body(error)
 
     def content_type(self, payload: AcceptedGeneration | None) -> str:
-        return STREAM_CONTENT_TYPE if self.streams(payload) else super().content_type(payload)
+        if payload is not None and payload.request.stream:
+            return payload.request.answers.stream_content_type
+        return super().content_type(payload)

@@ -1,4 +1,4 @@
-"""In-process benchmark of the minilm handler's inference path (no server, no HTTP).
+"""In-process benchmark of an embedding handler's inference path (no server, no HTTP): minilm, or --archive NAME.mar.
 
 For every backend x precision x threads x batch size it loads the handler from the built archive (cache off), with
 ``handler.backend`` and ``handler.precision`` forced, feeds batches of B requests through ``handle()`` (validation,

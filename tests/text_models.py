@@ -231,6 +231,19 @@ def _encoder_sizes() -> dict[str, float]:
     }
 
 
+# "minilm": all-MiniLM-L6-v2's shape (6 layers, 384 wide), for benchmarks of another architecture at a real cost.
+SIZES = {
+    "tiny": _encoder_sizes(),
+    "minilm": {
+        "hidden_size": 384,
+        "num_hidden_layers": 6,
+        "num_attention_heads": 12,
+        "intermediate_size": 1536,
+        "initializer_range": 0.02,
+    },
+}
+
+
 def _save_sentence_transformer(
     model: "PreTrainedModel",
     tokenizer: "PreTrainedTokenizerBase",
@@ -284,7 +297,7 @@ def make_bert_cls_normalize_embedder(
 
 
 def make_xlmr_mean_prompts_embedder(
-    folder: Path, max_seq_length: int = 64, *, max_seq_length_in_config: bool = True
+    folder: Path, max_seq_length: int = 64, *, max_seq_length_in_config: bool = True, size: str = "tiny"
 ) -> Path:
     """A sentence-transformers XLM-RoBERTa embedder: mean pooling, no Normalize, prompts "query: " / "passage: ".
 
@@ -303,7 +316,7 @@ def make_xlmr_mean_prompts_embedder(
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         type_vocab_size=1,
-        **_encoder_sizes(),
+        **SIZES[size],
     )
     torch.manual_seed(SEED)
     model = XLMRobertaModel(config)
@@ -537,3 +550,21 @@ def break_tokenizer(folder: Path, source: Path | None = None) -> Path:
     for name in _TOKENIZER_FILES:
         (folder / name).unlink(missing_ok=True)
     return folder
+
+
+def main(argv: list[str] | None = None) -> int:
+    """A random model folder for benchmarks: python -m tests.text_models --out DIR [--size minilm] [--tokens 256]."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m tests.text_models", description=main.__doc__)
+    parser.add_argument("--out", type=Path, required=True, help="folder to write the XLM-RoBERTa embedder to")
+    parser.add_argument("--size", choices=sorted(SIZES), default="minilm")
+    parser.add_argument("--tokens", type=int, default=256, help="max_seq_length (default 256, as minilm)")
+    args = parser.parse_args(argv)
+    make_xlmr_mean_prompts_embedder(args.out, args.tokens, size=args.size)
+    print(f"wrote a random {args.size}-sized XLM-RoBERTa embedder to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

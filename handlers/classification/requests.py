@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from handlers.core.errors import RequestError, shown, too_large
+from handlers.core.http import Float32List
 
 ALLOWED_FIELDS = {"inputs"}
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)  # 3.4028234663852886e38; anything larger becomes inf
@@ -81,7 +82,7 @@ def answer_requests(logits: torch.Tensor, requests: list[ClassifierRequest]) -> 
     finite = torch.isfinite(logits).all(dim=-1).tolist()
     probabilities = torch.softmax(logits, dim=-1)
     labels = probabilities.argmax(dim=-1).tolist()
-    probability_rows = probabilities.tolist()
+    probability_rows = [Float32List(row) for row in probabilities.tolist()]  # float32: shortest JSON text
     results: list[Any] = []
     start = 0
     for request in requests:

@@ -258,6 +258,7 @@ class ServingHandler:
             results = self.run_stages(accepted, scope)
             for (idx, payload), result in zip(accepted, results, strict=True):
                 responses[idx] = self.answer(scope, idx, payload, result)
+        self.end_grpc_streams(context, len(data))
         scope.metrics.record("Batches", 1)
         scope.metrics.record("BatchRequests", len(data))
         compiles = runtime.compile_count() - self.compiles_after_warmup if self.backend == "jit" else 0
@@ -266,6 +267,19 @@ class ServingHandler:
             scope.metrics.record("Recompilations", compiles)
             self.compiles_after_warmup += compiles
         return [response if response is not None else "" for response in responses]
+
+    @staticmethod
+    def end_grpc_streams(context: Any, count: int) -> None:
+        """Mark each gRPC request's answer as its last message. TorchServe's StreamPredictions waits for a message
+        saying the stream ended and kills the worker when a one-piece answer (any 4xx, or a model that does not
+        stream) never says so; an HTTP request must not get the header (its answer would switch to chunked). A
+        request over gRPC is the one without a Host header."""
+        setter = getattr(context, "set_response_header", None)
+        if setter is None:
+            return
+        for idx in range(count):
+            if RequestView(context, idx).header("Host") is None:
+                setter(idx, "ts_stream_next", "false")
 
     def unknown_route(self, path: str) -> RequestError:
         shown = path if len(path) <= 80 else path[:80] + "..."

@@ -6,6 +6,7 @@ own HTTP status and JSON body, so the rest of the batch is answered normally and
 
 from __future__ import annotations
 
+import re
 from http import HTTPStatus
 
 import torch
@@ -23,12 +24,34 @@ class RequestError(Exception):
     def to_body(self) -> dict[str, object]:
         return {"code": self.code, "type": self.error_type, "message": self.message}
 
+    def to_openai_body(self) -> dict[str, object]:
+        """The error as OpenAI's API reports one, for OpenAI-compatible routes: OpenAI's clients raise the exception
+        class of the HTTP status and read ``message``, ``type`` and ``code`` from this object."""
+        kind = "server_error" if self.code >= 500 else "invalid_request_error"
+        code = re.sub(r"(?<!^)(?=[A-Z])", "_", self.error_type).lower()  # ModelNotFound -> model_not_found
+        # The field a refusal is about, where the error names one (shared checks record it as ``field``).
+        param = getattr(self, "param", None) or getattr(self, "field", None)
+        return {"error": {"message": self.message, "type": kind, "param": param, "code": code}}
+
     @property
     def phrase(self) -> str:
         try:
             return HTTPStatus(self.code).phrase
         except ValueError:
             return "Error"
+
+
+class OpenAIShaped(RequestError):
+    """A request's error reported in OpenAI's shape (:meth:`RequestError.to_openai_body`): raise it from
+    ``parse_request`` for a request of an OpenAI-compatible route (errors after that are shaped by the handler's
+    ``error_value``, which knows the request's route from its payload)."""
+
+    def __init__(self, error: RequestError) -> None:
+        super().__init__(error.message, code=error.code, error_type=error.error_type)
+        self.param = getattr(error, "param", None)
+
+    def to_body(self) -> dict[str, object]:
+        return self.to_openai_body()
 
 
 class ServerError(RequestError):

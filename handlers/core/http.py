@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
+
+import numpy as np
+import torch
 
 from handlers.core.errors import RequestError
 
@@ -51,16 +55,103 @@ def request_body(request: Any) -> Any:
     return b""
 
 
+class Float32List(list[float]):
+    """A row of float32 numbers (an embedding, a classifier's probabilities): an ordinary list of the values (as
+    Python floats), marked so that :func:`to_json` prints each with the shortest decimal text that reads back as the
+    same float32 ("0.1", where the float64 repr says "0.10000000149011612"). Make one with :func:`float32_list`."""
+
+    __slots__ = ()
+
+
+class Float32(float):
+    """One float32 number (a score), marked as :class:`Float32List` marks a row: to_json prints its shortest text."""
+
+    __slots__ = ()
+
+
+def float32_list(values: Any) -> Float32List:
+    """A 1-D tensor (any dtype, any device), array or sequence of numbers as a :class:`Float32List` (values rounded
+    to float32, as the model computed them)."""
+    if isinstance(values, torch.Tensor):
+        values = values.detach().to("cpu", torch.float32).numpy()
+    array = np.asarray(values, dtype=np.float32)
+    if array.ndim != 1:
+        raise ValueError(f"float32_list takes one row, got shape {array.shape}")
+    return Float32List(array.tolist())
+
+
+_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+_ATOMS = frozenset({str, int, float, bool, type(None)})  # exact types json encodes as they are (not Float32)
+_TEXT = np.dtypes.StringDType()
+_EXPONENT = re.compile(r"e\+?(-?)0*(?=\d)")  # an exponent's '+' and leading zeros
+
+
 def to_json(value: Any) -> str:
     """Strict, compact JSON for a response body or stream line: the one serializer every answer goes through.
 
     Strict: NaN and Infinity have no JSON spelling (json.dumps would write the non-standard tokens that strict parsers
     reject), so a non-finite number raises ValueError here instead of reaching a client; so does text that cannot be
     sent as UTF-8 (a lone surrogate). Compact: TorchServe would pretty-print (indent=2) a dict or list a handler
-    returns, with its slow pure-Python encoder; a string goes out as its UTF-8 bytes."""
-    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    returns, with its slow pure-Python encoder; a string goes out as its UTF-8 bytes. Float32 values (a
+    :class:`Float32List` row, a :class:`Float32` number) are printed with the shortest text that reads back as the
+    same float32, as Rust's serde (ryu) and TEI print them: 'float32 shortest' in docs/clients.md.
+
+    Everything else is json.dumps' own output: containers that hold a marked value are walked here, any other value
+    (a whole container of plain values included) goes to json's C encoder in one call."""
+    parts: list[str] = []
+    _write(value, parts)
+    text = "".join(parts)
     text.encode("utf-8")  # UnicodeEncodeError (a ValueError) now, rather than in TorchServe for the whole batch
     return text
+
+
+def _write(value: Any, parts: list[str]) -> None:
+    if isinstance(value, Float32List):
+        parts.append(float32_json(value))
+    elif isinstance(value, Float32):
+        parts.append(float32_json([value])[1:-1])
+    elif isinstance(value, dict) and not _plain(value.values()):
+        parts.append("{")
+        for number, (key, item) in enumerate(value.items()):
+            parts.append(("," if number else "") + _key(key) + ":")
+            _write(item, parts)
+        parts.append("}")
+    elif isinstance(value, (list, tuple)) and not _plain(value):
+        parts.append("[")
+        for number, item in enumerate(value):
+            if number:
+                parts.append(",")
+            _write(item, parts)
+        parts.append("]")
+    else:
+        parts.append(_ENCODE(value))
+
+
+def _plain(values: Any) -> bool:
+    """Whether json's encoder can write these values as they are: no container, no marked float32 among them."""
+    return all(type(item) in _ATOMS for item in values)
+
+
+def _key(key: Any) -> str:
+    # json turns int, float, bool and None keys into strings and refuses other types: the same, through json itself.
+    return _ENCODE(key) if type(key) is str else _ENCODE({key: None})[1:-6]
+
+
+def float32_json(values: Any) -> str:
+    """A JSON array of the shortest decimal texts that read back as these float32 values: numpy's float32 to text
+    cast (Dragon4 in its shortest round-trip mode, in C: about as fast as json.dumps of the float64 values), which
+    gives the digits ryu gives (tests/unit/test_json_float32.py checks both properties and the digits)."""
+    array = np.asarray(values, dtype=np.float32)
+    if not np.isfinite(array).all():
+        bad = array[~np.isfinite(array)][0]
+        raise ValueError(f"Out of range float values are not JSON compliant: {bad}")
+    if np.get_printoptions()["legacy"] is not False:  # numpy's legacy print modes (1.13) would round to 6 digits
+        with np.printoptions(legacy=False):
+            return float32_json(array)
+    text = ",".join(array.astype(_TEXT).tolist())
+    if "e" in text:  # numpy writes 5e-05 and 1e+16: the same numbers, shorter, are 5e-5 and 1e16 (as ryu writes them)
+        text = _EXPONENT.sub(r"e\1", text)
+    return "[" + text + "]"
 
 
 def decode_json(raw: bytes | bytearray | None) -> Any:

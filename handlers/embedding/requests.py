@@ -4,14 +4,18 @@ Accepted bodies (docs/embeddings.md):
 
 - plain text (``Content-Type: text/*``): the whole body is one text;
 - ``{"text": "...", "truncate": bool?, "prompt_name": str?}`` -> ``{"embedding": [...], "truncated": bool}``;
-- OpenAI style ``{"input": "..." | ["...", ...], "model": str?, "encoding_format": "float"?, "dimensions": int?,
-  "user": str?, "truncate": bool?}`` -> ``{"object": "list", "data": [...], "model": ..., "usage": {...}}``.
+- OpenAI style ``{"input": "..." | ["...", ...], "model": str?, "encoding_format": "float" | "base64"?,
+  "dimensions": int?, "user": str?, "truncate": bool?}`` -> ``{"object": "list", "data": [...], "model": ...,
+  "usage": {...}}``; ``"base64"``: each embedding is the base64 text of its little-endian float32 bytes (what the
+  official OpenAI client asks for by default, and decodes).
 
-``prompt_name`` (either shape) picks one of the model's named prompts (config_sentence_transformers.json), as
-sentence-transformers' ``encode(prompt_name=...)`` does; without it the model's default prompt applies, if it has one;
-``null`` asks for none. ``model`` and ``user`` are accepted and ignored (the URL picks the model). Fields that
-would change the answer and that we cannot honour are refused instead of silently ignored: ``encoding_format``
-other than ``"float"``, ``dimensions`` other than the model's own, token-id arrays, and any field not listed above.
+The OpenAI embeddings route, ``/predictions/<model>/<version>/v1/embeddings`` (``served_model`` given), takes only the
+OpenAI shape, and its ``model``, if sent, must name the served model (404 otherwise); at ``/predictions/<model>``
+``model`` and ``user`` are accepted and ignored (the URL picks the model). ``prompt_name`` (either shape) picks one of
+the model's named prompts (config_sentence_transformers.json), as sentence-transformers' ``encode(prompt_name=...)``
+does; without it the model's default prompt applies, if it has one; ``null`` asks for none. Fields that would change
+the answer and that we cannot honour are refused instead of silently ignored: another ``encoding_format``,
+``dimensions`` other than the model's own, token-id arrays, and any field not listed above.
 
 Size limits (``handler:`` config, :class:`EmbeddingLimits`) are checked here, before any text reaches the tokenizer:
 the tokenizer reads a whole text even though only its first 256 tokens are kept, so its cost grows with characters.
@@ -20,17 +24,25 @@ Each refusal is a 413 whose message names the limit key and its value.
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
-from handlers.core.errors import RequestError, too_large
-from handlers.core.http import decode_json
+from handlers.core.errors import RequestError, ServerError, too_large
+from handlers.core.http import decode_json, float32_list
 
 TEXT_FIELDS = {"text", "truncate", "prompt_name"}
 OPENAI_FIELDS = {"input", "model", "encoding_format", "dimensions", "user", "truncate", "prompt_name"}
+ENCODINGS = ("float", "base64")
+OPENAI_ROUTE = "v1/embeddings"  # /predictions/<model>/<version>/v1/embeddings: what the OpenAI client posts to
+# What a client that sends token ids instead of text has to change (LangChain's default, langchain-openai 1.7.4).
+TOKEN_IDS = (
+    "token-id arrays are not supported, send text (LangChain's OpenAIEmbeddings sends token ids unless it is "
+    "created with check_embedding_ctx_length=False)"
+)
 
 
 @dataclass(frozen=True)
@@ -80,6 +92,8 @@ class EmbeddingRequest:
     names: list[str]  # how error messages name each text: "'text'", "'input'[3]", "body"
     shape: str  # "text" (plain body or {"text"}) or "openai"
     truncate: bool  # False: a text over the token limit is an error instead of being cut
+    encoding: str = "float"  # OpenAI shape: "float" (a JSON array) or "base64" (little-endian float32 bytes)
+    served_model: str | None = None  # set on the OpenAI route: the name its answer (and its errors' shape) gives
 
 
 def check_text(value: Any, where: str, max_chars: int) -> str:
@@ -103,10 +117,19 @@ def parse_embedding_request(
     dimension: int,
     limits: EmbeddingLimits,
     preparation: TextPreparation = NO_PROMPTS,
+    served_model: str | None = None,
 ) -> EmbeddingRequest:
     """Validate one request body (as TorchServe hands it over) into an :class:`EmbeddingRequest` whose texts are the
-    model's inputs (the request's prompt in front)."""
-    request = parse_body(body, content_type, dimension, limits, preparation)
+    model's inputs (the request's prompt in front). ``served_model``: the request came by the OpenAI route, which
+    takes only the OpenAI shape, whose ``model`` must then name this model."""
+    body = decoded_body(body, content_type)
+    if served_model is not None and not (isinstance(body, dict) and "input" in body):
+        raise RequestError(
+            f"/{OPENAI_ROUTE} takes OpenAI's embeddings body, a JSON object with 'input' (a string or a list "
+            f"of strings) and 'model' ('{served_model}'); {{\"text\": ...}} and plain text go to "
+            f"/predictions/{served_model}"
+        )
+    request = parse_body(body, dimension, limits, preparation, served_model)
     chars = sum(len(text) for text in request.texts)
     if chars > limits.max_request_chars:
         raise too_large(
@@ -117,9 +140,8 @@ def parse_embedding_request(
 
 
 def parse_body(
-    body: Any, content_type: str, dimension: int, limits: EmbeddingLimits, preparation: TextPreparation
+    body: Any, dimension: int, limits: EmbeddingLimits, preparation: TextPreparation, served_model: str | None
 ) -> EmbeddingRequest:
-    body = decoded_body(body, content_type)
     if isinstance(body, str):
         texts = preparation.apply([check_text(body, "body", limits.max_text_chars)], preparation.prompt({}))
         return EmbeddingRequest(texts, ["body"], "text", True)
@@ -140,9 +162,11 @@ def parse_body(
     if shape == "text":
         texts = preparation.apply([check_text(body["text"], "'text'", limits.max_text_chars)], prompt)
         return EmbeddingRequest(texts, ["'text'"], shape, truncate)
-    check_openai_options(body, dimension)
+    check_openai_options(body, dimension, served_model)
     request = openai_request(body["input"], truncate, limits)
     request.texts = preparation.apply(request.texts, prompt)
+    request.encoding = body.get("encoding_format", "float")
+    request.served_model = served_model
     return request
 
 
@@ -170,6 +194,8 @@ def openai_request(inputs: Any, truncate: bool, limits: EmbeddingLimits) -> Embe
         return EmbeddingRequest([check_text(inputs, "'input'", limits.max_text_chars)], ["'input'"], "openai", truncate)
     if not isinstance(inputs, list) or not inputs:
         raise RequestError("'input' must be a string or a non-empty list of strings")
+    if token_ids(inputs):  # before the count: one token array of 500 ids is not "500 inputs"
+        raise RequestError(f"'input' is token ids: {TOKEN_IDS}")
     if len(inputs) > limits.max_inputs:
         raise too_large(
             f"'input' has {len(inputs)} items; at most {limits.max_inputs} are allowed per request (handler.max_inputs)"
@@ -179,15 +205,32 @@ def openai_request(inputs: Any, truncate: bool, limits: EmbeddingLimits) -> Embe
     return EmbeddingRequest(texts, names, "openai", truncate)
 
 
-def check_openai_options(body: dict[str, Any], dimension: int) -> None:
+def token_ids(inputs: list[Any]) -> bool:
+    """Whether an 'input' list is one token-id array or a list of them (what OpenAI's API also accepts)."""
+    if all(type(item) is int for item in inputs):
+        return True
+    return all(isinstance(item, list) and item and all(type(i) is int for i in item) for item in inputs)
+
+
+def check_openai_options(body: dict[str, Any], dimension: int, served_model: str | None = None) -> None:
     for name in ("model", "user"):
         if name in body and not isinstance(body[name], str):
             raise RequestError(f"'{name}' must be a string, got {type(body[name]).__name__}")
+    if served_model is not None and body.get("model", served_model) != served_model:
+        shown = body["model"] if len(body["model"]) <= 80 else body["model"][:80] + "..."
+        raise RequestError(
+            f"model {shown!r} is not served at this URL, which serves {served_model!r}: send model={served_model!r}",
+            code=404,
+            error_type="ModelNotFound",
+        )
     encoding = body.get("encoding_format", "float")
-    if encoding != "float":
-        raise RequestError(f"'encoding_format' {encoding!r} is not supported; only 'float'")
+    if encoding not in ENCODINGS:
+        raise RequestError(f"'encoding_format' {encoding!r} is not supported; use 'float' or 'base64'")
     if "dimensions" in body and (type(body["dimensions"]) is not int or body["dimensions"] != dimension):
-        raise RequestError(f"'dimensions' {body['dimensions']!r} is not supported; this model returns {dimension}")
+        raise RequestError(
+            f"'dimensions' {body['dimensions']!r} is not supported: this model's embeddings have a fixed {dimension} "
+            f"dimensions (send {dimension} or leave 'dimensions' out)"
+        )
 
 
 class EmbeddingRow(Protocol):
@@ -203,19 +246,34 @@ class EmbeddingRow(Protocol):
     def truncated(self) -> bool: ...
 
 
-def format_response(request: EmbeddingRequest, rows: Sequence[EmbeddingRow], model_name: str) -> dict[str, Any]:
-    """The answer to one request (the base serializes it); ``rows`` are its CachedEmbedding-like entries in order."""
+def format_response(
+    request: EmbeddingRequest, rows: Sequence[EmbeddingRow], model_name: str
+) -> dict[str, Any] | RequestError:
+    """The answer to one request (the base serializes it); ``rows`` are its CachedEmbedding-like entries in order.
+
+    Embeddings are float32 rows (printed with the shortest text that reads back as the same float32), or with
+    ``encoding_format: "base64"`` the base64 of their little-endian float32 bytes."""
     if request.shape == "text":
         [row] = rows
-        return {"embedding": row.embedding.tolist(), "truncated": row.truncated}
+        return {"embedding": float32_list(row.embedding), "truncated": row.truncated}
     tokens = sum(row.tokens for row in rows)
-    data = [
-        {"object": "embedding", "index": index, "embedding": row.embedding.tolist(), "truncated": row.truncated}
-        for index, row in enumerate(rows)
-    ]
+    data = []
+    for index, row in enumerate(rows):
+        embedding = float32_list(row.embedding) if request.encoding == "float" else float32_base64(row.embedding)
+        if embedding is None:  # what to_json refuses on the float path, refused here too: never NaN as bytes
+            return ServerError("the model produced a non-finite number (NaN or Infinity); no answer was sent")
+        data.append({"object": "embedding", "index": index, "embedding": embedding, "truncated": row.truncated})
     return {
         "object": "list",
         "data": data,
-        "model": model_name,
+        "model": request.served_model or model_name,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
+
+
+def float32_base64(embedding: torch.Tensor) -> str | None:
+    """OpenAI's ``encoding_format: "base64"``: the row's little-endian float32 bytes, base64 (None if not finite)."""
+    values = embedding.detach().to("cpu", torch.float32)
+    if not bool(torch.isfinite(values).all()):
+        return None
+    return base64.b64encode(values.numpy().astype("<f4", copy=False).tobytes()).decode("ascii")

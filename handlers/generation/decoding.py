@@ -5,8 +5,8 @@ The pieces, each usable without a server:
 - :class:`SamplingSettings` / :class:`Sequence`: what one request asked for and what it has produced so far.
 - :func:`left_pad`: prompts of different lengths as one batch (left padding, attention mask, position ids), so that
   every row's next token is at the last column.
-- :func:`choose_token`: greedy or seeded temperature/top-k sampling for one row, with that request's own generator,
-  so a request's tokens never depend on its batch-mates.
+- :func:`choose_token`: greedy or seeded temperature/top-k/top-p sampling for one row, with that request's own
+  generator, so a request's tokens never depend on its batch-mates.
 - :func:`generate`: the decoding loop. The prompt is run once (prefill); each later step feeds only the newest token
   of every active row together with the cache (``use_cache=False`` recomputes the whole prefix every step instead:
   the reference the tests and the benchmark compare against). A row that finishes leaves the batch at once: its rows
@@ -32,6 +32,7 @@ class SamplingSettings:
     temperature: float = 0.0  # 0 = greedy (argmax); otherwise logits are divided by it before sampling
     top_k: int = 0  # 0 = sample from the whole vocabulary
     seed: int = 0  # seeds this request's own generator (unused when greedy)
+    top_p: float = 1.0  # nucleus: sample from the most likely tokens that together hold this probability (1 = all)
 
     @property
     def greedy(self) -> bool:
@@ -59,6 +60,11 @@ class Sequence:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    def stop(self) -> None:
+        """Finish now with FINISH_STOP (a stop sequence appeared in the text): called from an ``on_step`` callback,
+        it makes the sequence leave the batch before the next step, whatever the length check decided."""
+        self.finish_reason = FINISH_STOP
+
 
 def left_pad(
     token_lists: list[list[int]], pad_token_id: int, device: torch.device | str
@@ -83,11 +89,13 @@ class NonFiniteLogits(ValueError):
 
 
 def choose_token(logits: torch.Tensor, settings: SamplingSettings, generator: torch.Generator) -> int:
-    """Next token for one row from its fp32 CPU logits: argmax, or a seeded draw after temperature and top-k.
+    """Next token for one row from its fp32 CPU logits: argmax, or a seeded draw after temperature, top-k and top-p.
 
     Any temperature in (0, max] is safe, however small: the logits are shifted so that their largest is 0 and divided
     in float64, so the best token keeps probability weight 1 and a tiny temperature degenerates to argmax instead of
-    dividing into inf - inf = NaN. Only logits the model itself got wrong raise, and only for this row."""
+    dividing into inf - inf = NaN. ``top_p`` < 1 keeps the most likely tokens whose probabilities (after temperature
+    and top-k) add up to at least ``top_p``, and always the most likely one (``top_p`` 0 is greedy's token); at 1 the
+    draw is exactly the one without it. Only logits the model itself got wrong raise, and only for this row."""
     top = logits.max()
     if torch.isnan(logits).any() or not torch.isfinite(top):
         raise NonFiniteLogits("the model produced non-finite logits")
@@ -98,7 +106,18 @@ def choose_token(logits: torch.Tensor, settings: SamplingSettings, generator: to
         kth_largest = torch.topk(scaled, settings.top_k).values[-1]
         scaled = scaled.masked_fill(scaled < kth_largest, float("-inf"))
     probabilities = torch.softmax(scaled, dim=-1)
+    if settings.top_p < 1:
+        probabilities = nucleus(probabilities, settings.top_p)
     return int(torch.multinomial(probabilities, 1, generator=generator))
+
+
+def nucleus(probabilities: torch.Tensor, top_p: float) -> torch.Tensor:
+    """``probabilities`` with every token outside the top-p nucleus set to 0 (multinomial renormalises)."""
+    ordered, order = torch.sort(probabilities, descending=True, stable=True)
+    mass_before = ordered.cumsum(0) - ordered  # probability of the tokens more likely than each one
+    outside = mass_before >= top_p
+    outside[0] = False  # the most likely token always stays
+    return probabilities.index_fill(0, order[outside], 0.0)
 
 
 def model_step(
@@ -116,7 +135,8 @@ def model_step(
     return logits, getattr(output, "cache", None) if cache is not None else None
 
 
-# on_step(new_tokens) is called after every step with {sequence index: token id} for the rows decoded in that step.
+# on_step(new_tokens) is called after every step with {sequence index: token id} for the rows decoded in that step;
+# it may finish a sequence (Sequence.stop(): a stop sequence in its text), which leaves the batch before the next step.
 StepCallback = Callable[[dict[int, int]], None]
 
 

@@ -8,6 +8,11 @@ Accepted body (JSON object; docs/generation.md)::
 restricted to the ``top_k`` most likely ones when ``top_k`` > 0. ``seed`` makes a draw reproducible (without one a
 random seed is chosen and returned in the answer). Every limit comes from the ``handler:`` config. Anything else
 (unknown fields, wrong types, out-of-range values, an empty or over-long prompt) is refused with a message.
+
+The checks of each setting are functions of this module, named by the field as the client spells it, so OpenAI's
+bodies (:mod:`handlers.generation.openai_api`: ``max_tokens``, ``top_p``, ``stop``, chat ``messages``) are mapped onto
+the same :class:`GenerationRequest` with the same limits. A refusal about one field is a :class:`FieldError` (a
+:class:`RequestError` that names the field, which OpenAI's error shape reports as ``param``).
 """
 
 from __future__ import annotations
@@ -18,11 +23,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from handlers.core.errors import RequestError, shown
+from handlers.generation.answers import NATIVE_ANSWERS, Answers
 from handlers.generation.decoding import SamplingSettings, Sequence
-from handlers.generation.streaming import IncrementalText
+from handlers.generation.streaming import AnswerText
 
 FIELDS = ("prompt", "max_new_tokens", "temperature", "top_k", "seed", "stream")
 MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes a 64-bit value; keep it a signed one for every client
+MAX_STOP_SEQUENCES = 4  # OpenAI's limit
+MAX_STOP_CHARS = 256  # per stop sequence: longer ones are refused, not searched for in every step's text
+
+
+class FieldError(RequestError):
+    """A refusal about one field of the body; ``field`` is its name as the client spelled it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 @dataclass(frozen=True)
@@ -43,6 +59,8 @@ class GenerationRequest:
     settings: SamplingSettings
     stream: bool
     seed_reported: bool  # sampling: the seed used goes back in the answer
+    stop: tuple[str, ...] = ()  # the answer ends before the first of these (finish_reason "stop")
+    answers: Answers = NATIVE_ANSWERS  # the API it came through: how its answer and stream are framed
 
 
 @dataclass(frozen=True)
@@ -60,8 +78,7 @@ class Generation:
     idx: int  # its index in TorchServe's batch
     request: GenerationRequest
     sequence: Sequence
-    text: IncrementalText
-    pieces_sent: int = 0  # how many of text.pieces have gone out as intermediate chunks
+    text: AnswerText  # its text so far, cut at a stop sequence, and how much of it has been streamed
 
 
 @dataclass(frozen=True)
@@ -83,53 +100,135 @@ def start_generations(payloads: list[AcceptedGeneration], tokenizer: Any) -> Gen
                 idx=p.idx,
                 request=p.request,
                 sequence=Sequence(p.request.prompt_ids, p.request.settings),
-                text=IncrementalText(tokenizer, p.request.prompt_ids),
+                text=AnswerText(tokenizer, p.request.prompt_ids, p.request.stop),
             )
             for p in payloads
         ]
     )
 
 
-def integer(body: dict[str, Any], key: str, default: int, minimum: int, maximum: int) -> int:
+def integer(
+    body: dict[str, Any], key: str, default: int, minimum: int, maximum: int, limit_key: str | None = None
+) -> int:
+    """``body[key]`` (``default`` when absent): an integer in [minimum, maximum]; ``limit_key`` names the config key
+    the maximum comes from in the refusal."""
     value = body.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise RequestError(f"'{key}' must be an integer, got {type(value).__name__} {shown(value)}")
+        raise FieldError(key, f"'{key}' must be an integer, got {type(value).__name__} {shown(value)}")
     if not minimum <= value <= maximum:
-        raise RequestError(f"'{key}' is {shown(value)}; it must be between {minimum} and {maximum}")
+        source = f" ({limit_key})" if limit_key else ""
+        raise FieldError(key, f"'{key}' is {shown(value)}; it must be between {minimum} and {maximum}{source}")
     return value
+
+
+def max_new_tokens(body: dict[str, Any], key: str, limits: GenerationLimits) -> int:
+    """How many tokens to generate at most, from ``body[key]`` (max_new_tokens, OpenAI's max_tokens)."""
+    return integer(body, key, limits.default_max_new_tokens, 1, limits.max_new_tokens, "handler.max_new_tokens")
+
+
+def checked_seed(body: dict[str, Any]) -> tuple[int, bool]:
+    """(the seed, whether the client gave it): a random one when absent."""
+    if "seed" in body:
+        return integer(body, "seed", 0, 0, MAX_SEED), True
+    return secrets.randbelow(MAX_SEED + 1), False
+
+
+def checked_stream(body: dict[str, Any]) -> bool:
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise FieldError("stream", f"'stream' must be true or false, got {type(stream).__name__}")
+    return stream
+
+
+def prompt_text(prompt: Any, name: str, limits: GenerationLimits) -> str:
+    """A prompt (``name`` as shown in messages, e.g. "'prompt'"), refused before tokenizing when it is empty, not
+    text, or too long to fit."""
+    field = name.strip("'")
+    if not isinstance(prompt, str):
+        raise FieldError(field, f"{name} must be a string, got {type(prompt).__name__}")
+    if not prompt:
+        raise FieldError(field, f"{name} is empty")
+    if len(prompt) > limits.max_prompt_chars:
+        raise FieldError(
+            field,
+            f"{name} has {len(prompt)} characters; it cannot fit the limit of {limits.max_prompt_tokens} tokens "
+            "(handler.max_prompt_tokens)",
+        )
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as error:  # JSON "\ud800" parses to a lone surrogate the tokenizer cannot take
+        message = f"{name} is not valid Unicode (unpaired surrogate at character {error.start})"
+        raise FieldError(field, message) from None
+    return prompt
 
 
 def checked_prompt(body: dict[str, Any], limits: GenerationLimits) -> str:
     """The prompt, refused before tokenizing when it is missing, empty, not text, or too long to fit."""
     if "prompt" not in body:
-        raise RequestError("missing field 'prompt'")
-    prompt = body["prompt"]
-    if not isinstance(prompt, str):
-        raise RequestError(f"'prompt' must be a string, got {type(prompt).__name__}")
-    if not prompt:
-        raise RequestError("'prompt' is empty")
-    if len(prompt) > limits.max_prompt_chars:
-        raise RequestError(
-            f"'prompt' has {len(prompt)} characters; it cannot fit the limit of {limits.max_prompt_tokens} tokens "
-            "(handler.max_prompt_tokens)"
+        raise FieldError("prompt", "missing field 'prompt'")
+    return prompt_text(body["prompt"], "'prompt'", limits)
+
+
+def prompt_tokens(prompt_ids: list[int], name: str, limits: GenerationLimits) -> list[int]:
+    """A tokenized prompt, refused when it has no tokens or more than handler.max_prompt_tokens."""
+    field = name.strip("'")
+    if not prompt_ids:
+        raise FieldError(field, f"{name} has no tokens")
+    if len(prompt_ids) > limits.max_prompt_tokens:
+        raise FieldError(
+            field,
+            f"{name} has {len(prompt_ids)} tokens; at most {limits.max_prompt_tokens} are allowed "
+            "(handler.max_prompt_tokens)",
         )
-    try:
-        prompt.encode("utf-8")
-    except UnicodeEncodeError as error:  # JSON "\ud800" parses to a lone surrogate the tokenizer cannot take
-        raise RequestError(f"'prompt' is not valid Unicode (unpaired surrogate at character {error.start})") from None
-    return prompt
+    return prompt_ids
 
 
-def checked_temperature(body: dict[str, Any], max_temperature: float) -> float:
-    temperature = body.get("temperature", 0.0)
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-        raise RequestError(f"'temperature' must be a number, got {type(temperature).__name__}")
+def number(body: dict[str, Any], key: str, default: float) -> float | int:
+    value = body.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise FieldError(key, f"'{key}' must be a number, got {type(value).__name__}")
+    return value
+
+
+def checked_temperature(body: dict[str, Any], max_temperature: float, default: float = 0.0) -> float:
+    temperature = number(body, "temperature", default)
     # A range check alone also refuses nan and inf, and compares huge integers without converting them to float.
     if not 0 <= temperature <= max_temperature:
-        raise RequestError(
-            f"'temperature' is {shown(temperature)}; it must be between 0 (greedy) and {max_temperature}"
+        raise FieldError(
+            "temperature",
+            f"'temperature' is {shown(temperature)}; it must be between 0 (greedy) and {max_temperature} "
+            "(handler.max_temperature)",
         )
     return float(temperature)
+
+
+def checked_top_p(body: dict[str, Any]) -> float:
+    """Nucleus sampling's probability mass: 0 (the most likely token only) ... 1 (the whole distribution)."""
+    top_p = number(body, "top_p", 1.0)
+    if not 0 <= top_p <= 1:
+        raise FieldError("top_p", f"'top_p' is {shown(top_p)}; it must be between 0 and 1")
+    return float(top_p)
+
+
+def checked_stop(body: dict[str, Any]) -> tuple[str, ...]:
+    """Stop sequences: one string or a list of up to MAX_STOP_SEQUENCES, each 1..MAX_STOP_CHARS characters."""
+    stop = body.get("stop", [])
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list):
+        raise FieldError("stop", f"'stop' must be a string or a list of strings, got {type(stop).__name__}")
+    if len(stops) > MAX_STOP_SEQUENCES:
+        raise FieldError("stop", f"'stop' has {len(stops)} sequences; at most {MAX_STOP_SEQUENCES} are allowed")
+    for index, sequence in enumerate(stops):
+        name = "'stop'" if isinstance(stop, str) else f"'stop[{index}]'"
+        if not isinstance(sequence, str):
+            raise FieldError("stop", f"{name} must be a string, got {type(sequence).__name__}")
+        if not 1 <= len(sequence) <= MAX_STOP_CHARS:
+            raise FieldError("stop", f"{name} has {len(sequence)} characters; it must have 1 to {MAX_STOP_CHARS}")
+        try:
+            sequence.encode("utf-8")
+        except UnicodeEncodeError:
+            raise FieldError("stop", f"{name} is not valid Unicode (unpaired surrogate)") from None
+    return tuple(stops)
 
 
 def parse_generation_request(
@@ -143,22 +242,12 @@ def parse_generation_request(
         raise RequestError(f"unknown field(s) {unknown}; accepted fields are {list(FIELDS)}"[:500])
     prompt = checked_prompt(body, limits)
 
-    max_new_tokens = integer(body, "max_new_tokens", limits.default_max_new_tokens, 1, limits.max_new_tokens)
+    new_tokens = max_new_tokens(body, "max_new_tokens", limits)
     temperature = checked_temperature(body, limits.max_temperature)
     top_k = integer(body, "top_k", 0, 0, limits.vocab_size)
-    seed_given = "seed" in body
-    seed = integer(body, "seed", 0, 0, MAX_SEED) if seed_given else secrets.randbelow(MAX_SEED + 1)
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise RequestError(f"'stream' must be true or false, got {type(stream).__name__}")
+    seed, _ = checked_seed(body)
+    stream = checked_stream(body)
 
-    prompt_ids = tokenize(prompt)
-    if not prompt_ids:
-        raise RequestError("'prompt' has no tokens")
-    if len(prompt_ids) > limits.max_prompt_tokens:
-        raise RequestError(
-            f"'prompt' has {len(prompt_ids)} tokens; at most {limits.max_prompt_tokens} are allowed "
-            "(handler.max_prompt_tokens)"
-        )
-    settings = SamplingSettings(max_new_tokens=max_new_tokens, temperature=float(temperature), top_k=top_k, seed=seed)
+    prompt_ids = prompt_tokens(tokenize(prompt), "'prompt'", limits)
+    settings = SamplingSettings(max_new_tokens=new_tokens, temperature=temperature, top_k=top_k, seed=seed)
     return GenerationRequest(prompt_ids=prompt_ids, settings=settings, stream=stream, seed_reported=not settings.greedy)

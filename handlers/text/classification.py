@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from handlers.core.errors import RequestError, too_large
+from handlers.core.http import Float32
 from handlers.embedding.batch import Row
 from handlers.embedding.requests import EmbeddingLimits, EmbeddingRow, check_text, decoded_body
 from handlers.text.folder import MULTI_LABEL, TextModelFolder
@@ -174,14 +175,15 @@ def rerank_request(
 
 
 def row_answer(scores: torch.Tensor, info: TextModelFolder, request: ClassificationRequest) -> dict[str, Any]:
+    """One row's answer; its probabilities are float32 numbers (:class:`Float32`: shortest JSON text)."""
     ranked = sorted(range(len(info.labels)), key=lambda i: (-float(scores[i]), i))
     best = ranked[0]
-    answer: dict[str, Any] = {"label": info.labels[best], "score": float(scores[best])}
+    answer: dict[str, Any] = {"label": info.labels[best], "score": Float32(scores[best])}
     if info.problem_type == MULTI_LABEL:
         answer["labels"] = [info.labels[i] for i in ranked if float(scores[i]) >= MULTI_LABEL_THRESHOLD]
     if request.scores:
         kept = ranked if request.top_k is None else ranked[: request.top_k]
-        answer["scores"] = [{"label": info.labels[i], "score": float(scores[i])} for i in kept]
+        answer["scores"] = [{"label": info.labels[i], "score": Float32(scores[i])} for i in kept]
     return answer
 
 
@@ -201,7 +203,7 @@ def format_answer(
     order = sorted(range(len(relevance)), key=lambda i: (-relevance[i], i))[: request.top_n]
     ranked = []
     for index in order:
-        entry: dict[str, Any] = {"index": index, "relevance_score": relevance[index]}
+        entry: dict[str, Any] = {"index": index, "relevance_score": Float32(relevance[index])}
         if request.documents:
             entry["document"] = {"text": request.documents[index]}
         ranked.append(entry)

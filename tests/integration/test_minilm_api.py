@@ -199,7 +199,7 @@ INVALID = {
         {"data": b'{"text": "unclosed', "headers": {"Content-Type": "application/json"}},
         "not valid JSON",
     ),
-    "base64 encoding": ({"json": {"input": "x", "encoding_format": "base64"}}, "'encoding_format' 'base64'"),
+    "unknown encoding": ({"json": {"input": "x", "encoding_format": "float16"}}, "'encoding_format' 'float16'"),
     "other dimensions": ({"json": {"input": "x", "dimensions": 128}}, "'dimensions' 128 is not supported"),
     "unknown field": ({"json": {"text": "x", "pooling": "cls"}}, "unknown field(s) ['pooling']"),
     "over the limit without truncation": (

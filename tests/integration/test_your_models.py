@@ -132,6 +132,27 @@ def test_xlmr_mean_embeddings_honour_prompts_and_the_missing_normalize(server, p
     assert described["backend"] in ("openvino", "eager")
 
 
+def test_the_openai_client_serves_a_users_embedder_with_a_named_prompt(server, post, folders):
+    """The official client, unchanged, at the user's model's base URL (docs/clients.md); prompt_name rides in
+    extra_body, and its defaults (base64) give the vectors of encode(prompt_name="query") and of plain HTTP."""
+    openai = pytest.importorskip("openai")
+    import numpy as np
+    from sentence_transformers import SentenceTransformer
+
+    expected = SentenceTransformer(str(folders["t-xlmr-mean"]), device="cpu").encode(TEXTS, prompt_name="query")
+    base_url = f"{server.inference_url}/predictions/t-xlmr-mean/1.0/v1"
+    with openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0) as client:
+        answer = client.embeddings.create(model="t-xlmr-mean", input=TEXTS, extra_body={"prompt_name": "query"})
+        with pytest.raises(openai.NotFoundError):
+            client.embeddings.create(model="minilm", input=TEXTS)  # another model's name: 404, not its vectors
+    assert answer.model == "t-xlmr-mean" and answer.usage.prompt_tokens > 0
+    served = np.array([item.embedding for item in answer.data], dtype=np.float32)
+    over_http = post("t-xlmr-mean", {"input": TEXTS, "prompt_name": "query"}).json()["data"]
+    assert np.array_equal(served, np.array([row["embedding"] for row in over_http], dtype=np.float32))
+    for row, reference in zip(served, expected, strict=True):
+        assert len(row) == 32 and cosine(row.tolist(), reference) >= 0.995
+
+
 def test_an_unknown_prompt_name_is_a_400_naming_the_prompts_and_the_batch_goes_on(post):
     bad = post("t-xlmr-mean", {"text": "hello", "prompt_name": "nope"})
     assert bad.status_code == 400

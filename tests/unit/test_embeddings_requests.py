@@ -63,8 +63,11 @@ BAD = {
     "input object": ({"input": {"a": 1}}, JSON, "non-empty list"),
     "non-string item": ({"input": ["a", 3]}, JSON, "'input'[1] is int, not a string"),
     "token id array": ({"input": [[101, 102]]}, JSON, "token-id arrays are not supported"),
+    "token ids for langchain": ({"input": [[101, 102]]}, JSON, "check_embedding_ctx_length=False"),
+    "one token id array": ({"input": [101, 7592, 102]}, JSON, "'input' is token ids: token-id arrays"),
     "empty item": ({"input": ["a", ""]}, JSON, "'input'[1] is empty"),
-    "base64 encoding": ({"input": "a", "encoding_format": "base64"}, JSON, "'encoding_format' 'base64'"),
+    "unknown encoding": ({"input": "a", "encoding_format": "float16"}, JSON, "use 'float' or 'base64'"),
+    "null encoding": ({"input": "a", "encoding_format": None}, JSON, "'encoding_format' None is not supported"),
     "other dimensions": ({"input": "a", "dimensions": 256}, JSON, "'dimensions' 256 is not supported"),
     "dimensions as string": ({"input": "a", "dimensions": "384"}, JSON, "'dimensions' '384'"),
     "model not a string": ({"input": "a", "model": 1}, JSON, "'model' must be a string"),
@@ -139,3 +142,73 @@ def test_openai_response_lists_rows_in_order_and_counts_tokens():
     assert [item["embedding"] for item in answer["data"]] == [r.embedding.tolist() for r in rows]
     assert [item["truncated"] for item in answer["data"]] == [False, True, False]
     assert answer["usage"] == {"prompt_tokens": 14, "total_tokens": 14}
+
+
+def test_base64_encoding_is_the_little_endian_float32_bytes_the_openai_client_decodes():
+    import base64
+
+    import numpy as np
+
+    request = parse({"input": ["a", "b"], "encoding_format": "base64"})
+    values = [[0.1, -2.5, 3e-8], [1.0, 0.0, -0.0]]
+    answer = format_response(request, [row(v, 2) for v in values], "minilm")
+    decoded = [np.frombuffer(base64.b64decode(item["embedding"]), dtype="<f4") for item in answer["data"]]
+    for got, want in zip(decoded, values, strict=True):
+        assert np.array_equal(got, np.array(want, dtype=np.float32))
+    assert parse({"input": "a"}).encoding == "float"
+
+
+def test_a_non_finite_row_is_a_500_in_base64_as_in_float():
+    request = parse({"input": ["a"], "encoding_format": "base64"})
+    answer = format_response(request, [row([float("nan"), 0.0], 2)], "minilm")
+    assert isinstance(answer, RequestError) and answer.code == 500 and "non-finite" in answer.message
+
+
+def test_floats_are_marked_float32_so_to_json_prints_their_shortest_text():
+    from handlers.core.http import to_json
+
+    answer = format_response(parse({"text": "a"}), [row([0.1, -0.2], 3)], "minilm")
+    assert to_json(answer) == '{"embedding":[0.1,-0.2],"truncated":false}'
+
+
+def route(body, content_type=JSON):
+    return parse_embedding_request(body, content_type, 384, LIMITS, served_model="minilm")
+
+
+def test_openai_route_takes_the_openai_shape_naming_the_served_model():
+    request = route({"input": ["a"], "model": "minilm", "encoding_format": "base64", "dimensions": 384})
+    assert (request.texts, request.encoding, request.served_model) == (["a"], "base64", "minilm")
+    assert route({"input": "a"}).served_model == "minilm"  # 'model' left out: the URL's model
+    answer = format_response(request, [row([1.0, 0.0], 2)], "manifest-name")
+    assert answer["model"] == "minilm"
+
+
+ROUTE_BAD = {
+    "other model": ({"input": "a", "model": "text-embedding-3-small"}, 404, "send model='minilm'"),
+    "text shape": ({"text": "a", "model": "minilm"}, 400, "takes OpenAI's embeddings body"),
+    "plain text": (b"just text", 400, "takes OpenAI's embeddings body"),
+    "dimensions 7": ({"input": "a", "model": "minilm", "dimensions": 7}, 400, "fixed 384 dimensions"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ROUTE_BAD))
+def test_openai_route_refuses_what_it_cannot_serve(case):
+    body, code, fragment = ROUTE_BAD[case]
+    with pytest.raises(RequestError) as raised:
+        route(body, "text/plain" if isinstance(body, bytes) else JSON)
+    assert raised.value.code == code and fragment in raised.value.message, raised.value.message
+
+
+def test_openai_error_body_is_what_openai_clients_read():
+    error = RequestError("model 'x' is not served", code=404, error_type="ModelNotFound")
+    assert error.to_openai_body() == {
+        "error": {
+            "message": "model 'x' is not served",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "model_not_found",
+        }
+    }
+    assert RequestError("boom", code=500, error_type="InternalServerError").to_openai_body()["error"]["type"] == (
+        "server_error"
+    )

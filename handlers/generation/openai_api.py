@@ -1,0 +1,386 @@
+"""OpenAI's completions and chat completions, mapped onto the generator's own requests and answers.
+
+Served at ``/predictions/<model>/<version>/v1/completions`` and ``.../v1/chat/completions``, so that
+``OpenAI(base_url="http://127.0.0.1:8080/predictions/generator/1.0/v1", api_key="unused")`` works unchanged
+(docs/generation.md, section "OpenAI API"). A body is mapped onto :class:`GenerationRequest` with the checks of
+:mod:`handlers.generation.requests` (the same limits as the native API, named by the OpenAI field):
+
+- served: ``prompt`` (a string, or a list of one string) / ``messages`` (:mod:`handlers.generation.chat`),
+  ``max_tokens`` (chat also ``max_completion_tokens``), ``temperature`` (default 1, as OpenAI), ``top_p``, ``seed``,
+  ``stop``, ``n`` (1 only), ``stream``, ``stream_options.include_usage``, ``model`` (optional; when given it must name
+  the served model, else 404 ``model_not_found`` as OpenAI answers);
+- ignored, because they cannot change the answer: ``user`` (chat also ``metadata``, ``store``, ``service_tier``,
+  ``safety_identifier``, ``prompt_cache_*``, ``parallel_tool_calls``), ``stream_options.include_obfuscation``;
+- refused with a 400 naming the field unless they have their neutral value: the fields in :data:`NEUTRAL` (logprobs,
+  echo, best_of, penalties, logit_bias, suffix, tools, response_format, ...): we cannot honour them, and ignoring them
+  would answer something else than what was asked;
+- anything else is an unknown field (400), as OpenAI answers. ``null`` means "not given" for every field but
+  ``prompt`` and ``messages``.
+
+Refusals are OpenAI-shaped (``{"error": {"message", "type", "param", "code"}}``,
+:meth:`RequestError.to_openai_body`); answers are ``text_completion`` / ``chat.completion`` objects, and streams are
+server-sent events (``data: {chunk}``), the last content chunk carrying ``finish_reason``, then a usage chunk when ``stream_options.include_usage`` is true, then
+``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from handlers.core.errors import RequestError, shown
+from handlers.generation import chat
+from handlers.generation.answers import Outcome
+from handlers.generation.decoding import SamplingSettings
+from handlers.generation.requests import (
+    FieldError,
+    GenerationLimits,
+    GenerationRequest,
+    checked_seed,
+    checked_stop,
+    checked_stream,
+    checked_temperature,
+    checked_top_p,
+    integer,
+    max_new_tokens,
+    prompt_text,
+    prompt_tokens,
+)
+from handlers.generation.streaming import SSE_CONTENT_TYPE, SSE_DONE, sse
+
+COMPLETIONS_ROUTE = "v1/completions"
+CHAT_ROUTE = "v1/chat/completions"
+DEFAULT_TEMPERATURE = 1.0  # OpenAI's default: sampling (the native API's default is greedy)
+
+SAMPLING_FIELDS = ("model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options")
+COMPLETION_FIELDS = ("prompt", *SAMPLING_FIELDS)
+CHAT_FIELDS = ("messages", "max_completion_tokens", *SAMPLING_FIELDS)
+COMPLETION_IGNORED = ("user",)
+CHAT_IGNORED = (
+    "user",
+    "metadata",
+    "store",
+    "service_tier",
+    "safety_identifier",
+    "prompt_cache_key",
+    "prompt_cache_retention",
+    "prompt_cache_options",
+    "parallel_tool_calls",
+)
+
+
+def number_is(expected: float) -> Callable[[Any], bool]:
+    return lambda value: not isinstance(value, bool) and isinstance(value, (int, float)) and value == expected
+
+
+def is_value(expected: Any) -> Callable[[Any], bool]:
+    return lambda value: type(value) is type(expected) and value == expected
+
+
+# Fields we cannot honour: accepted only with the value that changes nothing (shown in the refusal), else 400.
+Neutral = dict[str, tuple[Callable[[Any], bool], str]]
+NEVER: tuple[Callable[[Any], bool], str] = (lambda value: False, "null")
+COMMON_NEUTRAL: Neutral = {
+    "frequency_penalty": (number_is(0), "0"),
+    "presence_penalty": (number_is(0), "0"),
+    "logit_bias": (is_value({}), "{} or null"),
+}
+COMPLETION_NEUTRAL: Neutral = {
+    **COMMON_NEUTRAL,
+    "logprobs": NEVER,
+    "echo": (is_value(False), "false or null"),
+    "best_of": (number_is(1), "1 or null"),
+    "suffix": (is_value(""), '"" or null'),
+}
+CHAT_NEUTRAL: Neutral = {
+    **COMMON_NEUTRAL,
+    "logprobs": (is_value(False), "false or null"),
+    "top_logprobs": NEVER,
+    "response_format": (is_value({"type": "text"}), '{"type": "text"} or null'),
+    "tools": (is_value([]), "[] or null"),
+    "tool_choice": (is_value("none"), '"none" or null'),
+    "functions": (is_value([]), "[] or null"),
+    "function_call": (is_value("none"), '"none" or null'),
+    "modalities": (is_value(["text"]), '["text"] or null'),
+    "audio": NEVER,
+    "prediction": NEVER,
+    "reasoning_effort": NEVER,
+    "verbosity": NEVER,
+    "web_search_options": NEVER,
+    "moderation": NEVER,
+}
+OTHER_ROUTE_HINTS = {
+    "messages": f" (chat messages go to {CHAT_ROUTE})",
+    "prompt": f" (a prompt goes to {COMPLETIONS_ROUTE})",
+}
+NEUTRAL = {**COMPLETION_NEUTRAL, **CHAT_NEUTRAL}  # every field refused unless neutral, for the docs and tests
+
+
+@dataclass(frozen=True)
+class Served:
+    """What the OpenAI parsers need to know about the served model."""
+
+    model_name: str  # TorchServe's model name (in the URL): what answers report as "model"
+    model_info: dict[str, str]  # {name, weights}: its name is accepted as "model" too; both go in system_fingerprint
+    limits: GenerationLimits
+    tokenizer: Any
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys((self.model_name, self.model_info["name"])))
+
+
+class OpenAIError(RequestError):
+    """A refusal reported in OpenAI's error shape; ``param`` names the field it is about (or None)."""
+
+    def __init__(
+        self, message: str, code: int = 400, param: str | None = None, error_type: str = "InvalidRequest"
+    ) -> None:
+        super().__init__(message, code=code, error_type=error_type)
+        self.param = param
+
+    def to_body(self) -> dict[str, object]:
+        return self.to_openai_body()
+
+
+def as_openai_error(error: RequestError) -> OpenAIError:
+    """A refusal raised by the shared checks, in OpenAI's shape (the field it names becomes ``param``)."""
+    if isinstance(error, OpenAIError):
+        return error
+    return OpenAIError(error.message, error.code, getattr(error, "field", None), error.error_type)
+
+
+# ------------------------------------------------------------------------------------------------------ parsing
+def given(body: Any, required: str) -> dict[str, Any]:
+    """The body's fields that were given: ``null`` means not given (OpenAI's optional fields are nullable), except
+    for the required one (prompt or messages), whose null is refused by its own check."""
+    if not isinstance(body, dict):
+        raise OpenAIError(f"body must be a JSON object with a '{required}' field, got {type(body).__name__}")
+    return {key: value for key, value in body.items() if value is not None or key == required}
+
+
+def check_fields(body: dict[str, Any], served: tuple[str, ...], ignored: tuple[str, ...], neutral: Neutral) -> None:
+    """Refuse unknown fields, and fields we cannot honour unless their value is neutral."""
+    unknown = sorted(set(body) - set(served) - set(ignored) - set(neutral))
+    if unknown:
+        hint = OTHER_ROUTE_HINTS.get(unknown[0], "")
+        message = f"unknown field(s) {unknown}{hint}; the fields served are {sorted(served)}"
+        raise OpenAIError(message[:500], param=unknown[0])
+    for key, (is_neutral, accepted) in neutral.items():
+        if key in body and not is_neutral(body[key]):
+            raise OpenAIError(
+                f"'{key}' is {shown(body[key])}; this server cannot honour it (accepted: {accepted}, or leave it out)",
+                param=key,
+            )
+
+
+def check_model(body: dict[str, Any], served: Served) -> str:
+    """The model name the answer reports: the one asked for, which must be the served model (else 404, as OpenAI)."""
+    if "model" not in body:
+        return served.model_name
+    model = body["model"]
+    if model not in served.names:
+        raise OpenAIError(
+            f"the model {shown(model)} is not served here; this URL serves {list(served.names)}",
+            code=404,
+            param="model",
+            error_type="ModelNotFound",
+        )
+    return str(model)
+
+
+def check_n(body: dict[str, Any]) -> None:
+    integer(body, "n", 1, 1, 1)  # several choices per request are not served: send several requests
+
+
+def include_usage(body: dict[str, Any], stream: bool) -> bool:
+    """stream_options: only with stream true (as OpenAI); include_usage adds a usage chunk before [DONE]."""
+    if "stream_options" not in body:
+        return False
+    options = body["stream_options"]
+    if not stream:
+        raise FieldError("stream_options", "'stream_options' is only allowed when 'stream' is true")
+    if not isinstance(options, dict):
+        raise FieldError("stream_options", f"'stream_options' must be an object, got {type(options).__name__}")
+    unknown = sorted(set(options) - {"include_usage", "include_obfuscation"})
+    if unknown:
+        raise FieldError("stream_options", f"unknown 'stream_options' field(s) {unknown}"[:300])
+    for key in ("include_usage", "include_obfuscation"):
+        if options.get(key) is not None and not isinstance(options[key], bool):
+            raise FieldError("stream_options", f"'stream_options.{key}' must be true or false")
+    return bool(options.get("include_usage"))
+
+
+def sampling(body: dict[str, Any], served: Served, tokens_key: str) -> tuple[SamplingSettings, tuple[str, ...]]:
+    limits = served.limits
+    check_n(body)
+    settings = SamplingSettings(
+        max_new_tokens=max_new_tokens(body, tokens_key, limits),
+        temperature=checked_temperature(body, limits.max_temperature, min(DEFAULT_TEMPERATURE, limits.max_temperature)),
+        top_p=checked_top_p(body),
+        seed=checked_seed(body)[0],
+    )
+    return settings, checked_stop(body)
+
+
+def completion_prompt(body: dict[str, Any], limits: GenerationLimits) -> str:
+    """``prompt``: a string, or a list of exactly one string; token ids and several prompts are refused."""
+    if "prompt" not in body:
+        raise FieldError("prompt", "missing field 'prompt'")
+    prompt = body["prompt"]
+    if isinstance(prompt, list):
+        if any(isinstance(item, int) or isinstance(item, list) for item in prompt):
+            raise FieldError("prompt", "'prompt' as token ids is not served; send the prompt as text")
+        if len(prompt) != 1:
+            raise FieldError("prompt", f"'prompt' has {len(prompt)} prompts; send one per request")
+        return prompt_text(prompt[0], "'prompt[0]'", limits)
+    return prompt_text(prompt, "'prompt'", limits)
+
+
+def parse_completion(body: Any, served: Served) -> GenerationRequest:
+    """``POST .../v1/completions``."""
+    body = given(body, "prompt")
+    check_fields(body, COMPLETION_FIELDS, COMPLETION_IGNORED, COMPLETION_NEUTRAL)
+    model = check_model(body, served)
+    prompt = completion_prompt(body, served.limits)
+    settings, stop = sampling(body, served, "max_tokens")
+    stream = checked_stream(body)
+    answers = CompletionAnswers(
+        f"cmpl-{secrets.token_hex(12)}", int(time.time()), model, fingerprint(served), include_usage(body, stream)
+    )
+    prompt_ids = prompt_tokens(served.tokenizer.encode(prompt), "'prompt'", served.limits)
+    return GenerationRequest(prompt_ids, settings, stream, seed_reported=False, stop=stop, answers=answers)
+
+
+def chat_tokens_key(body: dict[str, Any]) -> str:
+    """max_completion_tokens (OpenAI's current name) or max_tokens (deprecated for chat); both only if equal."""
+    if "max_completion_tokens" in body and "max_tokens" in body:
+        if body["max_completion_tokens"] != body["max_tokens"]:
+            raise FieldError("max_tokens", "give one of 'max_completion_tokens' and 'max_tokens', not both")
+    return "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+
+
+def parse_chat(body: Any, served: Served) -> GenerationRequest:
+    """``POST .../v1/chat/completions``."""
+    body = given(body, "messages")
+    check_fields(body, CHAT_FIELDS, CHAT_IGNORED, CHAT_NEUTRAL)
+    model = check_model(body, served)
+    if "messages" not in body:
+        raise FieldError("messages", "missing field 'messages'")
+    messages = chat.checked_messages(body["messages"], served.limits)
+    settings, stop = sampling(body, served, chat_tokens_key(body))
+    stream = checked_stream(body)
+    answers = ChatAnswers(
+        f"chatcmpl-{secrets.token_hex(12)}", int(time.time()), model, fingerprint(served), include_usage(body, stream)
+    )
+    prompt_ids = chat.chat_prompt_ids(messages, served.tokenizer, served.limits)
+    return GenerationRequest(prompt_ids, settings, stream, seed_reported=False, stop=stop, answers=answers)
+
+
+PARSERS: dict[str, Callable[[Any, Served], GenerationRequest]] = {
+    COMPLETIONS_ROUTE: parse_completion,
+    CHAT_ROUTE: parse_chat,
+}
+
+
+def parse_openai_request(route: str, body: Any, served: Served) -> GenerationRequest:
+    """One OpenAI request for ``route``; every refusal is an OpenAI-shaped RequestError."""
+    try:
+        return PARSERS[route](body, served)
+    except RequestError as error:
+        raise as_openai_error(error) from None
+
+
+def fingerprint(served: Served) -> str:
+    """system_fingerprint: which model answers and where its weights come from (the demo's are random)."""
+    return f"{served.model_info['name']}; weights: {served.model_info['weights']}"
+
+
+# ------------------------------------------------------------------------------------------------------ answers
+def usage(outcome: Outcome) -> dict[str, int]:
+    return {
+        "prompt_tokens": outcome.prompt_tokens,
+        "completion_tokens": outcome.completion_tokens,
+        "total_tokens": outcome.prompt_tokens + outcome.completion_tokens,
+    }
+
+
+@dataclass
+class OpenAIAnswers:
+    """What the two OpenAI shapes share: one request's id, creation time and model, SSE framing, error shape."""
+
+    id: str
+    created: int
+    model: str
+    system_fingerprint: str
+    include_usage: bool = False
+
+    stream_content_type = SSE_CONTENT_TYPE
+    plain_error_until_streamed = True
+    object_name = "text_completion"
+    chunk_object_name = "text_completion"
+
+    def envelope(self, object_name: str) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": object_name,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": self.system_fingerprint,
+        }
+
+    def choice(self, text: str, finish_reason: str | None, streamed: bool) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def body(self, outcome: Outcome) -> dict[str, Any]:
+        choice = self.choice(outcome.text, outcome.finish_reason, streamed=False)
+        return {**self.envelope(self.object_name), "choices": [choice], "usage": usage(outcome)}
+
+    def chunk(self, choices: list[dict[str, Any]], outcome: Outcome | None = None) -> str:
+        chunk = {**self.envelope(self.chunk_object_name), "choices": choices}
+        if self.include_usage:  # as OpenAI: null in every chunk but the last, which has no choices
+            chunk["usage"] = usage(outcome) if outcome is not None else None
+        return sse(chunk)
+
+    def piece(self, text: str) -> str:
+        return self.chunk([self.choice(text, None, streamed=True)])
+
+    def stream_end(self, outcome: Outcome) -> str:
+        last = self.chunk([self.choice(outcome.rest, outcome.finish_reason, streamed=True)])
+        usage_chunk = self.chunk([], outcome) if self.include_usage else ""
+        return last + usage_chunk + SSE_DONE
+
+    def error_body(self, error: RequestError) -> dict[str, Any]:
+        return error.to_openai_body()
+
+    def stream_error(self, body: dict[str, Any]) -> str:
+        # The openai client raises APIError on an event whose data has "error" (the status was 200 already).
+        return sse(body) + SSE_DONE
+
+
+class CompletionAnswers(OpenAIAnswers):
+    """``text_completion`` objects, streamed as ``text_completion`` chunks."""
+
+    def choice(self, text: str, finish_reason: str | None, streamed: bool) -> dict[str, Any]:
+        return {"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}
+
+
+class ChatAnswers(OpenAIAnswers):
+    """``chat.completion`` objects, streamed as ``chat.completion.chunk`` deltas (the first one carries the role)."""
+
+    object_name = "chat.completion"
+    chunk_object_name = "chat.completion.chunk"
+    role_sent = False
+
+    def choice(self, text: str, finish_reason: str | None, streamed: bool) -> dict[str, Any]:
+        if not streamed:
+            message = {"role": "assistant", "content": text}
+            return {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
+        delta = {} if self.role_sent else {"role": "assistant"}
+        if text or not self.role_sent:
+            delta["content"] = text
+        self.role_sent = True
+        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}

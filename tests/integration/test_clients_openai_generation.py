@@ -1,0 +1,140 @@
+"""The generator through the real `openai` client (pinned in requirements), unchanged, against the session's TorchServe.
+
+The client is pointed at ``/predictions/generator/1.0/v1`` with client defaults; every answer is compared with the same
+request sent over plain HTTP. The demo model's weights are random: texts are compared, never their meaning.
+"""
+
+import json
+
+import pytest
+import requests
+
+MODEL = "generator"
+SEEDED = {"max_tokens": 24, "temperature": 0.9, "top_p": 0.95, "seed": 1234}
+MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say something."}]
+
+openai = pytest.importorskip("openai")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def served(ts_server):
+    if f"{MODEL}.mar" not in ts_server.props.get("load_models", ""):
+        pytest.skip(f"{MODEL} is not served by this session's server (TS_TEST_MODELS)")
+
+
+@pytest.fixture(scope="module")
+def base_url(ts_server):
+    return f"{ts_server.inference_url}/predictions/{MODEL}/1.0/v1"
+
+
+@pytest.fixture(scope="module")
+def client(base_url):
+    with openai.OpenAI(base_url=base_url, api_key="unused") as client:
+        yield client
+
+
+def post(base_url, path, body, **kwargs):
+    return requests.post(f"{base_url}/{path}", json=body, timeout=60, **kwargs)
+
+
+def test_completion_equals_the_same_request_over_http(client, base_url):
+    completion = client.completions.create(model=MODEL, prompt="Once upon a time", **SEEDED)
+    over_http = post(base_url, "completions", {"model": MODEL, "prompt": "Once upon a time", **SEEDED})
+    assert over_http.status_code == 200 and over_http.headers["Content-Type"].startswith("application/json")
+    expected = over_http.json()
+    assert completion.object == "text_completion" and completion.model == MODEL
+    [choice] = completion.choices
+    assert choice.text == expected["choices"][0]["text"] and choice.text
+    assert choice.finish_reason == expected["choices"][0]["finish_reason"] in ("length", "stop")
+    assert completion.usage.model_dump(exclude_none=True) == expected["usage"]
+    assert completion.usage.completion_tokens <= SEEDED["max_tokens"]
+
+
+def test_chat_completion_equals_the_same_request_over_http(client, base_url):
+    answer = client.chat.completions.create(model=MODEL, messages=MESSAGES, **SEEDED)
+    expected = post(base_url, "chat/completions", {"model": MODEL, "messages": MESSAGES, **SEEDED}).json()
+    assert answer.object == "chat.completion" and answer.id.startswith("chatcmpl-")
+    [choice] = answer.choices
+    assert choice.message.role == "assistant"
+    assert choice.message.content == expected["choices"][0]["message"]["content"]
+    assert choice.finish_reason == expected["choices"][0]["finish_reason"]
+    assert answer.usage.prompt_tokens == expected["usage"]["prompt_tokens"] > 0
+
+
+def test_streamed_chat_arrives_in_several_chunks_that_join_to_the_plain_answer(client):
+    plain = client.chat.completions.create(model=MODEL, messages=MESSAGES, **SEEDED)
+    stream = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, stream=True, stream_options={"include_usage": True}, **SEEDED
+    )
+    chunks = list(stream)
+    content = [c for c in chunks if c.choices]
+    assert len(content) >= 4 and {c.object for c in chunks} == {"chat.completion.chunk"}
+    assert content[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in content) == plain.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in content][-1] == plain.choices[0].finish_reason
+    assert all(c.choices[0].finish_reason is None for c in content[:-1])
+    assert chunks[-1].choices == [] and chunks[-1].usage == plain.usage  # include_usage: the last chunk
+
+
+def test_streamed_completion_is_server_sent_events_on_the_wire(base_url):
+    body = {"model": MODEL, "prompt": "Hello", "stream": True, **SEEDED}
+    plain = post(base_url, "completions", {**body, "stream": False}).json()
+    response = post(base_url, "completions", body, stream=True)
+    assert response.status_code == 200 and response.headers["Content-Type"].startswith("text/event-stream")
+    raw = b"".join(chunk for chunk in response.iter_content(chunk_size=None) if chunk).decode("utf-8")
+    events = [event.removeprefix("data: ") for event in raw.split("\n\n") if event]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(event) for event in events[:-1]]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == plain["choices"][0]["text"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == plain["choices"][0]["finish_reason"]
+
+
+def test_stop_sequences_end_the_text_with_finish_reason_stop(client):
+    free = client.completions.create(model=MODEL, prompt="The quick brown fox", max_tokens=40, temperature=0)
+    text = free.choices[0].text
+    stop = text[8:11]
+    stopped = client.completions.create(
+        model=MODEL, prompt="The quick brown fox", max_tokens=40, temperature=0, stop=[stop, "\u0001"]
+    )
+    assert stopped.choices[0].text == text[: text.index(stop)]
+    assert stopped.choices[0].finish_reason == "stop"
+    streamed = client.completions.create(
+        model=MODEL, prompt="The quick brown fox", max_tokens=40, temperature=0, stop=stop, stream=True
+    )
+    chunks = list(streamed)
+    assert "".join(c.choices[0].text for c in chunks) == text[: text.index(stop)]
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize(
+    "call, body, status, error_class, param",
+    [
+        ("completions", {"prompt": "x", "max_tokens": 100000}, 400, "BadRequestError", "max_tokens"),
+        ("completions", {"prompt": "x", "logprobs": 2}, 400, "BadRequestError", "logprobs"),
+        ("completions", {"prompt": [1, 2, 3]}, 400, "BadRequestError", "prompt"),
+        ("completions", {"prompt": "x", "n": 2}, 400, "BadRequestError", "n"),
+        ("chat", {"messages": MESSAGES, "temperature": -1}, 400, "BadRequestError", "temperature"),
+        ("chat", {"messages": MESSAGES, "stop": ["a"] * 5}, 400, "BadRequestError", "stop"),
+        ("chat", {"messages": MESSAGES, "stream": True, "top_p": 2}, 400, "BadRequestError", "top_p"),
+        ("chat", {"messages": MESSAGES, "model": "gpt-4o"}, 404, "NotFoundError", "model"),
+    ],
+)
+def test_a_bad_request_raises_the_client_error_of_the_http_status(
+    client, base_url, call, body, status, error_class, param
+):
+    body = {"model": MODEL, **body}
+    path = "completions" if call == "completions" else "chat/completions"
+    over_http = post(base_url, path, body)
+    assert over_http.status_code == status and over_http.json()["error"]["param"] == param
+    create = client.completions.create if call == "completions" else client.chat.completions.create
+    with pytest.raises(getattr(openai, error_class)) as raised:
+        create(**body)
+    assert raised.value.status_code == status and raised.value.param == param
+    assert over_http.json()["error"]["message"] in str(raised.value)
+
+
+def test_the_native_api_still_answers_beside_the_openai_routes(predict, base_url):
+    native = predict(MODEL, json={"prompt": "Hello", "max_new_tokens": 8})
+    assert native.status_code == 200 and native.json()["model"]["weights"] == "random (demo)"
+    wrong_route = post(base_url, "embeddings", {"input": "x"})
+    assert wrong_route.status_code == 404 and "v1/chat/completions" in wrong_route.json()["message"]
