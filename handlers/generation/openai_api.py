@@ -19,8 +19,8 @@ Served at ``/predictions/<model>/<version>/v1/completions`` and ``.../v1/chat/co
 
 Refusals are OpenAI-shaped (``{"error": {"message", "type", "param", "code"}}``,
 :meth:`RequestError.to_openai_body`); answers are ``text_completion`` / ``chat.completion`` objects, and streams are
-server-sent events (``data: {chunk}``), the last content chunk carrying ``finish_reason``, then a usage chunk when ``stream_options.include_usage`` is true, then
-``data: [DONE]``.
+server-sent events (``data: {chunk}``), the last content chunk carrying ``finish_reason``, then a usage chunk when
+``stream_options.include_usage`` is true, then ``data: [DONE]``.
 """
 
 from __future__ import annotations
