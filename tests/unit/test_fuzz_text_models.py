@@ -39,6 +39,8 @@ near_valid = (
 
 
 class Request:
+    url_path = ""  # the model's own URL, /predictions/<model>
+
     def __init__(self, content_type):
         self.content_type = content_type
 

@@ -416,9 +416,9 @@ def test_a_stream_that_fails_before_its_first_chunk_gets_a_plain_error_after_it_
     assert json.loads(answers[1])["done"] is True  # the native NDJSON stream keeps its documented last line
 
     # After a chunk went out the status is 200 already: the stream ends with an error event, then [DONE].
-    from handlers.generation.openai_api import ChatAnswers, openai_error_body
+    from handlers.generation.openai_api import ChatAnswers
 
-    closing = ChatAnswers("chatcmpl-x", 0, "generator", "").stream_error(openai_error_body(RequestError("x", 500)))
+    closing = ChatAnswers("chatcmpl-x", 0, "generator", "").stream_error(RequestError("x", 500).to_openai_body())
     assert events(closing) == [
         {"error": {"message": "x", "type": "server_error", "param": None, "code": "invalid_request"}},
         "[DONE]",

@@ -147,7 +147,7 @@ def test_intermediate_responses_on_the_wire_carry_stream_next_for_streaming_requ
 
     handler, context = generator
     bodies = [{"prompt": "Hello world", "max_new_tokens": 10, "stream": True}, {"prompt": "Hi", "max_new_tokens": 4}]
-    set_requests(context, [JSON] * 2)
+    set_requests(context, [{**JSON, "Host": "127.0.0.1:8080"}] * 2)  # over HTTP
     context.request_ids = {0: "request-0", 1: "request-1"}
     context.cl_socket = FakeSocket()
     handler.stream_sink = send_chunks  # the real path: ts.handler_utils.utils.send_intermediate_predict_response
@@ -166,6 +166,16 @@ def test_intermediate_responses_on_the_wire_carry_stream_next_for_streaming_requ
     # the normal return then closes the stream: TorchServe turns the header to "false" for the last chunk
     assert context.get_response_headers(0)["ts_stream_next"] == "true"
     assert "ts_stream_next" not in context.get_response_headers(1)
+
+
+def test_an_answer_over_grpc_says_it_is_the_last_message(generator):
+    """A gRPC request (no Host header) gets ts_stream_next false on its final answer, streamed or not: TorchServe's
+    StreamPredictions otherwise waits for more and kills the worker (docs/clients.md, gRPC)."""
+    handler, context = generator
+    set_requests(context, [JSON] * 2)  # no Host header: TorchServe's gRPC frontend sends none
+    handler.handle([{"body": {"prompt": "Hi", "max_new_tokens": 2}}, {"body": {"prompt": 5}}], context)
+    assert statuses(context, 2) == [200, 400]
+    assert [context.get_response_headers(i)["ts_stream_next"] for i in range(2)] == ["false", "false"]
 
 
 BAD_BODIES = {
