@@ -1,11 +1,18 @@
 """Batch-config tuner: capacity at the SLO for each batchSize x maxBatchDelay (x workers) on a private TorchServe.
 
-    python -m loadtests.tune --model minilm --slo-ms 100 [--batch-sizes 1,8,16,32] [--delays 2,5,10] [--workers 1,2]
+    python -m loadtests.tune --model minilm --slo-ms 100 [--batch-sizes 1,8,16,32] [--delays 0,1,2,5,10] [--workers 1,2]
+
+The default grid is 32 capacity searches (batchSize 1 is measured once per worker count: it never waits, so its delay
+does not matter) and takes about 2-4 h on a 2-core [AVX2 EPYC] VM (each search 4-7 min with the default 20 s steps);
+narrow it with --batch-sizes/--delays/--workers, or shorten the steps (--step-seconds 12: ~3 min a search).
+maxBatchDelay 0 means no wait: a worker takes what is already queued, up to batchSize, and runs it at once.
 
 For every grid point the model is re-registered on a private TorchServe (free loopback ports, its own run folder;
-nothing else is touched) through scripts/ops/management.py: unregister, register with batch_size, max_batch_delay and
-initial_workers, scale to min = max = workers (the archive's min/maxWorkers would otherwise override
-initial_workers), and the values are read back before measuring.
+nothing else is touched) through scripts/ops/management.py: unregister, register with batch_size, max_batch_delay
+(always sent, 0 included: a value the API does not get is taken from the archive) and initial_workers, scale to
+min = max = workers (the archive's min/maxWorkers would otherwise override initial_workers), and the values are read
+back before measuring. A model-config.yaml cannot say 0: TorchServe 0.12 reads maxBatchDelay 0 there as unset and
+waits its default 100 ms, so the report's snippet says 1 for a 0 (loadtests/tune_report.py).
 
 Threads are set deliberately: each worker count gets an archive variant whose model-config.yaml says
 ``handler.threads = cores // workers`` (and min/maxWorkers = workers), so N workers never run N x cores torch threads
@@ -34,6 +41,8 @@ from scripts.ops.server import exit_on_sigterm, private_server
 
 REPO = Path(__file__).resolve().parent.parent
 REPORTS = REPO / "loadtests" / "reports"
+DEFAULT_BATCH_SIZES = "1,8,16,32"
+DEFAULT_DELAYS = "0,1,2,5,10"  # ms; 0 = no wait
 
 
 def register_point(
@@ -120,6 +129,16 @@ def point_figures(found):
     return figures
 
 
+def batching_points(batch_sizes, delays):
+    """(batchSize, maxBatchDelay) pairs to measure. TorchServe waits maxBatchDelay only for a batch's 2nd..Nth
+    request, so batchSize 1 behaves the same at every delay: it is measured once, at the smallest delay."""
+    points = []
+    for batch_size in batch_sizes:
+        for delay in [min(delays)] if batch_size == 1 else delays:
+            points.append((batch_size, delay))
+    return points
+
+
 def build_variants(model, source, worker_counts, thread_counts, batch_sizes, delays):
     """The archive variants (one per workers x threads) in build/tune/, and the grid of points to measure."""
     store = REPO / "build" / "tune" / f"{model}-store"
@@ -128,7 +147,7 @@ def build_variants(model, source, worker_counts, thread_counts, batch_sizes, del
         for threads in thread_counts or [threads_for(workers)]:
             name = f"{model}-w{workers}-t{threads}.mar"
             variant_archive(source, store / name, {"minWorkers": workers, "maxWorkers": workers}, {"threads": threads})
-            plans += [(workers, threads, name, b, d) for b in batch_sizes for d in delays]
+            plans += [(workers, threads, name, b, d) for b, d in batching_points(batch_sizes, delays)]
     return store, plans
 
 
@@ -181,8 +200,18 @@ def main(argv=None):
         prog="python -m loadtests.tune", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--model", required=True, choices=sorted(loadtest.MODELS))
-    parser.add_argument("--batch-sizes", type=parse_list, default=parse_list("1,8,16,32"), help="batchSize values")
-    parser.add_argument("--delays", type=parse_list, default=parse_list("2,5,10"), help="maxBatchDelay values (ms)")
+    parser.add_argument(
+        "--batch-sizes",
+        type=parse_list,
+        default=parse_list(DEFAULT_BATCH_SIZES),
+        help=f"batchSize values ({DEFAULT_BATCH_SIZES})",
+    )
+    parser.add_argument(
+        "--delays",
+        type=parse_list,
+        default=parse_list(DEFAULT_DELAYS),
+        help=f"maxBatchDelay values in ms ({DEFAULT_DELAYS}; 0 = no wait)",
+    )
     parser.add_argument(
         "--workers",
         type=parse_list,

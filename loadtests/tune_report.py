@@ -48,6 +48,15 @@ def plot_heatmap(points, png_path, title):
     return True
 
 
+def config_delay(delay):
+    """maxBatchDelay as a model-config.yaml line's value. TorchServe 0.12 reads 0 there as unset and waits its default
+    100 ms instead (only the register API's max_batch_delay=0 means no wait), so a measured 0 becomes 1 ms, the
+    smallest wait an archive can hold, with a comment saying so."""
+    if delay == 0:
+        return "1  # measured: 0 (no wait); an archive's 0 means TorchServe's default 100 ms"
+    return str(delay)
+
+
 def render_markdown(result):
     lines = [
         f"# Batch-config sweep: {result['model']}, p99 <= {result['slo_ms']:g} ms",
@@ -101,7 +110,7 @@ def render_markdown(result):
             f"  minWorkers: {throughput['workers']}",
             f"  maxWorkers: {throughput['workers']}",
             f"  batchSize: {throughput['batch_size']}",
-            f"  maxBatchDelay: {throughput['max_batch_delay']}",
+            f"  maxBatchDelay: {config_delay(throughput['max_batch_delay'])}",
             "  handler:",
             f"    threads: {throughput['threads']}",
             "  ```",

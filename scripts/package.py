@@ -183,8 +183,19 @@ def check_torchserve_keys(config, where):
     for key in ("batchSize", "maxBatchDelay", "responseTimeout", "startupTimeout", "minWorkers", "maxWorkers"):
         if key not in config:
             raise PackagingError(f"{where}: missing {key} (set it explicitly: the archive's config wins at run time)")
+    check_batching(config, where)
+
+
+def check_batching(config, where):
+    """Values TorchServe would take but serve otherwise than they read."""
     if config["batchSize"] < 1:
         raise PackagingError(f"{where}: batchSize must be at least 1")
+    if config["maxBatchDelay"] == 0:
+        # Seen with TorchServe 0.12: an archive's maxBatchDelay 0 is read back as its default, 100 ms of waiting.
+        raise PackagingError(
+            f"{where}: maxBatchDelay 0 in an archive's config is served as TorchServe's default 100 ms; use 1 "
+            f"(or batchSize 1, which never waits), or pass max_batch_delay=0 when registering"
+        )
     if config["minWorkers"] > config["maxWorkers"]:
         raise PackagingError(f"{where}: minWorkers ({config['minWorkers']}) > maxWorkers ({config['maxWorkers']})")
 

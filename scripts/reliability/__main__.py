@@ -6,10 +6,11 @@
 
 Checks: correctness under concurrency (every answer compared with that input's own in-process reference), the
 bad-input corpus (4xx + message, worker PIDs unchanged), log bytes per request (no tracebacks or repeated lines),
-overload at ~2x capacity (open loop: fast rejections, correct acceptances, normal service afterwards), SIGKILL of a
-worker under load, a request that hangs past responseTimeout, the production profile's security settings, unsafe model
-loading, a memory soak, and a fuzz campaign per model (generated valid and invalid requests sent concurrently:
-scripts/reliability/fuzz.py).
+overload at ~2x capacity (open loop against classifier-overload, heavy requests and a 16-request job queue: some
+must be rejected, fast; the accepted ones correct; normal service afterwards: scripts/reliability/overload.py),
+SIGKILL of a worker under load, a request that hangs past responseTimeout, the production profile's security
+settings, unsafe model loading, a memory soak, and a fuzz campaign per model (generated valid and invalid requests
+sent concurrently: scripts/reliability/fuzz.py).
 The report (table + JSON + markdown) goes to loadtests/reports/reliability-<time>/. Exit code 1 if a check failed.
 """
 
@@ -26,7 +27,7 @@ import yaml
 
 from scripts import package
 from scripts.ops.server import exit_on_sigterm, java_home, start_isolated
-from scripts.reliability import correctness, cost, fuzz, resilience, security
+from scripts.reliability import correctness, cost, fuzz, overload, resilience, security
 from scripts.reliability.hang_handler import HANG_MARKER
 from scripts.reliability.logs import logs_check
 from scripts.reliability.references import WindowCursor, reference_for
@@ -83,11 +84,11 @@ def table(rows):
 
 
 def load_checks(server, model, cursor, selected, args, java, add):
-    """Overload, worker kill and soak on one model: all sized from its measured capacity."""
-    if not selected & {"overload", "worker_kill", "soak"}:
+    """Worker kill and soak on one model: sized from its measured capacity."""
+    if not selected & {"worker_kill", "soak"}:
         return
     capacity = 10.0
-    if "overload" in selected or "soak" in selected:
+    if "soak" in selected:
         try:
             capacity = resilience.measure_capacity(server, cursor.take(0), args.capacity_seconds)
         except CheckFailed as failure:
@@ -95,9 +96,6 @@ def load_checks(server, model, cursor, selected, args, java, add):
             return
         cursor.take(int(capacity * args.capacity_seconds))
         print(f"{model}: measured capacity ~{capacity:.0f} req/s (closed loop, 16 clients)", flush=True)
-    if "overload" in selected and model in args.overload_models.split(","):
-        window = cursor.take(int(2 * capacity * args.overload_seconds))
-        add(resilience.overload(server, window, capacity, 2.0, args.overload_seconds))
     if "worker_kill" in selected:
         add(resilience.worker_kill(server, cursor.take(int(capacity * 10))))
     if "soak" in selected:
@@ -118,6 +116,26 @@ def model_checks(server, model, store, selected, args, java, add):
     if "logs" in selected:  # log bytes per request, half good, half bad (scripts/reliability/logs.py)
         add(logs_check(server, cursor.take(args.requests // 2), args.requests))
     load_checks(server, model, cursor, selected, args, java, add)
+
+
+def overload_check(server, store, args):
+    """Twice the capacity of classifier-overload (heavy requests, a short job queue: overload.py), open loop."""
+    heavy = overload.HeavyClassifierReference(store / f"{overload.MODEL}.mar")
+    try:
+        # Closed loop with as many clients as the queue holds: nothing may be refused while measuring.
+        capacity = resilience.measure_capacity(server, heavy, args.capacity_seconds, clients=overload.QUEUE_SIZE)
+    except CheckFailed as failure:
+        return failure.row
+    print(f"{overload.MODEL}: measured capacity ~{capacity:.0f} req/s of {overload.ROWS} rows each", flush=True)
+    return resilience.overload(
+        server,
+        heavy,
+        capacity,
+        2.0,
+        args.overload_seconds,
+        rejection_p99_ms=args.rejection_p99_ms,
+        queue_size=overload.QUEUE_SIZE,
+    )
 
 
 def production_checks(selected, models, store, workdir, java, started, add):
@@ -157,12 +175,18 @@ def run(args):
         store = prepare_store(models + extra, workdir)
         if "hang" in selected:
             build_hang_archive(store)
+        if "overload" in selected:
+            package.build("classifier", REPO / "model_store", log=lambda *_: None)
+            overload.build_archive(REPO / "model_store" / "classifier.mar", store)
         served = models + extra + (["classifier-hang"] if "hang" in selected else [])
+        served += [overload.MODEL] if "overload" in selected else []
         print(f"starting TorchServe with {', '.join(served)} ...", flush=True)
         server = start_isolated(REPO / "config.properties", workdir / "main", store, java, served)
         started.append(server)
         for model in models:
             model_checks(server, model, store, selected, args, java, add)
+        if "overload" in selected:
+            add(overload_check(server, store, args))
         for model in cost_models:  # worst-case time and worker RSS of maximum-size requests (cost.py)
             add(cost.cost_check(server, model, store, args.cost_requests))
         for model in fuzz_models:  # generated valid and invalid requests (scripts/reliability/fuzz.py)
@@ -204,12 +228,13 @@ def main(argv=None):
     parser.add_argument("--requests", type=int, help="requests per model for the concurrency check (10000)")
     parser.add_argument("--clients", type=int, default=64, help="concurrent clients (64)")
     parser.add_argument(
-        "--overload-models",
-        default="minilm",
-        help="models driven at 2x capacity (minilm: a 2-core machine cannot generate 2x the "
-        "classifier's ~600 req/s in Python and serve it too)",
+        "--overload-seconds", type=float, help="length of the overload phase, against classifier-overload (30)"
     )
-    parser.add_argument("--overload-seconds", type=float, help="length of the overload phase (30)")
+    parser.add_argument(
+        "--rejection-p99-ms",
+        type=float,
+        help=f"bound on the overload's rejections' p99 ({resilience.REJECTION_P99_MS:g}; --quick: 250)",
+    )
     parser.add_argument("--capacity-seconds", type=float, help="length of the capacity estimate (10)")
     parser.add_argument("--soak-minutes", type=float, help="length of the memory soak (2)")
     parser.add_argument(
@@ -228,7 +253,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     defaults = {
         "requests": (1000, 10000),
-        "overload_seconds": (8, 30),
+        "overload_seconds": (6, 30),
+        "rejection_p99_ms": (250.0, resilience.REJECTION_P99_MS),
         "capacity_seconds": (4, 10),
         "soak_minutes": (0.25, 2),
         "fuzz_requests": (300, 5000),

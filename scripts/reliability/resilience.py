@@ -61,14 +61,49 @@ def measure_capacity(server, reference, seconds, clients=16):
 # The open-loop generator runs in this process, on the same cores as the server: above a few hundred requests/s it
 # takes most of a 2-core machine itself, and a rejection's latency then measures the generator's scheduling, not
 # TorchServe's queue (seen: 654 req/s offered with a compiled minilm, rejection p99 74 ms; 302 req/s, 6 ms). The
-# overload is capped there; past this rate the queue is full either way, which is what the check is about.
+# offered rate is capped there. A capped rate may not overload a fast server at all (seen: minilm's ~406 req/s on a
+# fast CPU, 400 offered, nothing rejected): the suite therefore overloads a model whose requests are heavy and whose
+# job queue is short (scripts/reliability/overload.py), and the check fails when nothing was rejected.
 MAX_OVERLOAD_RPS = 400.0
+# The rejections' p99 bound of the full run; the quick run (make test, a loaded 2-core machine) passes a looser one.
+REJECTION_P99_MS = 50.0
 
 
-def overload(server, reference, capacity_rps, factor, seconds, settle_s=2.0):
+def overload_reasons(outcomes, accepted, rejected, other, mismatches, rejection_ms, accepted_ms, bound_ms):
+    """Every target the overload phase itself misses ([] = pass). rejection_ms/accepted_ms: (p50, p99) or Nones."""
+    reasons = []
+    if not outcomes:
+        reasons.append("no request was sent")
+    # A server that answers everything 503 rejects fast and is never wrong: it must still serve (accepted > 0).
+    if not accepted:
+        reasons.append("no request was accepted")
+    # ...and one that never rejects was not overloaded: fast rejection was not tested.
+    if outcomes and not rejected:
+        reasons.append("nothing was rejected: the job queue never filled, the server was not overloaded")
+    if other:
+        reasons.append(f"{len(other)} answers neither 200 nor 503")
+    if mismatches:
+        reasons.append(f"{mismatches} accepted answers wrong")
+    (rejection_p50, rejection_p99), (accepted_p50, _) = rejection_ms, accepted_ms
+    if rejected and (rejection_p99 is None or rejection_p99 > bound_ms):
+        reasons.append(f"rejection p99 {fmt_ms(rejection_p99)} > {bound_ms:.0f} ms")
+    if rejected and accepted and rejection_p50 is not None and accepted_p50 is not None:
+        if rejection_p50 >= accepted_p50:
+            faster = f"accepted requests (p50 {fmt_ms(accepted_p50)})"
+            reasons.append(f"rejections (p50 {fmt_ms(rejection_p50)}) not faster than {faster}")
+    return reasons
+
+
+def overload(
+    server, reference, capacity_rps, factor, seconds, settle_s=2.0, rejection_p99_ms=REJECTION_P99_MS, queue_size=None
+):
+    """Open loop at `factor` x capacity for `seconds`: some requests must be rejected (503, fast), the accepted ones
+    answered correctly, and normal traffic served without errors afterwards. `queue_size`: the model's job queue,
+    for the report."""
     url = f"{server.inference_url}/predictions/{reference.name}"
     rate = min(capacity_rps * factor, MAX_OVERLOAD_RPS)
     capped = f", capped at the generator's {MAX_OVERLOAD_RPS:.0f}" if rate < capacity_rps * factor else ""
+    queue = f", job queue {queue_size}" if queue_size else ""
     headers = server.headers("inference")
     generator_cpu = psutil.Process().cpu_times()
     wall = time.perf_counter()
@@ -82,8 +117,10 @@ def overload(server, reference, capacity_rps, factor, seconds, settle_s=2.0):
     rejected = [o for o in outcomes if o and o.status == 503]
     other = [o for o in outcomes if o is None or o.status not in (200, 503)]
     _, _, mismatches = verify(reference, accepted)
-    rejection_p99 = percentile([o.latency_s * 1000 for o in rejected], 0.99)
-    accepted_p99 = percentile([o.latency_s * 1000 for o in accepted], 0.99)
+    rejection_ms = [o.latency_s * 1000 for o in rejected]
+    accepted_ms = [o.latency_s * 1000 for o in accepted]
+    rejection_p50, rejection_p99 = percentile(rejection_ms, 0.5), percentile(rejection_ms, 0.99)
+    accepted_p50, accepted_p99 = percentile(accepted_ms, 0.5), percentile(accepted_ms, 0.99)
     starts = [o.started_at for o in outcomes if o]
     achieved = len(starts) / max(1e-9, max(starts) - min(starts)) if len(starts) > 1 else 0.0
     # Afterwards: normal traffic must be served at normal latency with zero errors.
@@ -91,39 +128,45 @@ def overload(server, reference, capacity_rps, factor, seconds, settle_s=2.0):
     after = closed_loop(url, [reference.body(i) for i in range(50)], 2, headers=headers)
     after_lost, after_errors, after_mismatches = verify(reference, after)
     after_p50 = percentile([o.latency_s * 1000 for o in after if o and o.status == 200], 0.5)
-    # A server that answers everything 503 rejects fast and is never wrong: it must still serve (accepted > 0).
-    reasons = []
-    if not outcomes:
-        reasons.append("no request was sent")
-    if not accepted:
-        reasons.append("no request was accepted")
-    if other:
-        reasons.append(f"{len(other)} answers neither 200 nor 503")
-    if mismatches:
-        reasons.append(f"{mismatches} accepted answers wrong")
-    if rejected and (rejection_p99 is None or rejection_p99 > 50):
-        reasons.append(f"rejection p99 {fmt_ms(rejection_p99)} > 50 ms")
+    reasons = overload_reasons(
+        outcomes,
+        accepted,
+        rejected,
+        other,
+        mismatches,
+        (rejection_p50, rejection_p99),
+        (accepted_p50, accepted_p99),
+        rejection_p99_ms,
+    )
     if after_lost or after_errors or after_mismatches or not after:
         reasons.append(
             f"after the overload: {after_errors + after_lost} errors, {after_mismatches} wrong of {len(after)}"
         )
     return Row(
-        f"{reference.name}: overload {factor:.0f}x capacity ({rate:.0f} req/s offered{capped}, {seconds}s open loop)",
-        f"achieved {achieved:.0f} req/s; rejected {len(rejected)} (p99 {fmt_ms(rejection_p99)}), "
-        f"accepted {len(accepted)} (p99 {fmt_ms(accepted_p99)}, {mismatches} wrong), other errors {len(other)}; "
+        f"{reference.name}: overload {factor:.0f}x capacity ({rate:.0f} req/s offered{capped}, {seconds:g}s open loop"
+        f"{queue})",
+        f"capacity {capacity_rps:.0f} req/s, achieved {achieved:.0f} req/s; rejected {len(rejected)} "
+        f"(p50 {fmt_ms(rejection_p50)}, p99 {fmt_ms(rejection_p99)}), accepted {len(accepted)} "
+        f"(p50 {fmt_ms(accepted_p50)}, p99 {fmt_ms(accepted_p99)}, {mismatches} wrong), other errors {len(other)}; "
         f"after: {after_errors + after_lost} errors, p50 {fmt_ms(after_p50)}"
         + (f" -- FAILED: {'; '.join(reasons)}" if reasons else ""),
-        "accepted > 0, rejections p99 <= 50 ms, 0 other errors, 0 wrong, 0 errors after",
+        f"rejected > 0, accepted > 0, rejections p99 <= {rejection_p99_ms:.0f} ms and p50 below the accepted p50, "
+        "0 other errors, 0 wrong, 0 errors after",
         not reasons,
         {
             "capacity_rps": round(capacity_rps, 1),
             "offered_rps": round(rate, 1),
+            "capped": bool(capped),
+            "job_queue_size": queue_size,
             "achieved_rps": round(achieved, 1),
             "accepted": len(accepted),
             "rejected": len(rejected),
             "other_errors": len(other),
             "other_statuses": sorted({o.status for o in other if o}),
+            "rejection_p50_ms": rejection_p50,
             "rejection_p99_ms": rejection_p99,
+            "rejection_p99_bound_ms": rejection_p99_ms,
+            "accepted_p50_ms": accepted_p50,
             "accepted_p99_ms": accepted_p99,
             "wrong_answers": mismatches,
             "after_errors": after_errors + after_lost,

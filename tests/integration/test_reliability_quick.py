@@ -23,6 +23,7 @@ def test_reliability_quick(tmp_path, model_store):
         "memory soak",
         "log volume",
         "cost of maximum-size requests",
+        "overload",
     ):
         assert expected in names, f"the quick run skipped: {expected}"
     soak = next(c for c in report["checks"] if "memory soak" in c["check"])

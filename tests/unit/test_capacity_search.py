@@ -4,9 +4,11 @@ import json
 import zipfile
 
 import pytest
+import requests
 import yaml
 
 from loadtests import capacity, compare, compare_report, run, tune, tune_report, variants
+from scripts.ops.management import ManagementClient
 
 
 def fake_server(capacity_rate, base_ms=10.0, failures_above=None):
@@ -202,6 +204,82 @@ def test_tuner_recommends_highest_capacity_and_lowest_low_load_latency(tmp_path)
     assert "batchSize: 16" in text and "maxBatchDelay: 10" in text and "registration failed" in text
     assert tune_report.plot_heatmap(points, tmp_path / "h.png", "t") and (tmp_path / "h.png").stat().st_size > 0
     assert tune.parse_list("1, 8,16") == [1, 8, 16]
+
+
+def test_default_tuner_grid_tries_no_wait_and_1_ms_and_measures_batch_size_1_once(capsys):
+    delays = tune.parse_list(tune.DEFAULT_DELAYS)
+    assert delays[:2] == [0, 1] and tune.parse_list("0") == [0]
+    points = tune.batching_points(tune.parse_list(tune.DEFAULT_BATCH_SIZES), delays)
+    # batchSize 1 never waits for a second request: one point for it, every delay for the others.
+    assert [p for p in points if p[0] == 1] == [(1, 0)]
+    assert {(8, 0), (8, 1), (32, 10)} <= set(points) and len(points) == 1 + 3 * len(delays)
+    with pytest.raises(SystemExit):
+        tune.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "0,1,2,5,10" in text and "32 capacity searches" in text and "2-4 h" in text
+
+
+class FakeResponse:
+    status_code = 200
+    text = "{}"
+
+    def json(self):
+        return {"status": "ok"}
+
+
+class RecordingClient(ManagementClient):
+    """The real register() and HTTP layer, the URLs recorded instead of sent; the server reads back `described`."""
+
+    def __init__(self, described):
+        super().__init__("http://127.0.0.1:1")
+        self.described, self.urls = described, []
+
+        def request(method, url, params=None, headers=None, timeout=None):
+            self.urls.append((method, requests.Request(method, url, params=params).prepare().url))
+            return FakeResponse()
+
+        self.session.request = request
+
+    def registered(self, name):
+        return False
+
+    def scale(self, name, version, min_workers, max_workers, timeout=None):
+        return {}
+
+    def wait_ready(self, name, version=None, timeout=600.0, poll=1.0, log=None):
+        return self.described
+
+    def handler_choices(self, name, version=None):
+        return {"threads": 1}
+
+
+def test_a_zero_batch_delay_is_sent_to_the_register_api_and_checked_back():
+    client = RecordingClient({"batchSize": 8, "maxBatchDelay": 0, "workers": [{}, {}]})
+    tune.register_point(client, "minilm", "minilm-w2-t1.mar", 8, 0, 2, threads=1)
+    (method, url), *_ = client.urls
+    assert method == "POST" and "max_batch_delay=0" in url and "batch_size=8" in url and "initial_workers=2" in url
+    # A server that put its default in place of the 0 (what an archive's maxBatchDelay 0 gives) is caught.
+    client = RecordingClient({"batchSize": 8, "maxBatchDelay": 100, "workers": [{}, {}]})
+    with pytest.raises(RuntimeError, match="delay 100 ms"):
+        tune.register_point(client, "minilm", "minilm-w2-t1.mar", 8, 0, 2, threads=1)
+
+
+def test_a_zero_delay_recommendation_is_not_written_as_an_archive_0():
+    point = {"workers": 2, "threads": 1, "batch_size": 8, "max_batch_delay": 0, "capacity_rate": 50}
+    result = {
+        "model": "minilm",
+        "slo_ms": 100,
+        "cores": 2,
+        "step_seconds": 10,
+        "started_at": "now",
+        "start_rate": 8,
+        "points": [point],
+        "recommendation": {"throughput": point, "latency": None},
+    }
+    markdown = tune_report.render_markdown(result)
+    assert "maxBatchDelay 0 ms" in markdown  # what was measured
+    assert "  maxBatchDelay: 1  # measured: 0 (no wait)" in markdown  # what an archive can hold
+    assert tune_report.config_delay(5) == "5"
 
 
 def test_comparison_ratios_and_targets_are_reported_not_asserted():

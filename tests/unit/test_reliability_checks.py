@@ -255,16 +255,16 @@ def test_capacity_estimate_fails_instead_of_inventing_a_figure(monkeypatch, serv
 
 
 # ------------------------------------------------------------------------------------------------ overload
-def run_overload(monkeypatch, server, outcomes, after=None):
+def run_overload(monkeypatch, server, outcomes, after=None, **options):
     monkeypatch.setattr(resilience, "open_loop", lambda *args, **kwargs: outcomes)
     monkeypatch.setattr(
         resilience, "closed_loop", lambda url, bodies, clients, headers=None: after or good(len(bodies))
     )
-    return resilience.overload(server, EchoReference(), 10.0, 2.0, 1, settle_s=0)
+    return resilience.overload(server, EchoReference(), 10.0, 2.0, 1, settle_s=0, **options)
 
 
-def mixed(accepted=10, rejected=10, reject_latency_s=0.005):
-    return [answer(i, started_at=i * 0.05) for i in range(accepted)] + [
+def mixed(accepted=10, rejected=10, reject_latency_s=0.005, accept_latency_s=0.01):
+    return [answer(i, started_at=i * 0.05, latency_s=accept_latency_s) for i in range(accepted)] + [
         answer(
             accepted + i,
             status=503,
@@ -277,19 +277,22 @@ def mixed(accepted=10, rejected=10, reject_latency_s=0.005):
 
 
 def test_overload_passes_with_fast_rejections_and_correct_acceptances(monkeypatch, server):
-    row = run_overload(monkeypatch, server, mixed())
+    row = run_overload(monkeypatch, server, mixed(), queue_size=16)
     assert row.passed, row.figure
+    assert "job queue 16" in row.check and row.details["rejected"] == 10 and not row.details["capped"]
 
 
 @pytest.mark.parametrize(
     "outcomes, after, expected",
     [
         (mixed(accepted=0, rejected=20), None, "no request was accepted"),  # a server answering everything 503
+        (mixed(rejected=0), None, "nothing was rejected"),  # a server that was never overloaded proves nothing
         ([], None, "no request was sent"),
         (mixed() + [answer(99, status=500, body=b"{}", started_at=2.0)], None, "neither 200 nor 503"),
         (mixed() + [None], None, "neither 200 nor 503"),
         (mixed()[:-1] + [answer(9, body=b'{"echo": 1}', started_at=1.0)], None, "accepted answers wrong"),
-        (mixed(reject_latency_s=0.5), None, "rejection p99 500 ms > 50 ms"),
+        (mixed(reject_latency_s=0.5, accept_latency_s=2.0), None, "rejection p99 500 ms > 50 ms"),
+        (mixed(reject_latency_s=0.02), None, "rejections (p50 20 ms) not faster than accepted requests (p50 10 ms)"),
         (mixed(), good(49) + [answer(49, status=503, body=b"{}")], "after the overload: 1 errors"),
         (mixed(), good(49) + [answer(49, body=b'{"echo": 1}')], "1 wrong of 50"),
     ],
@@ -297,6 +300,98 @@ def test_overload_passes_with_fast_rejections_and_correct_acceptances(monkeypatc
 def test_overload_fails(monkeypatch, server, outcomes, after, expected):
     row = run_overload(monkeypatch, server, outcomes, after)
     assert not row.passed and expected in row.figure, row.figure
+
+
+def test_overload_rejection_bound_is_a_parameter(monkeypatch, server):
+    """The quick run's looser bound: 200 ms rejections pass it while accepted requests wait longer."""
+    outcomes = mixed(reject_latency_s=0.2, accept_latency_s=1.0)
+    assert not run_overload(monkeypatch, server, outcomes).passed
+    row = run_overload(monkeypatch, server, outcomes, rejection_p99_ms=250)
+    assert row.passed and "p99 <= 250 ms" in row.target, row.figure
+
+
+def test_overload_reports_a_capped_rate_and_still_fails_without_rejections(monkeypatch, server):
+    monkeypatch.setattr(resilience, "open_loop", lambda *args, **kwargs: mixed(rejected=0))
+    monkeypatch.setattr(resilience, "closed_loop", lambda url, bodies, clients, headers=None: good(len(bodies)))
+    row = resilience.overload(server, EchoReference(), resilience.MAX_OVERLOAD_RPS, 2.0, 1, settle_s=0)
+    assert "capped at the generator's" in row.check and row.details["capped"]
+    assert not row.passed and "nothing was rejected" in row.figure
+
+
+# ------------------------------------------------------------------------------------------------ overload model
+@pytest.fixture
+def classifier_archive(tmp_path):
+    """A classifier.mar as scripts/package.py packs it: manifest, model-config.yaml, the state_dict."""
+    import io
+    import zipfile
+
+    import torch
+    import yaml
+
+    from handlers.classification.nets import MLPClassifier
+
+    torch.manual_seed(0)
+    weights = io.BytesIO()
+    torch.save(MLPClassifier(in_features=8, hidden=16, classes=4).state_dict(), weights)
+    path = tmp_path / "classifier.mar"
+    manifest = {"model": {"modelName": "classifier", "configFile": "model-config.yaml", "handler": "classifier.py"}}
+    config = {"minWorkers": 1, "batchSize": 16, "maxBatchDelay": 5, "handler": {"threads": 1, "max_rows": 64}}
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("MAR-INF/MANIFEST.json", json.dumps(manifest))
+        archive.writestr("model-config.yaml", yaml.safe_dump(config))
+        archive.writestr("classifier.pt", weights.getvalue())
+    return path
+
+
+def test_overload_archive_is_the_classifier_with_a_short_queue_under_its_own_name(classifier_archive, tmp_path):
+    import zipfile
+
+    import yaml
+
+    from scripts.reliability import overload
+
+    store = tmp_path / "store"
+    store.mkdir()
+    built = overload.build_archive(classifier_archive, store)
+    assert built == store / "classifier-overload.mar"
+    with zipfile.ZipFile(built) as archive:
+        manifest = json.loads(archive.read("MAR-INF/MANIFEST.json"))
+        config = yaml.safe_load(archive.read("model-config.yaml"))
+        assert archive.read("classifier.pt") == zipfile.ZipFile(classifier_archive).read("classifier.pt")
+    assert manifest["model"]["modelName"] == "classifier-overload"
+    assert config["jobQueueSize"] == overload.QUEUE_SIZE and config["handler"]["max_rows"] == overload.ROWS
+    assert config["handler"]["threads"] == 1 and config["batchSize"] == 16  # the rest as shipped
+    assert overload.QUEUE_SIZE >= 16  # the capacity estimate's 16 closed-loop clients always fit in the queue
+
+
+def test_heavy_reference_checks_every_row_of_every_answer(classifier_archive):
+    import torch
+
+    from scripts.reliability import overload
+    from scripts.reliability.references import load_classifier
+
+    reference = overload.HeavyClassifierReference(classifier_archive, rows=5, bodies=3)
+    assert reference.name == "classifier-overload"
+    body = json.loads(reference.body(4))  # cycles: request 4 sends body 1
+    assert reference.body(4) == reference.body(1) and len(body["inputs"]) == 5 and len(body["inputs"][0]) == 8
+    assert all(value == round(value, overload.DECIMALS) for row in body["inputs"] for value in row)
+    model = load_classifier(classifier_archive)
+    with torch.inference_mode():
+        probabilities = torch.softmax(model(torch.tensor(body["inputs"], dtype=torch.float32)), dim=-1)
+    served = [{"label": int(row.argmax()), "probabilities": row.tolist()} for row in probabilities]
+    assert reference.matches(4, served)
+    assert not reference.matches(5, served)  # another body's answer
+    assert not reference.matches(4, served[:-1])  # a row missing
+    assert not reference.matches(4, {"label": 0, "probabilities": served[0]["probabilities"]})  # not a list
+    wrong_label = [dict(row) for row in served]
+    wrong_label[2]["label"] = int(probabilities[2].argmin())
+    assert not reference.matches(4, wrong_label)
+    out_of_range = [dict(row) for row in served]
+    out_of_range[0]["label"] = 99
+    assert not reference.matches(4, out_of_range)
+    off = [dict(row) for row in served]
+    off[3]["probabilities"] = [p + 0.01 for p in off[3]["probabilities"]]
+    assert not reference.matches(4, off)
 
 
 # ------------------------------------------------------------------------------------------------ worker kill
