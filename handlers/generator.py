@@ -52,6 +52,9 @@ from handlers.generation.requests import (
 )
 from handlers.generation.streaming import send_chunks
 
+# The gRPC input a StreamPredictions caller adds beside "body" to get a streamed answer piece by piece.
+GRPC_STREAM_INPUT = "stream_pieces"
+
 ModelInputs = dict[str, torch.Tensor]  # input_ids and attention_mask
 
 
@@ -142,9 +145,13 @@ class GeneratorHandler(ServingHandler):
         if body is None:
             raise RequestError("body must be a JSON object with a 'prompt' field, got null")
         tokenize = self.loaded.tokenizer.encode
-        return AcceptedGeneration(
-            request.idx, parse_generation_request(json_body(body, request), self.loaded.limits, tokenize)
-        )
+        parsed = parse_generation_request(json_body(body, request), self.loaded.limits, tokenize)
+        if parsed.stream and request.over_grpc and request.input(GRPC_STREAM_INPUT) != "true":
+            # The worker cannot tell a unary Predictions call from StreamPredictions; pieces sent to a unary call
+            # leave a dead worker that TorchServe still reports READY. Only a StreamPredictions caller that says so
+            # (scripts/ops/grpc_client.py sends this input) gets them one by one.
+            parsed = dataclasses.replace(parsed, send_pieces=False)
+        return AcceptedGeneration(request.idx, parsed)
 
     # ----------------------------------------------------------------------------------------------- per batch
     def preprocess(self, payloads: list[AcceptedGeneration]) -> GenerationBatch:
@@ -196,7 +203,7 @@ class GeneratorHandler(ServingHandler):
         generation.text.push(token)
         if generation.text.stopped:
             generation.sequence.stop()
-        if not generation.request.stream or generation.sequence.finished:
+        if not generation.request.stream or not generation.request.send_pieces or generation.sequence.finished:
             return ""
         return generation.text.take()
 

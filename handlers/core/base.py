@@ -236,7 +236,7 @@ class ServingHandler:
         accepted = []
         for idx, request in enumerate(data):
             try:
-                view = RequestView(context, idx)
+                view = RequestView(context, idx, request)
                 if view.content_type in FORM_CONTENT_TYPES:
                     # TorchServe splits form bodies into fields and drops the raw body: say so instead of "empty".
                     raise RequestError(
@@ -278,7 +278,7 @@ class ServingHandler:
         if setter is None:
             return
         for idx in range(count):
-            if RequestView(context, idx).header("Host") is None:
+            if RequestView(context, idx).over_grpc:
                 setter(idx, "ts_stream_next", "false")
 
     def unknown_route(self, path: str) -> RequestError:

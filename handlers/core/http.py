@@ -18,9 +18,22 @@ FORM_CONTENT_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data"
 class RequestView:
     """What a handler may read about one request of the batch besides its body."""
 
-    def __init__(self, context: Any, idx: int) -> None:
+    def __init__(self, context: Any, idx: int, request: Any = None) -> None:
         self._context = context
         self.idx = idx
+        self._request = request if isinstance(request, dict) else {}
+
+    @property
+    def over_grpc(self) -> bool:
+        """Every HTTP request has a Host header; TorchServe's gRPC frontend passes none."""
+        return self.header("Host") is None
+
+    def input(self, name: str) -> str | None:
+        """Another named input of the request besides its body (a gRPC PredictionsRequest's ``input`` map)."""
+        value = self._request.get(name)
+        if isinstance(value, (bytes, bytearray)):
+            return bytes(value).decode("utf-8", "replace")
+        return value if isinstance(value, str) else None
 
     def header(self, name: str) -> str | None:
         getter = getattr(self._context, "get_request_header", None)

@@ -61,6 +61,9 @@ class GenerationRequest:
     seed_reported: bool  # sampling: the seed used goes back in the answer
     stop: tuple[str, ...] = ()  # the answer ends before the first of these (finish_reason "stop")
     answers: Answers = NATIVE_ANSWERS  # the API it came through: how its answer and stream are framed
+    # False: a streamed request's pieces all go in its final answer (one NDJSON line), none ahead of it. A gRPC
+    # unary Predictions call must not get intermediate pieces: TorchServe 0.12 then fails the worker for good.
+    send_pieces: bool = True
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,7 @@ MANAGEMENT_TOKEN_ENV = "TS_MANAGEMENT_TOKEN"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_NOT_FOUND, EXIT_AUTH, EXIT_REFUSED = 0, 1, 2, 3, 4, 6, 7
 # The input name TorchServe's HTTP API gives a raw request body; handlers read it (handlers/core/http.request_body).
 BODY_INPUT = "body"
+STREAM_INPUT = "stream_pieces"  # handlers/generator.py GRPC_STREAM_INPUT
 
 Body = bytes | str | dict[str, Any] | list[Any]
 
@@ -145,8 +146,11 @@ class TorchServeGrpc:
         token = self._tokens[api]
         return [("authorization", f"Bearer {token}")] if token else []
 
-    def _request(self, model: str, body: Body, version: str | None) -> Any:
-        return self._pb.PredictionsRequest(model_name=model, model_version=version or "", input={BODY_INPUT: body})
+    def _request(self, model: str, body: Body, version: str | None, streamed: bool = False) -> Any:
+        # A streaming call says so in a second input: the generator then sends its pieces one by one (a unary call
+        # with "stream": true gets them all in one answer; handlers/generator.py GRPC_STREAM_INPUT).
+        inputs = {BODY_INPUT: body, **({STREAM_INPUT: b"true"} if streamed else {})}
+        return self._pb.PredictionsRequest(model_name=model, model_version=version or "", input=inputs)
 
     def ping(self) -> str:
         """TorchServe's health ("Healthy" when it serves)."""
@@ -188,7 +192,9 @@ class TorchServeGrpc:
                 EXIT_USAGE,
             )
         call = self._inference.StreamPredictions(
-            self._request(model, raw, version), timeout=self.timeout, metadata=self._metadata("inference")
+            self._request(model, raw, version, streamed=True),
+            timeout=self.timeout,
+            metadata=self._metadata("inference"),
         )
         try:
             for piece in call:

@@ -50,11 +50,15 @@ def make_context(
     return context
 
 
-def set_requests(context: Any, headers: Iterable[Mapping[str, str]]) -> Any:
-    """One RequestProcessor per request of the next batch, carrying that request's headers."""
+def set_requests(context: Any, headers: Iterable[Mapping[str, str]], over_grpc: bool = False) -> Any:
+    """One RequestProcessor per request of the next batch, carrying that request's headers.
+
+    Each gets a Host header, as every request over HTTP has; ``over_grpc`` leaves it out, as TorchServe's gRPC
+    frontend does (handlers tell the two apart by it: handlers/core/http.py RequestView.over_grpc)."""
     from ts.context import RequestProcessor
 
-    context.request_processor = [RequestProcessor(dict(h)) for h in headers]
+    host = {} if over_grpc else {"Host": "127.0.0.1:8080"}
+    context.request_processor = [RequestProcessor({**host, **dict(h)}) for h in headers]
     return context
 
 

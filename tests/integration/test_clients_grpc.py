@@ -9,8 +9,9 @@ makes pinned here (docs/clients.md):
 - a model's own 4xx arrives with gRPC status OK, its JSON error body unchanged (TorchServe drops a per-request status
   on gRPC); an unknown model is INTERNAL for Predictions and NOT_FOUND for DescribeModel where HTTP says 404.
 
-The session server is never sent the two calls that fail a TorchServe 0.12 worker (a unary call the model streams, a
-StreamPredictions call it answers in one piece); the client refuses both (tests/unit/test_grpc_client.py).
+The two calls that failed a TorchServe 0.12 worker (a unary call the model streams, a StreamPredictions call it
+answers in one piece) are answered safely now (handlers: no piece ahead of a unary call's answer, ts_stream_next false
+on every gRPC answer); the client still refuses both, as they do not do what their caller wants.
 
 A second server (the production profile's tokens, TS_OPEN_INFERENCE_PROTOCOL=oip, classifier only) shows gRPC with
 tokens and what the Open Inference Protocol switch does and does not give our models.
@@ -110,6 +111,28 @@ def test_version_and_body_input_name(ts_server, client):
     with grpc.insecure_channel(client.inference_target) as channel:
         request = pb.PredictionsRequest(model_name="classifier", input={"data": raw})
         assert stubs.InferenceAPIsServiceStub(channel).Predictions(request, timeout=60).prediction == expected
+
+
+def test_a_unary_call_asking_to_stream_gets_the_whole_answer_and_the_worker_lives(ts_server, client):
+    """Any gRPC client may send "stream": true in a unary Predictions call (ours refuses to): the generator then sends
+    no piece ahead of its answer, which is the stream in one NDJSON line; TorchServe 0.12 would otherwise fail the
+    worker for good. The next request is answered."""
+    served(ts_server, "generator")
+    pb, stubs = grpc_stubs.load("inference_pb2"), grpc_stubs.load("inference_pb2_grpc")
+    raw = encode_body({**STREAMED, "stream": True})
+    with grpc.insecure_channel(client.inference_target) as channel:
+        request = pb.PredictionsRequest(model_name="generator", input={"body": raw})
+        answer = stubs.InferenceAPIsServiceStub(channel).Predictions(request, timeout=120).prediction
+    [line] = bytes(answer).splitlines()
+    whole = json.loads(line)
+    assert whole["done"] is True
+    assert whole["text"] == json.loads(client.predict("generator", encode_body(STREAMED)))["text"]
+    # A one-piece answer over StreamPredictions (a refusal) ends the stream cleanly instead of failing the worker.
+    with grpc.insecure_channel(client.inference_target) as channel:
+        request = pb.PredictionsRequest(model_name="generator", input={"body": b'{"prompt": 5, "stream": true}'})
+        [refusal] = list(stubs.InferenceAPIsServiceStub(channel).StreamPredictions(request, timeout=60))
+    assert json.loads(refusal.prediction)["code"] == 400
+    assert json.loads(client.predict("generator", encode_body(STREAMED)))["text"] == whole["text"]
 
 
 def test_stream_predictions_carries_the_http_stream_line_by_line(ts_server, client):
