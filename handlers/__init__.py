@@ -20,9 +20,12 @@ Where each model's request is parsed, batched, computed and answered (paths unde
   pairs); computed by text/model.py ``SequenceClassifier`` (logits) through the same backends; answered by
   embedding/batch.py ``answer_requests`` with text/classification.py ``format_answer`` (probabilities:
   text/gate.py ``probabilities``).
-- generator (``generator.py``): parsed in generation/requests.py ``parse_generation_request``; batched by
-  generation/requests.py ``start_generations``; computed by generation/decoding.py ``generate`` (model loading:
-  generation/model.py); answered by ``GeneratorHandler.postprocess``, streamed pieces by generation/streaming.py.
+- generator (``generator.py``): parsed in generation/requests.py ``parse_generation_request`` (the OpenAI routes
+  v1/completions and v1/chat/completions in generation/openai_api.py ``parse_openai_request``, chat messages rendered
+  by generation/chat.py); batched by generation/requests.py ``start_generations``; computed by generation/decoding.py
+  ``generate`` (model loading: generation/model.py, limits: generation/limits.py); answered by
+  ``GeneratorHandler.postprocess`` in the request's API shape (generation/answers.py), streamed pieces by
+  generation/streaming.py (NDJSON, or server-sent events for the OpenAI routes).
 
 Every handler answers through core/base.py (``answer``/``reject``: status, content type, strict JSON).
 
