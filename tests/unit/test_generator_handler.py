@@ -6,6 +6,7 @@ import struct
 import pytest
 import torch
 
+from handlers.core.config import ConfigError
 from handlers.generation.decoding import SamplingSettings, Sequence, generate
 from scripts.ops.handler_loader import load_handler, set_requests, statuses
 
@@ -192,3 +193,134 @@ def test_a_grpc_request_streams_its_pieces_only_when_its_caller_asks(generator):
     assert recorder.messages and json.loads(last)["done"] is True
     pieces = "".join(json.loads(message[0])["text"] for message in recorder.messages)
     assert pieces + json.loads(last)["text"] == json.loads(whole)["text"]
+
+
+BAD_BODIES = {
+    "invalid json": (b'{"prompt": "x"', "not valid JSON"),
+    "not an object": (["Hello"], "JSON object"),
+    "null": (None, "JSON object"),
+    "missing prompt": ({"max_new_tokens": 3}, "missing field 'prompt'"),
+    "empty prompt": ({"prompt": ""}, "'prompt' is empty"),
+    "prompt not a string": ({"prompt": 42}, "'prompt' must be a string"),
+    "lone surrogate": ({"prompt": "a\ud800b"}, "unpaired surrogate"),
+    "unknown field": ({"prompt": "x", "max_tokens": 3}, "unknown field(s) ['max_tokens']"),
+    "max_new_tokens zero": ({"prompt": "x", "max_new_tokens": 0}, "'max_new_tokens' is 0"),
+    "max_new_tokens negative": ({"prompt": "x", "max_new_tokens": -5}, "'max_new_tokens' is -5"),
+    "max_new_tokens too large": ({"prompt": "x", "max_new_tokens": 257}, "between 1 and 256"),
+    "max_new_tokens float": ({"prompt": "x", "max_new_tokens": 3.5}, "'max_new_tokens' must be an integer"),
+    "max_new_tokens string": ({"prompt": "x", "max_new_tokens": "3"}, "'max_new_tokens' must be an integer"),
+    "max_new_tokens bool": ({"prompt": "x", "max_new_tokens": True}, "'max_new_tokens' must be an integer"),
+    "temperature negative": ({"prompt": "x", "temperature": -0.1}, "'temperature' is -0.1"),
+    "temperature too large": ({"prompt": "x", "temperature": 50}, "between 0 (greedy) and 5.0"),
+    "temperature string": ({"prompt": "x", "temperature": "hot"}, "'temperature' must be a number"),
+    "temperature nan": ({"prompt": "x", "temperature": float("nan")}, "'temperature' is nan"),
+    "temperature huge int": ({"prompt": "x", "temperature": 10**400}, "'temperature' is 1000"),
+    "top_k negative": ({"prompt": "x", "top_k": -1}, "'top_k' is -1"),
+    "top_k above vocabulary": ({"prompt": "x", "top_k": 513}, "between 0 and 512"),
+    "seed negative": ({"prompt": "x", "seed": -1}, "'seed' is -1"),
+    "seed too large": ({"prompt": "x", "seed": 2**64}, "'seed' is 18446744073709551616"),
+    "seed string": ({"prompt": "x", "seed": "7"}, "'seed' must be an integer"),
+    "stream string": ({"prompt": "x", "stream": "yes"}, "'stream' must be true or false"),
+    "prompt too many tokens": ({"prompt": "\x01" * 257}, "257 tokens; at most 256"),
+    "prompt far too long": ({"prompt": "x" * 1_000_000}, "cannot fit the limit of 256 tokens"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_BODIES))
+def test_bad_request_gets_its_own_400_and_the_rest_of_the_batch_is_answered(generator, name):
+    handler, context = generator
+    body, message = BAD_BODIES[name]
+    good = {"prompt": "Hello", "max_new_tokens": 3}
+    answers, _ = run(handler, context, [good, body, good])
+    assert statuses(context, 3) == [200, 400, 200]
+    assert answers[1]["code"] == 400 and answers[1]["type"] == "InvalidRequest"
+    assert message in answers[1]["message"]
+    assert answers[0]["text"] == answers[2]["text"] and answers[0]["completion_tokens"] == 3
+
+
+def test_failure_during_decoding_closes_a_stream_with_an_ndjson_error_line(generator, monkeypatch):
+    handler, context = generator
+    import handlers.generator as generator_module
+
+    def broken_generate(*args, **kwargs):
+        raise RuntimeError("simulated decoding failure")
+
+    monkeypatch.setattr(generator_module, "generate", broken_generate)
+    answers, _ = run(handler, context, [{"prompt": "Hi", "stream": True}, {"prompt": "Hi"}])
+    assert statuses(context, 2) == [500, 500]
+    assert answers[0].endswith("\n") and json.loads(answers[0])["done"] is True
+    assert json.loads(answers[0])["code"] == 500 and answers[1]["code"] == 500
+
+
+def test_describe_reports_model_info_and_limits(generator):
+    handler, context = generator
+    set_requests(context, [{"describe": "True"}])
+    [described] = handler.handle([{"body": b""}], context)
+    described = json.loads(described)
+    assert described["model"]["weights"] == "random (demo)"
+    assert described["limits"]["max_new_tokens"] == 256
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"default_max_new_tokens": 300}, "handler.default_max_new_tokens (300) is above handler.max_new_tokens"),
+        ({"max_prompt_tokens": 900}, "exceeds the model's 1024 positions"),
+        ({"model_subdir": "missing"}, "handler.model_subdir"),
+    ],
+)
+def test_inconsistent_config_is_refused_at_load(prepared_model_dir, overrides, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load(prepared_model_dir("generator"), **overrides)
+
+
+@pytest.mark.parametrize("temperature", [1e-40, 1e-300, 5e-324])
+def test_a_tiny_temperature_is_near_greedy_and_cannot_fail_its_batch(generator, temperature):
+    """Regression (issue 11, repro 1): temperature 1e-40 divided logits into inf/NaN and failed the whole batch."""
+    handler, context = generator
+    good = {"prompt": "Hello", "max_new_tokens": 4}
+    tiny = {"prompt": "Hello", "max_new_tokens": 4, "temperature": temperature, "seed": 1}
+    answers, _ = run(handler, context, [good, tiny, good, {**good, "temperature": 0.7, "seed": 3}])
+    assert statuses(context, 4) == [200, 200, 200, 200]
+    # Dividing by a vanishing temperature leaves all the probability on the best token: greedy's choice.
+    assert answers[1]["text"] == answers[0]["text"] == answers[2]["text"]
+    assert answers[1]["completion_tokens"] == 4
+
+
+def test_non_finite_logits_stop_only_their_own_request(generator, monkeypatch):
+    handler, context = generator
+    import handlers.generation.decoding as decoding
+
+    real_choose = decoding.choose_token
+
+    def choose(logits, settings, generator_):
+        if settings.seed == 13:  # this request's row: as if the model produced NaN for it
+            logits = torch.full_like(logits, float("nan"))
+        return real_choose(logits, settings, generator_)
+
+    monkeypatch.setattr(decoding, "choose_token", choose)
+    good = {"prompt": "Hello", "max_new_tokens": 3}
+    broken = {"prompt": "Hello", "max_new_tokens": 3, "temperature": 1.0, "seed": 13}
+    answers, _ = run(handler, context, [good, broken, {**broken, "stream": True}, good])
+    assert statuses(context, 4) == [200, 500, 500, 200]
+    assert "non-finite logits" in answers[1]["message"]
+    assert answers[2].endswith("\n") and json.loads(answers[2])["done"] is True
+    assert answers[0] == answers[3] and answers[0]["completion_tokens"] == 3
+
+
+def test_every_batch_records_rows_generated_tokens_and_time_to_first_token(generator):
+    from scripts.ops.handler_loader import record_metrics
+
+    handler, context = generator
+    metrics = record_metrics(context)
+    try:
+        answers, _ = run(
+            handler,
+            context,
+            [{"prompt": "Hello", "max_new_tokens": 3}, {"prompt": "Hi", "stream": True, "max_new_tokens": 2}],
+        )
+    finally:
+        context.metrics = None
+    assert metrics.values("BatchRows") == [2] and metrics.values("Batches") == [1]
+    assert metrics.values("GeneratedTokens") == [answers[0]["completion_tokens"] + 2]
+    assert len(metrics.values("TimeToFirstTokenSeconds")) == 1
