@@ -215,15 +215,14 @@ def build_aot(
     precision: str,
     device: str,
     max_batch: int,
-    kind: str = "embedding",
+    max_tokens: int,
 ) -> dict:
-    """AOTInductor package of the encoder in ``precision``, dynamic batch (1..max_batch) and length (2..window)."""
+    """AOTInductor package of the model in ``precision``, dynamic batch (1..max_batch) and length (2..max_tokens,
+    the model's own limit)."""
     import torch
 
     from handlers.core import runtime
-    from handlers.text.model import read_model_files
 
-    max_tokens = read_model_files(model_dir, kind).info.max_tokens
     model = runtime.convert_model(fp32_model, precision)
     if model is fp32_model and device != "cpu":
         model = copy.deepcopy(model)  # the caller's fp32 encoder stays on the CPU (the gate's reference)
@@ -247,7 +246,7 @@ def build_openvino(
     precision: str,
     device: str,
     max_batch: int,
-    kind: str = "embedding",
+    max_tokens: int,
 ) -> dict:
     """OpenVINO IR of the fp32 encoder with dynamic [batch, tokens] inputs. Precision is chosen at load
     (INFERENCE_PRECISION_HINT). Weights are stored as fp16 (OpenVINO's default, half the archive's bytes) and widened
@@ -387,7 +386,6 @@ class Reference:
     """What every candidate is judged against: eager fp32 on the gate inputs, and the runners ranked alongside."""
 
     model_dir: Path
-    kind: str
     fp32_model: Any
     files: Any  # handlers.text.model.ModelFiles: what the folder says, and its tokenizer
     sentences: list[str]
@@ -416,7 +414,7 @@ def load_reference(
     with torch.inference_mode():
         outputs = [fp32_model(*tensors) for tensors in inputs]
     return Reference(
-        model_dir, kind, fp32_model, files, sentences, rows, inputs, outputs, device, threads, max_batch, min_cosine
+        model_dir, fp32_model, files, sentences, rows, inputs, outputs, device, threads, max_batch, min_cosine
     )
 
 
@@ -437,7 +435,13 @@ def build_candidate(reference: Reference, backend: str, precision: str) -> tuple
     try:
         example = example_inputs(reference)
         built = BUILDERS[backend](
-            model_dir, reference.fp32_model, example, precision, reference.device, reference.max_batch, reference.kind
+            model_dir,
+            reference.fp32_model,
+            example,
+            precision,
+            reference.device,
+            reference.max_batch,
+            reference.files.info.max_tokens,
         )
         built_seconds = time.perf_counter() - started
         runner = load_candidate(

@@ -196,10 +196,7 @@ def openai_request(inputs: Any, truncate: bool, limits: EmbeddingLimits) -> Embe
         raise RequestError("'input' must be a string or a non-empty list of strings")
     if token_ids(inputs):  # before the count: one token array of 500 ids is not "500 inputs"
         raise RequestError(f"'input' is token ids: {TOKEN_IDS}")
-    if len(inputs) > limits.max_inputs:
-        raise too_large(
-            f"'input' has {len(inputs)} items; at most {limits.max_inputs} are allowed per request (handler.max_inputs)"
-        )
+    check_count(len(inputs), "'input'", limits)
     names = [f"'input'[{i}]" for i in range(len(inputs))]
     texts = [check_text(item, name, limits.max_text_chars) for item, name in zip(inputs, names, strict=True)]
     return EmbeddingRequest(texts, names, "openai", truncate)
@@ -210,6 +207,14 @@ def token_ids(inputs: list[Any]) -> bool:
     if all(type(item) is int for item in inputs):
         return True
     return all(isinstance(item, list) and item and all(type(i) is int for i in item) for item in inputs)
+
+
+def check_count(count: int, where: str, limits: EmbeddingLimits) -> None:
+    """A list of texts over handler.max_inputs is a 413 naming the limit (every text-model request shape)."""
+    if count > limits.max_inputs:
+        raise too_large(
+            f"{where} has {count} items; at most {limits.max_inputs} are allowed per request (handler.max_inputs)"
+        )
 
 
 def check_openai_options(body: dict[str, Any], dimension: int, served_model: str | None = None) -> None:

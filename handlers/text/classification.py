@@ -31,7 +31,7 @@ import torch
 from handlers.core.errors import RequestError, too_large
 from handlers.core.http import Float32
 from handlers.embedding.batch import Row
-from handlers.embedding.requests import EmbeddingLimits, EmbeddingRow, check_text, decoded_body
+from handlers.embedding.requests import EmbeddingLimits, EmbeddingRow, check_count, check_text, decoded_body
 from handlers.text.folder import MULTI_LABEL, TextModelFolder
 from handlers.text.gate import probabilities
 
@@ -136,13 +136,6 @@ def classify_request(
     names = [f"'inputs'[{i}]" for i in range(len(inputs))]
     rows = [pair_row(item, name, limits.max_text_chars) for item, name in zip(inputs, names, strict=True)]
     return ClassificationRequest(rows, names, "list", truncate)
-
-
-def check_count(count: int, where: str, limits: EmbeddingLimits) -> None:
-    if count > limits.max_inputs:
-        raise too_large(
-            f"{where} has {count} items; at most {limits.max_inputs} are allowed per request (handler.max_inputs)"
-        )
 
 
 def rerank_request(

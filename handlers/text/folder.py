@@ -242,7 +242,7 @@ def token_limit(declared: Any, tokenizer_config: dict[str, Any], max_positions: 
     return max_positions
 
 
-def pad_token(tokenizer_config: dict[str, Any], config: dict[str, Any], special: dict[str, Any]) -> str | None:
+def pad_token(tokenizer_config: dict[str, Any], special: dict[str, Any]) -> str | None:
     for source in (tokenizer_config, special):
         value = source.get("pad_token")
         if isinstance(value, dict):
@@ -430,7 +430,7 @@ def resolve_pad_id(folder: Path, info: TextModelFolder, tokenizer: Any) -> TextM
     from dataclasses import replace
 
     base = folder / info.transformer_dir
-    token = pad_token(optional_json(base, "tokenizer_config.json"), {}, optional_json(base, "special_tokens_map.json"))
+    token = pad_token(optional_json(base, "tokenizer_config.json"), optional_json(base, "special_tokens_map.json"))
     pad_id = tokenizer.token_to_id(token) if token is not None else None
     if pad_id is None:
         config_pad = optional_json(base, "config.json").get("pad_token_id")

@@ -174,8 +174,3 @@ def read_model_files(model_dir: str | os.PathLike[str], kind: str) -> ModelFiles
 def load_sentence_encoder(model_dir: str | os.PathLike[str], kind: str = "embedding") -> nn.Module:
     """The fp32 model of the folder in eval mode (the gate's reference, the backends' source)."""
     return build_module(model_dir, inspect_folder(model_dir, kind))
-
-
-def max_sequence_tokens(model_dir: str | os.PathLike[str], kind: str = "embedding") -> int:
-    """The token limit the model's folder declares (sentence_bert_config.json max_seq_length for embeddings)."""
-    return inspect_folder(model_dir, kind).max_tokens

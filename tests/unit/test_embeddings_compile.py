@@ -85,7 +85,7 @@ def aot_model_dir(tiny_model_dir, tmp_path_factory):
     shutil.rmtree(target / "backends", ignore_errors=True)
     (target / "backends").mkdir()
     example = (torch.ones(4, 16, dtype=torch.long), torch.ones(4, 16, dtype=torch.long))
-    build_backends.build_aot(target, load_sentence_encoder(target), example, "fp32", "cpu", 1024)
+    build_backends.build_aot(target, load_sentence_encoder(target), example, "fp32", "cpu", 1024, 256)
     return target
 
 
