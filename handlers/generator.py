@@ -31,6 +31,7 @@ from handlers.core.base import BatchScope, ServingHandler
 from handlers.core.config import COMMON_OPTIONS, Option
 from handlers.core.errors import RequestError, ServerError
 from handlers.core.http import RequestView, json_body, to_json
+from handlers.core.metrics import HandlerMetrics
 from handlers.generation import chat
 from handlers.generation.answers import Outcome
 from handlers.generation.decoding import FINISH_ERROR, generate
@@ -50,6 +51,9 @@ from handlers.generation.requests import (
     parse_generation_request,
     start_generations,
 )
+from handlers.generation.semantic_cache.cache import SemanticCache, SemanticQuery, open_semantic_cache
+from handlers.generation.semantic_cache.options import SEMANTIC_CACHE_OPTION
+from handlers.generation.semantic_cache.store import StoredAnswer
 from handlers.generation.streaming import send_chunks
 
 # The gRPC input a StreamPredictions caller adds beside "body" to get a streamed answer piece by piece.
@@ -75,6 +79,7 @@ class GeneratorHandler(ServingHandler):
         ),
         "default_max_new_tokens": Option(int, 32, minimum=1, help="max_new_tokens when a request gives none"),
         "max_temperature": Option(float, 5.0, minimum=0.0, help="largest temperature a request may ask for"),
+        "semantic_cache": SEMANTIC_CACHE_OPTION,
     }
     # '' = the native API at /predictions/<model>; the OpenAI routes follow /predictions/<model>/<version>/.
     routes = ("", COMPLETIONS_ROUTE, CHAT_ROUTE)
@@ -85,6 +90,22 @@ class GeneratorHandler(ServingHandler):
         self.stream_sink = send_chunks  # how intermediate chunks leave; unit tests record them instead
 
     # ----------------------------------------------------------------------------------------------- load time
+    def initialize(self, context: Any) -> None:
+        super().initialize(context)
+        model = {
+            "name": self.model_name,
+            "version": self.model_version,
+            "info": f"{self.loaded.info['name']}; {self.loaded.info['weights']}",
+        }
+        self.semantic: SemanticCache | None = open_semantic_cache(
+            self.config["semantic_cache"],
+            self.model_dir,
+            model,
+            self.loaded.limits.max_new_tokens,
+            self.threads,
+            context.system_properties.get("gpu_id"),
+        )
+
     def load_model(self, model_dir: str) -> LoadedGenerator:
         return load_generator(model_dir, self.config, self.model_name)
 
@@ -130,6 +151,7 @@ class GeneratorHandler(ServingHandler):
                 "routes": [f"/predictions/{self.model_name}/{self.model_version}/{r}" for r in self.routes if r],
                 "chat_template": "the model's" if chat.has_chat_template(self.loaded.tokenizer) else "plain",
             },
+            "semantic_cache": self.semantic.describe() if self.semantic is not None else None,
         }
 
     # ----------------------------------------------------------------------------------------------- per request
@@ -139,9 +161,10 @@ class GeneratorHandler(ServingHandler):
             served = Served(self.model_name, self.loaded.info, self.loaded.limits, self.loaded.tokenizer)
             try:
                 value = None if body is None else json_body(body, request)
-            except RequestError as error:  # invalid JSON: refused in OpenAI's shape too
+                parsed = parse_openai_request(request.url_path, value, served)
+                return AcceptedGeneration(request.idx, parsed, self.semantic_query(parsed))
+            except RequestError as error:  # invalid JSON or a bad cache option: refused in OpenAI's shape too
                 raise as_openai_error(error) from None
-            return AcceptedGeneration(request.idx, parse_openai_request(request.url_path, value, served))
         if body is None:
             raise RequestError("body must be a JSON object with a 'prompt' field, got null")
         tokenize = self.loaded.tokenizer.encode
@@ -151,15 +174,44 @@ class GeneratorHandler(ServingHandler):
             # leave a dead worker that TorchServe still reports READY. Only a StreamPredictions caller that says so
             # (scripts/ops/grpc_client.py sends this input) gets them one by one.
             parsed = dataclasses.replace(parsed, send_pieces=False)
-        return AcceptedGeneration(request.idx, parsed)
+        return AcceptedGeneration(request.idx, parsed, self.semantic_query(parsed))
+
+    def semantic_query(self, parsed: Any) -> SemanticQuery | str | None:
+        """Where the similarity cache looks this request up (or why it does not: a reason); None: no cache."""
+        if self.semantic is None:
+            return None
+        return self.semantic.query(parsed.settings, parsed.stop, parsed.lookup)
 
     # ----------------------------------------------------------------------------------------------- per batch
     def preprocess(self, payloads: list[AcceptedGeneration]) -> GenerationBatch:
-        return start_generations(payloads, self.loaded.tokenizer)
+        """The requests to decode; with the similarity cache on, those it answers are set aside first."""
+        if self.semantic is None:
+            return start_generations(payloads, self.loaded.tokenizer)
+        asked = [(position, p.cache) for position, p in enumerate(payloads) if isinstance(p.cache, SemanticQuery)]
+        for payload in payloads:
+            if isinstance(payload.cache, str):
+                self.semantic.skip(payload.cache)
+        looked = (
+            dict(zip([position for position, _ in asked], self.semantic.lookup([q for _, q in asked]), strict=True))
+            if asked
+            else {}
+        )
+        answered = {position: item.hit for position, item in looked.items() if item.hit is not None}
+        to_decode = [position for position in range(len(payloads)) if position not in answered]
+        batch = start_generations([payloads[position] for position in to_decode], self.loaded.tokenizer)
+        remember = {}
+        for index, position in enumerate(to_decode):
+            item = looked.get(position)
+            query = payloads[position].cache
+            if item is not None and item.vector is not None and isinstance(query, SemanticQuery):
+                remember[index] = (query.group, item.vector)
+        return dataclasses.replace(batch, answered=answered, remember=remember)
 
     def inference(self, batch: GenerationBatch, scope: BatchScope) -> GenerationBatch:
         """Decode the batch; streaming requests get their new text pieces after every step."""
         generations = batch.generations
+        if not generations:  # every request was answered from the similarity cache
+            return batch
         started = time.perf_counter()
         first_token_at: list[float] = []
 
@@ -208,9 +260,30 @@ class GeneratorHandler(ServingHandler):
         return generation.text.take()
 
     def postprocess(self, batch: GenerationBatch, payloads: list[AcceptedGeneration]) -> list[Any]:
+        """One result per accepted request, in order: its answer from the cache, or its decoded one (which the
+        similarity cache keeps when it looked the request up)."""
+        decoded = iter(enumerate(batch.generations))
         results: list[Any] = []
-        for generation in batch.generations:
-            request, sequence = generation.request, generation.sequence
+        remember = []
+        for position, payload in enumerate(payloads):
+            request = payload.request
+            hit = batch.answered.get(position)
+            if hit is not None:
+                results.append(
+                    Outcome(
+                        text=hit.answer.text,
+                        rest=hit.answer.text if request.stream else "",
+                        finish_reason=hit.answer.finish_reason,
+                        prompt_tokens=len(request.prompt_ids),
+                        completion_tokens=hit.answer.completion_tokens,
+                        seed=request.settings.seed if request.seed_reported else None,
+                        model=self.loaded.info,
+                        cached={"similarity": round(hit.similarity, 4), "age_s": round(hit.age_s, 1)},
+                    )
+                )
+                continue
+            index, generation = next(decoded)
+            sequence = generation.sequence
             if sequence.finish_reason == FINISH_ERROR:
                 results.append(
                     ServerError(f"generation stopped after {len(sequence.token_ids)} token(s): {sequence.error}")
@@ -219,18 +292,28 @@ class GeneratorHandler(ServingHandler):
             generation.text.finish()
             if generation.text.stopped:  # a stop sequence completed by the text held back until the end
                 sequence.stop()
-            results.append(
-                Outcome(
-                    text=generation.text.text,
-                    rest=generation.text.rest() if request.stream else "",
-                    finish_reason=sequence.finish_reason,
-                    prompt_tokens=len(sequence.prompt_ids),
-                    completion_tokens=len(sequence.token_ids),
-                    seed=request.settings.seed if request.seed_reported else None,
-                    model=self.loaded.info,
-                )
+            outcome = Outcome(
+                text=generation.text.text,
+                rest=generation.text.rest() if request.stream else "",
+                finish_reason=sequence.finish_reason,
+                prompt_tokens=len(sequence.prompt_ids),
+                completion_tokens=len(sequence.token_ids),
+                seed=request.settings.seed if request.seed_reported else None,
+                model=self.loaded.info,
             )
+            results.append(outcome)
+            if index in batch.remember and outcome.finish_reason is not None:
+                group, vector = batch.remember[index]
+                answer = StoredAnswer(outcome.text, outcome.finish_reason, outcome.completion_tokens)
+                remember.append((group, vector, answer))
+        if remember and self.semantic is not None:
+            self.semantic.remember(remember)
         return results
+
+    def after_batch(self, batch: GenerationBatch, metrics: HandlerMetrics) -> None:
+        super().after_batch(batch, metrics)
+        if self.semantic is not None:
+            self.semantic.record(metrics)
 
     # ------------------------------------------------------------------------------ how answers are framed
     # Each request's API (native, OpenAI completions or chat) frames its answer: request.answers.

@@ -263,6 +263,9 @@ def write_metrics_config(log=print):
         log(f"{METRICS_CONFIG.relative_to(REPO)}: regenerated from handlers/core/metrics.py")
 
 
+OPTIONAL = "?"  # a files entry ending in it is packed only when it exists
+
+
 def fill(text, values):
     for key, value in values.items():
         text = text.replace("{" + key + "}", str(value))
@@ -295,7 +298,7 @@ def run_prepare(spec, build_dir, values, force, log):
     inputs = [REPO / p for p in filled if p.strip()]
     stamp = build_dir / ".prepare-hash"
     wanted = digest(inputs, extra=json.dumps(command))
-    outputs = [build_dir / f for f in spec.get("files", [])]
+    outputs = [build_dir / f for f in spec.get("files", []) if not f.endswith(OPTIONAL)]
     if not force and stamp.exists() and stamp.read_text() == wanted and all(p.exists() for p in outputs):
         log(f"{spec['name']}: prepare step up to date")
         return
@@ -339,9 +342,14 @@ def update_manifest(store, archive_name, entry):
 
 def archive_entries(spec, build_dir):
     """(source path, name at the archive's root) for each of the spec's files; an entry ending in '/' packs the
-    folder's contents at the root (a staged model folder), anything else goes in under its own name."""
+    folder's contents at the root (a staged model folder), one ending in '?' only when the prepare step made it
+    (e.g. the generator's embedder/, staged with --var embedder=...), anything else goes in under its own name."""
     entries = []
     for name in spec.get("files", []):
+        if name.endswith(OPTIONAL):
+            name = name[: -len(OPTIONAL)]
+            if not (build_dir / name).exists():
+                continue
         source = resolve_file(spec, build_dir, name)
         if name.endswith("/"):
             entries += [(child, child.name) for child in sorted(source.iterdir())]

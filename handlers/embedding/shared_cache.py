@@ -247,16 +247,18 @@ class SharedCacheEvents:
     round_trips: list[tuple[str, float]] | None = None  # (operation, milliseconds)
 
 
-class SharedCache:
-    """One worker's client of the shared tier: ``get_many`` (one MGET) and ``put_many`` (one pipelined SET EX)."""
+class RedisTier:
+    """What every tier kept in a Redis-protocol server shares: one client that never retries (a failed call is a miss,
+    at once), the breaker, and the events recorded as metrics (:func:`record_shared_cache`). The embedding tier
+    (:class:`SharedCache`) and the generator's similarity cache (handlers/generation/semantic_cache/shared.py) add
+    their own calls through :meth:`call`."""
 
-    def __init__(self, settings: dict[str, Any], namespace: Namespace, url: str, password: str | None = None) -> None:
+    def __init__(self, settings: dict[str, Any], url: str, password: str | None = None) -> None:
         import redis
         from redis.backoff import NoBackoff
         from redis.retry import Retry
 
         self.settings = settings
-        self.namespace = namespace
         self.url = url
         timeout = settings["timeout_ms"] / 1000
         # No retries (redis-py retries connection errors 3 times by default): a failed call is a miss, at once.
@@ -271,44 +273,8 @@ class SharedCache:
         self.breaker = CircuitBreaker(settings["breaker_failures"], settings["breaker_cooldown_s"])
         self.events = SharedCacheEvents(round_trips=[])
 
-    def get_many(self, keys: Sequence[CacheKey]) -> dict[CacheKey, CachedEmbedding]:
-        """The decodable entries among ``keys`` (one MGET; nothing when the breaker is open or the call fails)."""
-        if not keys:
-            return {}
-        values = self._call("get", lambda: self.client.mget([self.namespace.server_key(key) for key in keys]))
-        if values is None:
-            self.events.misses += len(keys)
-            return {}
-        found = {}
-        for key, value in zip(keys, values, strict=True):
-            entry = None
-            if value is not None and len(value) <= self.settings["max_value_bytes"]:
-                entry = decode_value(self.namespace, key, value)
-                if entry is None:
-                    self.events.bad_values += 1
-            if entry is None:
-                self.events.misses += 1
-            else:
-                found[key] = entry
-                self.events.hits += 1
-        return found
-
-    def put_many(self, entries: Sequence[tuple[CacheKey, CachedEmbedding]]) -> None:
-        """Store computed rows with the TTL (one pipelined round trip; dropped when the breaker is open)."""
-        values = [(self.namespace.server_key(key), encode_value(self.namespace, key, entry)) for key, entry in entries]
-        values = [(key, value) for key, value in values if len(value) <= self.settings["max_value_bytes"]]
-        if not values:
-            return
-
-        def write() -> Any:
-            pipeline = self.client.pipeline(transaction=False)
-            for key, value in values:
-                pipeline.set(key, value, ex=self.settings["ttl_s"])
-            return pipeline.execute()
-
-        self._call("set", write)
-
-    def _call(self, operation: str, call: Any) -> Any:
+    def call(self, operation: str, call: Any) -> Any:
+        """``call()``'s result, or None when the breaker is open or the call fails or times out (counted)."""
         import redis
 
         if not self.breaker.allows():
@@ -340,11 +306,59 @@ class SharedCache:
     def describe(self) -> dict[str, Any]:
         return {
             "url": redacted(self.url),
-            "prefix": self.namespace.prefix.decode(),
             "breaker": self.breaker.state,
             "breaker_opened": self.breaker.times_opened,
             **{key: self.settings[key] for key in FIELDS},
         }
+
+
+class SharedCache(RedisTier):
+    """One worker's client of the shared embedding tier: ``get_many`` (one MGET) and ``put_many`` (one pipelined SET
+    EX)."""
+
+    def __init__(self, settings: dict[str, Any], namespace: Namespace, url: str, password: str | None = None) -> None:
+        super().__init__(settings, url, password)
+        self.namespace = namespace
+
+    def get_many(self, keys: Sequence[CacheKey]) -> dict[CacheKey, CachedEmbedding]:
+        """The decodable entries among ``keys`` (one MGET; nothing when the breaker is open or the call fails)."""
+        if not keys:
+            return {}
+        values = self.call("get", lambda: self.client.mget([self.namespace.server_key(key) for key in keys]))
+        if values is None:
+            self.events.misses += len(keys)
+            return {}
+        found = {}
+        for key, value in zip(keys, values, strict=True):
+            entry = None
+            if value is not None and len(value) <= self.settings["max_value_bytes"]:
+                entry = decode_value(self.namespace, key, value)
+                if entry is None:
+                    self.events.bad_values += 1
+            if entry is None:
+                self.events.misses += 1
+            else:
+                found[key] = entry
+                self.events.hits += 1
+        return found
+
+    def put_many(self, entries: Sequence[tuple[CacheKey, CachedEmbedding]]) -> None:
+        """Store computed rows with the TTL (one pipelined round trip; dropped when the breaker is open)."""
+        values = [(self.namespace.server_key(key), encode_value(self.namespace, key, entry)) for key, entry in entries]
+        values = [(key, value) for key, value in values if len(value) <= self.settings["max_value_bytes"]]
+        if not values:
+            return
+
+        def write() -> Any:
+            pipeline = self.client.pipeline(transaction=False)
+            for key, value in values:
+                pipeline.set(key, value, ex=self.settings["ttl_s"])
+            return pipeline.execute()
+
+        self.call("set", write)
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "prefix": self.namespace.prefix.decode()}
 
 
 def open_shared_cache(settings: dict[str, Any], namespace: Namespace) -> SharedCache | None:
@@ -358,7 +372,7 @@ def open_shared_cache(settings: dict[str, Any], namespace: Namespace) -> SharedC
     return shared
 
 
-def record_shared_cache(shared: SharedCache, metrics: HandlerMetrics) -> None:
+def record_shared_cache(shared: RedisTier, metrics: HandlerMetrics) -> None:
     """Record what the tier did during this batch (counters only when non-zero; the breaker's state every batch)."""
     events = shared.drain()
     for name, value in (

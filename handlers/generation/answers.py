@@ -33,6 +33,13 @@ class Outcome:
     completion_tokens: int
     seed: int | None  # reported when sampling
     model: dict[str, str]  # {name, weights} (model_info.json)
+    # Set when the answer came from the similarity cache: {"similarity", "age_s"} (docs/cache.md); every API's
+    # answer (and a stream's last chunk) carries it as "cached".
+    cached: dict[str, float] | None = None
+
+    def marked(self, value: dict[str, Any]) -> dict[str, Any]:
+        """``value`` with the cache's mark when the answer came from the cache."""
+        return value if self.cached is None else {**value, "cached": self.cached}
 
 
 class Answers(Protocol):
@@ -71,7 +78,7 @@ class NativeAnswers:
         }
         if outcome.seed is not None:
             answer["seed"] = outcome.seed
-        return answer
+        return outcome.marked(answer)
 
     def body(self, outcome: Outcome) -> dict[str, Any]:
         return {"text": outcome.text, **self.counts(outcome)}

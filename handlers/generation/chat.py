@@ -21,10 +21,12 @@ messages, images and audio are refused with a message naming the place; other ke
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from handlers.core.errors import shown
 from handlers.generation.requests import FieldError, GenerationLimits, prompt_tokens
+from handlers.generation.semantic_cache.options import CacheRequest, PromptLookup
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 MESSAGE_KEYS = ("role", "content", "name")
@@ -128,3 +130,13 @@ def chat_prompt_ids(messages: list[dict[str, str]], tokenizer: Any, limits: Gene
     except TemplateError as error:  # e.g. raise_exception('Conversation roles must alternate user/assistant/...')
         raise refuse(f"the model's chat template refused 'messages': {error}"[:500]) from None
     return prompt_tokens(list(ids), "'messages'", limits)
+
+
+def chat_lookup(messages: list[dict[str, str]], seed_given: bool, option: CacheRequest) -> PromptLookup:
+    """What the similarity cache compares of a chat: its last message, when it is the user's; every earlier message
+    (system prompt, history) and that message's name must match exactly."""
+    last = messages[-1]
+    context = json.dumps([*messages[:-1], {k: v for k, v in last.items() if k != "content"}], sort_keys=True)
+    if last["role"] != "user":
+        return PromptLookup(None, context, "chat", seed_given, option, skip="not_user_message")
+    return PromptLookup(last["content"], context, "chat", seed_given, option)

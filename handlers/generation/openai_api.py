@@ -39,6 +39,7 @@ from handlers.generation.requests import (
     FieldError,
     GenerationLimits,
     GenerationRequest,
+    cache_request,
     checked_seed,
     checked_stop,
     checked_stream,
@@ -46,16 +47,30 @@ from handlers.generation.requests import (
     checked_top_p,
     integer,
     max_new_tokens,
+    prompt_lookup,
     prompt_text,
     prompt_tokens,
 )
+from handlers.generation.semantic_cache.options import REQUEST_FIELD
 from handlers.generation.streaming import SSE_CONTENT_TYPE, SSE_DONE, sse
 
 COMPLETIONS_ROUTE = "v1/completions"
 CHAT_ROUTE = "v1/chat/completions"
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default: sampling (the native API's default is greedy)
 
-SAMPLING_FIELDS = ("model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options")
+# semantic_cache: the similarity cache's per-request option (docs/cache.md), sent through the client's extra_body.
+SAMPLING_FIELDS = (
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "stop",
+    "n",
+    "stream",
+    "stream_options",
+    REQUEST_FIELD,
+)
 COMPLETION_FIELDS = ("prompt", *SAMPLING_FIELDS)
 CHAT_FIELDS = ("messages", "max_completion_tokens", *SAMPLING_FIELDS)
 COMPLETION_IGNORED = ("user",)
@@ -248,11 +263,14 @@ def parse_completion(body: Any, served: Served) -> GenerationRequest:
     prompt = completion_prompt(body, served.limits)
     settings, stop = sampling(body, served, "max_tokens")
     stream = checked_stream(body)
+    lookup = prompt_lookup(body, prompt)
     answers = CompletionAnswers(
         f"cmpl-{secrets.token_hex(12)}", int(time.time()), model, fingerprint(served), include_usage(body, stream)
     )
     prompt_ids = prompt_tokens(served.tokenizer.encode(prompt), "'prompt'", served.limits)
-    return GenerationRequest(prompt_ids, settings, stream, seed_reported=False, stop=stop, answers=answers)
+    return GenerationRequest(
+        prompt_ids, settings, stream, seed_reported=False, stop=stop, answers=answers, lookup=lookup
+    )
 
 
 def chat_tokens_key(body: dict[str, Any]) -> str:
@@ -273,11 +291,14 @@ def parse_chat(body: Any, served: Served) -> GenerationRequest:
     messages = chat.checked_messages(body["messages"], served.limits)
     settings, stop = sampling(body, served, chat_tokens_key(body))
     stream = checked_stream(body)
+    lookup = chat.chat_lookup(messages, "seed" in body, cache_request(body))
     answers = ChatAnswers(
         f"chatcmpl-{secrets.token_hex(12)}", int(time.time()), model, fingerprint(served), include_usage(body, stream)
     )
     prompt_ids = chat.chat_prompt_ids(messages, served.tokenizer, served.limits)
-    return GenerationRequest(prompt_ids, settings, stream, seed_reported=False, stop=stop, answers=answers)
+    return GenerationRequest(
+        prompt_ids, settings, stream, seed_reported=False, stop=stop, answers=answers, lookup=lookup
+    )
 
 
 PARSERS: dict[str, Callable[[Any, Served], GenerationRequest]] = {
@@ -337,19 +358,19 @@ class OpenAIAnswers:
 
     def body(self, outcome: Outcome) -> dict[str, Any]:
         choice = self.choice(outcome.text, outcome.finish_reason, streamed=False)
-        return {**self.envelope(self.object_name), "choices": [choice], "usage": usage(outcome)}
+        return outcome.marked({**self.envelope(self.object_name), "choices": [choice], "usage": usage(outcome)})
 
     def chunk(self, choices: list[dict[str, Any]], outcome: Outcome | None = None) -> str:
         chunk = {**self.envelope(self.chunk_object_name), "choices": choices}
         if self.include_usage:  # as OpenAI: null in every chunk but the last, which has no choices
-            chunk["usage"] = usage(outcome) if outcome is not None else None
-        return sse(chunk)
+            chunk["usage"] = usage(outcome) if outcome is not None and not choices else None
+        return sse(outcome.marked(chunk) if outcome is not None else chunk)
 
     def piece(self, text: str) -> str:
         return self.chunk([self.choice(text, None, streamed=True)])
 
     def stream_end(self, outcome: Outcome) -> str:
-        last = self.chunk([self.choice(outcome.rest, outcome.finish_reason, streamed=True)])
+        last = self.chunk([self.choice(outcome.rest, outcome.finish_reason, streamed=True)], outcome)
         usage_chunk = self.chunk([], outcome) if self.include_usage else ""
         return last + usage_chunk + SSE_DONE
 

@@ -19,15 +19,16 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from handlers.core.errors import RequestError, shown
 from handlers.generation.answers import NATIVE_ANSWERS, Answers
 from handlers.generation.decoding import SamplingSettings, Sequence
+from handlers.generation.semantic_cache.options import REQUEST_FIELD, CacheRequest, PromptLookup, parse_cache_request
 from handlers.generation.streaming import AnswerText
 
-FIELDS = ("prompt", "max_new_tokens", "temperature", "top_k", "seed", "stream")
+FIELDS = ("prompt", "max_new_tokens", "temperature", "top_k", "seed", "stream", REQUEST_FIELD)
 MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes a 64-bit value; keep it a signed one for every client
 MAX_STOP_SEQUENCES = 4  # OpenAI's limit
 MAX_STOP_CHARS = 256  # per stop sequence: longer ones are refused, not searched for in every step's text
@@ -64,6 +65,8 @@ class GenerationRequest:
     # False: a streamed request's pieces all go in its final answer (one NDJSON line), none ahead of it. A gRPC
     # unary Predictions call must not get intermediate pieces: TorchServe 0.12 then fails the worker for good.
     send_pieces: bool = True
+    # What the similarity cache compares and what must match exactly (None: the parser gave nothing to look up).
+    lookup: PromptLookup | None = None
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,8 @@ class AcceptedGeneration:
 
     idx: int
     request: GenerationRequest
+    # Where the similarity cache looks it up (a SemanticQuery), why it does not (a reason), or None (no cache).
+    cache: Any = None
 
 
 @dataclass
@@ -86,9 +91,15 @@ class Generation:
 
 @dataclass(frozen=True)
 class GenerationBatch:
-    """What preprocess hands to inference, and inference (its generations decoded) to postprocess."""
+    """What preprocess hands to inference, and inference (its generations decoded) to postprocess.
+
+    ``generations`` are the requests to decode; requests answered from the similarity cache are in ``answered`` (by
+    their position among the batch's accepted requests) and decode nothing; ``remember`` holds, by position among
+    ``generations``, where a new answer goes in that cache (its group and prompt vector)."""
 
     generations: list[Generation]
+    answered: dict[int, Any] = field(default_factory=dict)
+    remember: dict[int, tuple[bytes, Any]] = field(default_factory=dict)
 
     @property
     def rows(self) -> int:
@@ -134,6 +145,19 @@ def checked_seed(body: dict[str, Any]) -> tuple[int, bool]:
     if "seed" in body:
         return integer(body, "seed", 0, 0, MAX_SEED), True
     return secrets.randbelow(MAX_SEED + 1), False
+
+
+def cache_request(body: dict[str, Any]) -> CacheRequest:
+    """The body's ``semantic_cache`` field, refused with its name (handlers.generation.semantic_cache.options)."""
+    try:
+        return parse_cache_request(body)
+    except RequestError as error:
+        raise FieldError(REQUEST_FIELD, error.message) from None
+
+
+def prompt_lookup(body: dict[str, Any], prompt: str) -> PromptLookup:
+    """A prompt's lookup (native API and OpenAI completions: the prompt is tokenized alike in both)."""
+    return PromptLookup(prompt, "", "prompt", "seed" in body, cache_request(body))
 
 
 def checked_stream(body: dict[str, Any]) -> bool:
@@ -250,7 +274,14 @@ def parse_generation_request(
     top_k = integer(body, "top_k", 0, 0, limits.vocab_size)
     seed, _ = checked_seed(body)
     stream = checked_stream(body)
+    lookup = prompt_lookup(body, prompt)
 
     prompt_ids = prompt_tokens(tokenize(prompt), "'prompt'", limits)
     settings = SamplingSettings(max_new_tokens=new_tokens, temperature=temperature, top_k=top_k, seed=seed)
-    return GenerationRequest(prompt_ids=prompt_ids, settings=settings, stream=stream, seed_reported=not settings.greedy)
+    return GenerationRequest(
+        prompt_ids=prompt_ids,
+        settings=settings,
+        stream=stream,
+        seed_reported=not settings.greedy,
+        lookup=lookup,
+    )

@@ -1,0 +1,285 @@
+"""The similarity cache of one generator worker: which requests may be answered from it, their groups, the lookups of
+a batch, the answers it keeps, and its metrics.
+
+A stored answer is served only where it is a correct answer for the new request: the new prompt must be within the
+threshold in meaning, and everything else that decides the answer must be equal. That is the request's **group**, a
+hash of: the model's name, version and weights; the API's prompt form (a prompt, or a chat with the template); a
+chat's earlier messages, system prompt included, exactly; max new tokens; temperature, top_k, top_p; stop sequences;
+the request's partition; and for sampled requests the seed. A lookup compares vectors within its own group only.
+
+Not looked up (and not stored), each counted by reason: requests that opt out (``"semantic_cache": false``), sampled
+requests without a seed (they asked for a fresh random draw), chats whose last message is not the user's, prompts
+longer than the embedding model's window (the cut tail could change the meaning, and an answer is never served for
+half a prompt), and a batch whose embedding failed. The cache never fails a request: any of its errors is a miss.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from handlers.core.errors import RequestError
+from handlers.core.metrics import HandlerMetrics
+from handlers.embedding.shared_cache import effective_url, read_password, record_shared_cache, redacted
+from handlers.generation.decoding import SamplingSettings
+from handlers.generation.semantic_cache.embedder import Embedder, load_embedder
+from handlers.generation.semantic_cache.options import SEMANTIC_CACHE_OPTION, PromptLookup
+from handlers.generation.semantic_cache.shared import SemanticTier, SharedEntry, embedder_fingerprint
+from handlers.generation.semantic_cache.store import Hit, SemanticStore, StoredAnswer
+
+logger = logging.getLogger(__name__)
+
+DUPLICATE_SIMILARITY = 0.9999  # an answer this close to a stored one of its group is not stored again
+CACHED_FINISH_REASONS = ("stop", "length")
+
+
+@dataclass(frozen=True)
+class SemanticQuery:
+    group: bytes
+    text: str
+    threshold: float
+
+
+@dataclass(frozen=True)
+class Looked:
+    """One query's outcome: a hit, or the vector its new answer is stored under, or why neither."""
+
+    hit: Hit | None = None
+    vector: torch.Tensor | None = None
+    skip: str = ""
+
+
+# Words whose change flips an answer while barely moving a sentence embedding: negations, numbers in words,
+# ordinals. With handler.semantic_cache.exact_terms (the default), these and every number written in digits must be
+# the same in two prompts for one to answer the other (they are part of the group), measured in docs/cache.md.
+NEGATIONS = frozenset("not no never non without none nothing neither nor cannot nobody nowhere".split())
+NUMBER_WORDS = frozenset(
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen "
+    "eighteen nineteen twenty thirty forty fifty sixty seventy eighty ninety hundred thousand million billion half "
+    "quarter double twice first second third fourth fifth sixth seventh eighth ninth tenth last".split()
+)
+TERM = re.compile(r"\d+(?:[.,]\d+)*|\w+(?:'\w+)?")
+
+
+def exact_terms(text: str) -> str:
+    """The prompt's numbers, number words and negations, in order of appearance (``"n't"`` counts as ``not``)."""
+    terms = []
+    for match in TERM.finditer(text.casefold()):
+        word = match.group()
+        if word[0].isdigit():
+            terms.append(word.replace(",", ""))
+        elif word in NEGATIONS or word in NUMBER_WORDS:
+            terms.append(word)
+        elif word.endswith("n't"):
+            terms.append("not")
+    return " ".join(terms)
+
+
+def group_hash(fields: list[str]) -> bytes:
+    # Length-prefixed: ("a:b", "c") and ("a", "b:c") must not hash alike.
+    data = b"".join(len(f.encode()).to_bytes(4, "little") + f.encode() for f in fields)
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
+class SemanticCache:
+    def __init__(
+        self,
+        settings: dict[str, Any],
+        embedder: Embedder,
+        model: dict[str, str],
+        shared: SemanticTier | None = None,
+    ) -> None:
+        self.settings = settings
+        self.threshold = settings["threshold"]
+        self.embedder = embedder
+        self.model = model  # name (TorchServe's), version, info (name and weights shown in answers)
+        self.store = SemanticStore(embedder.dimension, settings["capacity"], settings["max_bytes"], settings["ttl_s"])
+        self.shared = shared
+        self.counts: Counter[str] = Counter()
+        self.skipped: Counter[str] = Counter()
+        self.lookup_ms: list[float] = []
+        if shared is not None:
+            received = shared.read_backlog()
+            for entry in received:
+                self.store.insert(entry.group, entry.vector, entry.answer, entry.created)
+            logger.info("semantic cache: %d entries from the shared tier at load", len(received))
+
+    # ------------------------------------------------------------------------------------------------- per request
+    def query(self, settings: SamplingSettings, stop: tuple[str, ...], lookup: PromptLookup | None) -> Any:
+        """The request's SemanticQuery, or the reason it is not looked up (a string); refuses a min_similarity
+        below the model's threshold (a request may only be stricter)."""
+        if lookup is None or not lookup.option.use:
+            return "opted_out"
+        if lookup.text is None:
+            return lookup.skip or "not_looked_up"
+        if not settings.greedy and not lookup.seed_given:
+            return "unseeded_sampling"
+        threshold = self.threshold
+        wanted = lookup.option.min_similarity
+        if wanted is not None:
+            if wanted < self.threshold:
+                raise RequestError(
+                    f"'semantic_cache.min_similarity' is {wanted}; it may only be stricter than this model's "
+                    f"threshold {self.threshold} (handler.semantic_cache.threshold)"
+                )
+            threshold = wanted
+        fields = [
+            self.model["name"],
+            self.model["version"],
+            self.model["info"],
+            lookup.api,
+            lookup.context,
+            str(settings.max_new_tokens),
+            settings.temperature.hex(),
+            str(settings.top_k),
+            settings.top_p.hex(),
+            "" if settings.greedy else str(settings.seed),
+            json.dumps(list(stop)),
+            lookup.option.partition,
+            exact_terms(lookup.text) if self.settings["exact_terms"] else "",
+        ]
+        return SemanticQuery(group_hash(fields), lookup.text, threshold)
+
+    def skip(self, reason: str) -> None:
+        self.skipped[reason] += 1
+
+    # ------------------------------------------------------------------------------------------------- per batch
+    def lookup(self, queries: list[SemanticQuery]) -> list[Looked]:
+        """Embed the queries' texts in one call of the embedding handler, take what other workers stored since the
+        last batch, then search each query's group."""
+        started = time.perf_counter()
+        self.sync()
+        try:
+            rows = self.embedder.embed([query.text for query in queries])
+        except Exception:  # the cache must never fail a request: no lookup for this batch
+            logger.warning("semantic cache: embedding %d prompt(s) failed", len(queries), exc_info=True)
+            rows = [RequestError("embedding failed")] * len(queries)
+        looked = []
+        for query, row in zip(queries, rows, strict=True):
+            if isinstance(row, RequestError):
+                looked.append(Looked(skip="embed_failed"))
+            elif row.truncated:
+                looked.append(Looked(skip="too_long"))
+            else:
+                hit = self.store.lookup(query.group, row.embedding, query.threshold)
+                looked.append(Looked(hit=hit, vector=None if hit is not None else row.embedding))
+        for item in looked:
+            if item.skip:
+                self.skip(item.skip)
+            else:
+                self.counts["hits" if item.hit is not None else "misses"] += 1
+        self.lookup_ms.append((time.perf_counter() - started) * 1000)
+        return looked
+
+    def remember(self, answers: list[tuple[bytes, torch.Tensor, StoredAnswer]]) -> None:
+        """Keep new answers (not one already stored for the same prompt), and hand them to the shared tier."""
+        stored = []
+        for group, vector, answer in answers:
+            if answer.finish_reason not in CACHED_FINISH_REASONS:
+                continue
+            if self.store.lookup(group, vector, DUPLICATE_SIMILARITY) is not None:
+                continue
+            created = time.time()
+            if self.store.insert(group, vector, answer, created):
+                stored.append(SharedEntry(group, vector, answer, created))
+        self.counts["stored"] += len(stored)
+        if self.shared is not None and stored:
+            self.shared.publish(stored)
+
+    def sync(self) -> None:
+        if self.shared is None:
+            return
+        for entry in self.shared.poll():
+            self.store.insert(entry.group, entry.vector, entry.answer, entry.created)
+
+    def record(self, metrics: HandlerMetrics) -> None:
+        """This batch's figures (counters only when non-zero)."""
+        for name, key in (
+            ("SemanticCacheHits", "hits"),
+            ("SemanticCacheMisses", "misses"),
+            ("SemanticCacheStored", "stored"),
+        ):
+            if self.counts[key]:
+                metrics.record(name, self.counts[key])
+        for reason, count in self.skipped.items():
+            metrics.record("SemanticCacheSkipped", count, [("Reason", reason)])
+        if self.shared is not None:
+            if self.shared.received:
+                metrics.record("SemanticCacheReceived", self.shared.received)
+                self.shared.received = 0
+            record_shared_cache(self.shared, metrics)
+        for milliseconds in self.lookup_ms:
+            metrics.record("SemanticCacheLookupMilliseconds", milliseconds)
+        metrics.record("SemanticCacheEntries", len(self.store))
+        self.counts.clear()
+        self.skipped.clear()
+        self.lookup_ms = []
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "threshold": self.threshold,
+            "capacity": self.settings["capacity"],
+            "max_bytes": self.settings["max_bytes"],
+            "ttl_s": self.settings["ttl_s"],
+            **self.store.describe(),
+            "embedder": self.embedder.describe(),
+            "shared": self.shared.describe() if self.shared is not None else None,
+        }
+
+
+def open_semantic_cache(
+    raw_settings: dict[str, Any],
+    model_dir: str,
+    model: dict[str, str],
+    max_completion_tokens: int,
+    threads: int,
+    gpu: Any,
+) -> SemanticCache | None:
+    """The worker's cache, or None when it is off (``enabled: false``, or ``auto`` and no embedder in the archive)."""
+    settings = SEMANTIC_CACHE_OPTION.check("semantic_cache", raw_settings)
+    enabled = settings["enabled"]
+    if enabled is False or (enabled == "auto" and not os.path.isdir(os.path.join(model_dir, settings["embedder"]))):
+        return None
+    embedder = load_embedder(
+        model_dir, settings["embedder"], settings["embedder_handler"], model["name"], model["version"], threads, gpu
+    )
+    shared = None
+    url = effective_url(settings["shared"]["url"])
+    if url:
+        described = embedder.describe()
+        fingerprint = embedder_fingerprint(
+            json.dumps(described["model"], sort_keys=True),
+            described["backend"],
+            described["precision"],
+            embedder.dimension,
+        )
+        shared = SemanticTier(
+            settings["shared"],
+            url,
+            read_password(),
+            f"sem:{model['name']}:{model['version']}:answers",
+            fingerprint,
+            embedder.dimension,
+            settings["capacity"],
+            settings["ttl_s"],
+            max_completion_tokens,
+        )
+        logger.info("semantic cache shared tier %s, stream %s", redacted(url), shared.stream_key)
+    cache = SemanticCache(settings, embedder, model, shared)
+    logger.info(
+        "semantic cache on: threshold %.3f, capacity %d, embedder %s %s",
+        settings["threshold"],
+        settings["capacity"],
+        embedder.handler.backend,
+        embedder.handler.precision,
+    )
+    return cache

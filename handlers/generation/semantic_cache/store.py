@@ -1,0 +1,153 @@
+"""One worker's similarity index: answered prompts' unit vectors, grouped by everything else that decides an answer.
+
+A lookup names its group (the hash of model, version, sampling settings, stop sequences, chat context, partition:
+:mod:`handlers.generation.semantic_cache.keys`) and a prompt's unit vector; it finds the most similar stored prompt
+of that group only, and answers with it when the cosine similarity reaches the lookup's threshold. Nothing is ever
+compared across groups, so no request parameter can reach another group's answers.
+
+Each group keeps its vectors as rows of one float32 matrix (one matrix-vector product per lookup: ~1 ms per 10k
+entries of 384 floats on one core, docs/cache.md has the measured figures); freed rows are zeroed (similarity 0,
+below any threshold) and reused. The whole store is bounded in entries and in bytes (vector + answer text) with
+least-recently-used eviction, and every entry expires ``ttl_s`` after it was first answered.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+ENTRY_OVERHEAD_BYTES = 200  # what an entry costs besides its vector and its text (objects, dict slots), roughly
+
+
+@dataclass(frozen=True)
+class StoredAnswer:
+    """What a hit answers with: the stored generation (the new request's own prompt tokens go in its usage)."""
+
+    text: str
+    finish_reason: str
+    completion_tokens: int
+
+
+@dataclass
+class Entry:
+    group: bytes
+    row: int  # its row in the group's matrix
+    answer: StoredAnswer
+    created: float  # wall-clock seconds (entries from the shared tier carry their writer's time)
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Hit:
+    answer: StoredAnswer
+    similarity: float
+    age_s: float
+
+
+@dataclass
+class Group:
+    """The vectors of one group: rows of ``matrix`` (unused rows are zero), and which entry holds each row."""
+
+    matrix: torch.Tensor
+    entry_ids: list[int | None] = field(default_factory=list)
+    free_rows: list[int] = field(default_factory=list)
+    used: int = 0
+
+    def add(self, vector: torch.Tensor, entry_id: int) -> int:
+        if self.free_rows:
+            row = self.free_rows.pop()
+        else:
+            row = len(self.entry_ids)
+            if row == self.matrix.shape[0]:  # grow by doubling: amortised O(1) per insert
+                grown = torch.zeros(max(8, 2 * row), self.matrix.shape[1], dtype=torch.float32)
+                grown[:row] = self.matrix
+                self.matrix = grown
+            self.entry_ids.append(None)
+        self.matrix[row] = vector
+        self.entry_ids[row] = entry_id
+        self.used += 1
+        return row
+
+    def remove(self, row: int) -> None:
+        self.matrix[row] = 0
+        self.entry_ids[row] = None
+        self.free_rows.append(row)
+        self.used -= 1
+
+
+class SemanticStore:
+    """Bounded in entries and bytes, LRU, with a TTL; see the module docstring."""
+
+    def __init__(
+        self, dimension: int, capacity: int, max_bytes: int, ttl_s: float, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.dimension = dimension
+        self.capacity = capacity
+        self.max_bytes = max_bytes
+        self.ttl_s = ttl_s
+        self.clock = clock
+        self.groups: dict[bytes, Group] = {}
+        self.entries: OrderedDict[int, Entry] = OrderedDict()  # least recently used first
+        self.nbytes = 0
+        self.ids = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def entry_bytes(self, text: str) -> int:
+        return 4 * self.dimension + len(text.encode("utf-8")) + ENTRY_OVERHEAD_BYTES
+
+    def lookup(self, group: bytes, vector: torch.Tensor, threshold: float) -> Hit | None:
+        """The most similar live entry of ``group`` when its cosine similarity to ``vector`` is >= ``threshold``."""
+        index = self.groups.get(group)
+        now = self.clock()
+        while index is not None and index.used:
+            rows = len(index.entry_ids)
+            similarities = index.matrix[:rows] @ vector
+            row = int(torch.argmax(similarities))
+            similarity = float(similarities[row])
+            entry_id = index.entry_ids[row]
+            if entry_id is None or similarity < threshold:
+                return None
+            entry = self.entries[entry_id]
+            if now - entry.created > self.ttl_s:  # expired: drop it, look again
+                self.evict(entry_id)
+                index = self.groups.get(group)
+                continue
+            self.entries.move_to_end(entry_id)
+            return Hit(entry.answer, min(similarity, 1.0), max(0.0, now - entry.created))
+        return None
+
+    def insert(self, group: bytes, vector: torch.Tensor, answer: StoredAnswer, created: float | None = None) -> bool:
+        """Store one answer; False when it is too big for the store or already expired. Older entries are evicted
+        (least recently used first) until both bounds hold."""
+        nbytes = self.entry_bytes(answer.text)
+        created = self.clock() if created is None else created
+        if nbytes > self.max_bytes or self.capacity == 0 or self.clock() - created > self.ttl_s:
+            return False
+        while self.entries and (len(self.entries) >= self.capacity or self.nbytes + nbytes > self.max_bytes):
+            self.evict(next(iter(self.entries)))
+        index = self.groups.get(group)
+        if index is None:
+            index = self.groups[group] = Group(torch.zeros(8, self.dimension, dtype=torch.float32))
+        entry_id = next(self.ids)
+        row = index.add(vector.to(torch.float32), entry_id)
+        self.entries[entry_id] = Entry(group, row, answer, created, nbytes)
+        self.nbytes += nbytes
+        return True
+
+    def evict(self, entry_id: int) -> None:
+        entry = self.entries.pop(entry_id)
+        self.nbytes -= entry.nbytes
+        index = self.groups[entry.group]
+        index.remove(entry.row)
+        if not index.used:
+            del self.groups[entry.group]
+
+    def describe(self) -> dict[str, int]:
+        return {"entries": len(self.entries), "bytes": self.nbytes, "groups": len(self.groups)}

@@ -1,0 +1,440 @@
+"""The generator's similarity cache (handlers/generation/semantic_cache): its index, its options and their hostile
+values, its groups, its shared-tier values, and the generator handler with it on, called in process (a tiny random
+embedding model stands in for MiniLM, so only identical prompts are similar here; paraphrases with the real model
+are tests/integration/test_semantic_cache.py's), against a real Valkey/Redis for the shared tier."""
+
+import json
+import shutil
+import struct
+import time
+
+import pytest
+import torch
+
+from handlers.core.config import ConfigError
+from handlers.core.errors import RequestError
+from handlers.embedding.shared_cache import URL_ENV
+from handlers.generation.semantic_cache.cache import exact_terms
+from handlers.generation.semantic_cache.options import SEMANTIC_CACHE_OPTION, parse_cache_request
+from handlers.generation.semantic_cache.shared import HEADER, SharedEntry, decode_entry, encode_entry
+from handlers.generation.semantic_cache.store import SemanticStore, StoredAnswer
+from scripts.ops.handler_loader import load_handler, record_metrics, set_requests, statuses
+
+DIM = 8
+JSON = {"Content-Type": "application/json"}
+
+
+def unit(seed, dim=DIM):
+    vector = torch.randn(dim, generator=torch.Generator().manual_seed(seed))
+    return vector / vector.norm()
+
+
+def answer(text="an answer", tokens=3):
+    return StoredAnswer(text, "length", tokens)
+
+
+# ----------------------------------------------------------------------------------------------------- the index
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_a_lookup_finds_the_most_similar_entry_of_its_group_at_or_above_the_threshold():
+    store = SemanticStore(DIM, 100, 1 << 20, 60)
+    store.insert(b"g", unit(1), answer("one"))
+    store.insert(b"g", unit(2), answer("two"))
+    near_two = unit(2) + 0.05 * unit(3)
+    near_two /= near_two.norm()
+    hit = store.lookup(b"g", near_two, 0.9)
+    assert hit is not None and hit.answer.text == "two" and 0.9 <= hit.similarity < 1
+    assert store.lookup(b"g", near_two, min(1.0, hit.similarity + 1e-4)) is None  # a stricter threshold misses
+    assert store.lookup(b"other group", unit(2), 0.5) is None  # never across groups, even for the same vector
+
+
+def test_capacity_evicts_the_least_recently_used_and_rows_are_reused():
+    store = SemanticStore(DIM, 3, 1 << 20, 60)
+    for seed in (1, 2, 3):
+        store.insert(b"g", unit(seed), answer(str(seed)))
+    assert store.lookup(b"g", unit(1), 0.99).answer.text == "1"  # 1 is now the most recently used
+    store.insert(b"g", unit(4), answer("4"))
+    assert len(store) == 3 and store.lookup(b"g", unit(2), 0.99) is None  # 2 was the least recently used
+    assert [store.lookup(b"g", unit(s), 0.99).answer.text for s in (1, 3, 4)] == ["1", "3", "4"]
+    assert store.groups[b"g"].matrix.shape[0] == 8  # the freed row was reused: no growth
+
+
+def test_bytes_bound_evicts_and_an_answer_too_big_for_the_store_is_not_kept():
+    store = SemanticStore(DIM, 1000, 2000, 60)
+    for seed in range(10):
+        store.insert(b"g", unit(seed), answer("x" * 400))
+    assert store.nbytes <= 2000 and 0 < len(store) < 10
+    assert not store.insert(b"g", unit(99), answer("x" * 5000)) and store.lookup(b"g", unit(99), 0.99) is None
+
+
+def test_entries_expire_after_the_ttl():
+    clock = Clock()
+    store = SemanticStore(DIM, 10, 1 << 20, 60, clock=clock)
+    store.insert(b"g", unit(1), answer())
+    clock.now += 59
+    assert store.lookup(b"g", unit(1), 0.99).age_s == pytest.approx(59)
+    clock.now += 2
+    assert store.lookup(b"g", unit(1), 0.99) is None and len(store) == 0 and not store.groups
+    assert not store.insert(b"g", unit(1), answer(), created=clock.now - 61)  # already too old (shared tier)
+
+
+# ----------------------------------------------------------------------------------------------------- options
+def check(value):
+    return SEMANTIC_CACHE_OPTION.check("semantic_cache", value)
+
+
+def test_defaults_fill_in_and_the_shared_tier_is_off():
+    settings = check({})
+    assert settings["enabled"] == "auto" and settings["threshold"] == 0.95 and settings["exact_terms"] is True
+    assert settings["shared"]["url"] == "" and settings["shared"]["max_value_bytes"] == 65536
+
+
+@pytest.mark.parametrize(
+    "value, says",
+    [
+        ({"threshold": float("nan")}, "threshold"),
+        ({"threshold": float("inf")}, "threshold"),
+        ({"threshold": 1.5}, "threshold"),
+        ({"threshold": 0.1}, "threshold"),
+        ({"threshold": True}, "threshold"),
+        ({"capacity": 0}, "capacity"),
+        ({"capacity": 10**9}, "capacity"),
+        ({"max_bytes": 10}, "max_bytes"),
+        ({"ttl_s": -1}, "ttl_s"),
+        ({"enabled": "yes"}, "enabled"),
+        ({"embedder": "../elsewhere"}, "embedder"),
+        ({"embedder": "/etc"}, "embedder"),
+        ({"exact_terms": "no"}, "exact_terms"),
+        ({"embedder_handler": {"precison": "bf16"}}, "precison"),
+        ({"shared": {"url": "redis://user:secret@host:6379"}}, "password"),
+        ({"shared": {"timeout_ms": 0}}, "timeout_ms"),
+        ({"nonsense": 1}, "unknown field"),
+    ],
+)
+def test_hostile_settings_are_refused_naming_the_field(value, says):
+    with pytest.raises(ConfigError, match=says) as refused:
+        check(value)
+    assert "secret" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "value, says",
+    [
+        ({"min_similarity": "0.9"}, "must be a number"),
+        ({"min_similarity": True}, "must be a number"),
+        ({"min_similarity": float("nan")}, "in \\[0, 1\\]"),
+        ({"min_similarity": 1e308 * 10}, "in \\[0, 1\\]"),
+        ({"min_similarity": -0.1}, "in \\[0, 1\\]"),
+        ({"partition": 7}, "partition"),
+        ({"partition": "p" * 129}, "partition"),
+        ({"partition": "\ud800"}, "Unicode"),
+        ({"mode": "loose"}, "unknown"),
+        ([], "true, false or an object"),
+        ("yes", "true, false or an object"),
+    ],
+)
+def test_hostile_request_options_are_refused(value, says):
+    with pytest.raises(RequestError, match=says):
+        parse_cache_request({"semantic_cache": value})
+
+
+def test_request_options_in_their_accepted_forms():
+    assert parse_cache_request({}).use and parse_cache_request({"semantic_cache": None}).use
+    assert not parse_cache_request({"semantic_cache": False}).use
+    option = parse_cache_request({"semantic_cache": {"min_similarity": 1, "partition": "tenant-a"}})
+    assert option.min_similarity == 1.0 and option.partition == "tenant-a"
+
+
+def test_exact_terms_are_the_numbers_number_words_and_negations():
+    assert exact_terms("What is 15% of 80?") == "15 80"
+    assert exact_terms("Which numbers between one and ten are NOT prime?") == "one ten not"
+    assert exact_terms("Why doesn't it start? 1,000 tries") == "not 1000"
+    assert exact_terms("How many days in a non-leap year") == "non"
+    assert exact_terms("How do I reset my password?") == ""
+
+
+# ----------------------------------------------------------------------------------------------------- shared values
+FINGERPRINT = b"\x01" * 8
+
+
+def shared_entry(created=None, text="answer text"):
+    return SharedEntry(b"G" * 16, unit(5), StoredAnswer(text, "stop", 4), created or time.time())
+
+
+def decode(value, oldest=0.0):
+    return decode_entry(value, DIM, FINGERPRINT, 256, oldest)
+
+
+def test_a_shared_value_round_trips():
+    entry = shared_entry(text="é ünïcode ✓")
+    decoded = decode(encode_entry(entry, FINGERPRINT))
+    assert decoded.group == entry.group and decoded.answer == entry.answer
+    assert torch.allclose(decoded.vector, entry.vector) and abs(decoded.created - entry.created) < 0.002
+
+
+def damaged(value, offset, data):
+    return value[:offset] + data + value[offset + len(data) :]
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda v: b"pickle" + v[6:],  # magic
+        lambda v: v[:-1],  # truncated text
+        lambda v: v + b"x",  # trailing bytes
+        lambda v: damaged(v, 4, b"\x09"),  # format
+        lambda v: damaged(v, 5, b"\x07"),  # finish reason
+        lambda v: damaged(v, 6, struct.pack("<H", DIM + 1)),  # dimension
+        lambda v: damaged(v, 24, b"\x02" * 8),  # another embedder's vectors
+        lambda v: damaged(v, 40, struct.pack("<I", 10**6)),  # completion tokens over the model's limit
+        lambda v: damaged(v, HEADER.size, struct.pack("<f", float("nan"))),  # non-finite vector
+        lambda v: damaged(v, HEADER.size, struct.pack("<f", 3.0)),  # not unit length
+        lambda v: damaged(v, len(v) - 2, b"\xff\xfe"),  # not UTF-8
+        lambda v: None,
+        lambda v: "a string",
+    ],
+)
+def test_a_damaged_or_foreign_shared_value_is_refused(damage):
+    assert decode(damage(encode_entry(shared_entry(), FINGERPRINT))) is None
+
+
+def test_a_shared_value_past_the_ttl_is_refused():
+    value = encode_entry(shared_entry(created=time.time() - 100), FINGERPRINT)
+    assert decode(value, oldest=time.time() - 50) is None and decode(value, oldest=time.time() - 200) is not None
+
+
+# ----------------------------------------------------------------------------------------------------- the handler
+@pytest.fixture(scope="module")
+def cached_generator_dir(prepared_model_dir, tiny_minilm_dir, tmp_path_factory):
+    """The demo generator's folder with a (tiny, random) embedding model packed as embedder/."""
+    folder = tmp_path_factory.mktemp("cached-generator") / "model"
+    shutil.copytree(prepared_model_dir("generator"), folder)
+    shutil.copytree(tiny_minilm_dir, folder / "embedder")
+    return folder
+
+
+def load(folder, shared_url="", **semantic):
+    settings = {"embedder_handler": {"precision": "fp32", "backend": "eager", "threads": 1}, **semantic}
+    settings["shared"] = {"url": shared_url, "timeout_ms": 200, "breaker_cooldown_s": 0.5}
+    return load_handler(folder, "generator", {"semantic_cache": settings}, batch_size=4)
+
+
+@pytest.fixture(scope="module")
+def generator(cached_generator_dir):
+    return load(cached_generator_dir)
+
+
+class ChunkRecorder:
+    def __init__(self):
+        self.messages = []
+
+    def __call__(self, context, chunks):
+        self.messages.append(dict(chunks))
+
+
+def run(handler, context, bodies, route=""):
+    headers = {**JSON, "url_path": route} if route else JSON
+    set_requests(context, [headers] * len(bodies))
+    handler.stream_sink = ChunkRecorder()
+    answers = handler.handle([{"body": body} for body in bodies], context)
+    return [a if a.endswith("\n") else json.loads(a) for a in answers]
+
+
+def ask(generator, **body):
+    handler, context = generator
+    [result] = run(handler, context, [body])
+    return result
+
+
+def test_the_same_prompt_with_the_same_settings_is_answered_from_the_cache_and_marked(generator):
+    prompt = f"a question {time.time_ns()}"
+    first = ask(generator, prompt=prompt, max_new_tokens=6)
+    again = ask(generator, prompt=prompt, max_new_tokens=6)
+    assert "cached" not in first and again["cached"]["similarity"] == pytest.approx(1.0, abs=1e-4)
+    assert {k: again[k] for k in first} == first  # the stored answer, with this request's own counts
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"max_new_tokens": 7},
+        {"temperature": 0.7, "seed": 1},
+        {"semantic_cache": {"partition": "another tenant"}},
+    ],
+)
+def test_any_other_setting_or_partition_is_a_different_group(generator, change):
+    prompt = f"settings matter {time.time_ns()}"
+    ask(generator, prompt=prompt, max_new_tokens=6)
+    other = ask(generator, prompt=prompt, **{"max_new_tokens": 6, **change})
+    assert "cached" not in other
+    assert "cached" in ask(generator, prompt=prompt, **{"max_new_tokens": 6, **change})  # stored in its own group
+
+
+def test_a_sampled_request_hits_only_with_its_own_seed_and_never_without_one(generator):
+    prompt = f"sampled {time.time_ns()}"
+    seeded = {"prompt": prompt, "max_new_tokens": 6, "temperature": 1.0}
+    first = ask(generator, **seeded, seed=11)
+    assert ask(generator, **seeded, seed=11)["cached"] and first["seed"] == 11
+    assert "cached" not in ask(generator, **seeded, seed=12)
+    assert "cached" not in ask(generator, **seeded) and "cached" not in ask(generator, **seeded)
+
+
+def test_opting_out_neither_reads_nor_writes(generator):
+    prompt = f"opt out {time.time_ns()}"
+    assert "cached" not in ask(generator, prompt=prompt, max_new_tokens=5, semantic_cache=False)
+    assert "cached" not in ask(generator, prompt=prompt, max_new_tokens=5)  # the opted-out answer was not stored
+    assert "cached" not in ask(generator, prompt=prompt, max_new_tokens=5, semantic_cache=False)
+    assert "cached" in ask(generator, prompt=prompt, max_new_tokens=5)
+
+
+def test_a_stricter_threshold_is_honoured_and_a_looser_one_refused(generator):
+    handler, context = generator
+    refused = ask(generator, prompt="hello", semantic_cache={"min_similarity": 0.5})
+    assert statuses(context, 1) == [400] and "only be stricter" in refused["message"]
+    prompt = f"strict {time.time_ns()}"
+    ask(generator, prompt=prompt, max_new_tokens=4)
+    assert ask(generator, prompt=prompt, max_new_tokens=4, semantic_cache={"min_similarity": 1.0})["cached"]
+
+
+def test_a_batch_mixing_hits_misses_and_errors_answers_each_request_with_its_own(generator):
+    handler, context = generator
+    prompts = [f"mixed {i} {time.time_ns()}" for i in range(2)]
+    firsts = run(handler, context, [{"prompt": p, "max_new_tokens": 5} for p in prompts])
+    batch = [
+        {"prompt": prompts[1], "max_new_tokens": 5},
+        {"prompt": "", "max_new_tokens": 5},
+        {"prompt": f"new {time.time_ns()}", "max_new_tokens": 5},
+        {"prompt": prompts[0], "max_new_tokens": 5},
+    ]
+    answers = run(handler, context, batch)
+    assert statuses(context, 4) == [200, 400, 200, 200]
+    assert answers[0]["text"] == firsts[1]["text"] and answers[3]["text"] == firsts[0]["text"]
+    assert "cached" in answers[0] and "cached" in answers[3] and "cached" not in answers[2]
+    only_hits = run(handler, context, [batch[0], batch[3]])  # nothing to decode
+    assert [a["text"] for a in only_hits] == [firsts[1]["text"], firsts[0]["text"]]
+
+
+def test_a_streamed_hit_is_one_final_chunk_with_the_whole_text(generator):
+    prompt = f"stream me {time.time_ns()}"
+    plain = ask(generator, prompt=prompt, max_new_tokens=6)
+    streamed = ask(generator, prompt=prompt, max_new_tokens=6, stream=True)
+    line = json.loads(streamed)
+    assert line["done"] and line["text"] == plain["text"] and line["cached"]["similarity"] > 0.99
+
+
+def test_chat_hits_only_with_the_same_earlier_messages_and_a_user_message_last(generator):
+    handler, context = generator
+    route = "v1/chat/completions"
+    question = f"what now {time.time_ns()}"
+
+    def chat(system, last_role="user"):
+        messages = [{"role": "system", "content": system}, {"role": last_role, "content": question}]
+        body = {"messages": messages, "max_tokens": 5, "temperature": 0}
+        [result] = run(handler, context, [body], route)
+        assert statuses(context, 1) == [200], result
+        return result
+
+    first = chat("You are brief.")
+    again = chat("You are brief.")
+    assert "cached" not in first and again["cached"] and again["choices"] == first["choices"]
+    assert "cached" not in chat("You are verbose.")  # another system prompt: another group
+    assert "cached" not in chat("You are brief.", last_role="assistant") and "cached" not in chat(
+        "You are brief.", last_role="assistant"
+    )
+
+
+def test_metrics_count_hits_misses_and_skips(cached_generator_dir):
+    handler, context = load(cached_generator_dir)
+    recorder = record_metrics(context)
+    prompt = f"metrics {time.time_ns()}"
+    run(handler, context, [{"prompt": prompt, "max_new_tokens": 3}])
+    run(handler, context, [{"prompt": prompt, "max_new_tokens": 3}, {"prompt": prompt, "semantic_cache": False}])
+    assert recorder.values("SemanticCacheMisses") == [1] and recorder.values("SemanticCacheHits") == [1]
+    assert recorder.values("SemanticCacheStored") == [1] and recorder.values("SemanticCacheSkipped") == [1]
+    assert (
+        recorder.values("SemanticCacheEntries")[-1] == 1
+        and len(recorder.values("SemanticCacheLookupMilliseconds")) == 2
+    )
+    described = handler.describe()["semantic_cache"]
+    assert described["entries"] == 1 and described["embedder"]["backend"] == "eager"
+
+
+def test_an_embedding_failure_costs_the_batch_its_lookups_only(cached_generator_dir, monkeypatch):
+    handler, context = load(cached_generator_dir)
+
+    def broken(texts):
+        raise RuntimeError("embedder down")
+
+    monkeypatch.setattr(handler.semantic.embedder, "embed", broken)
+    answers = run(handler, context, [{"prompt": "still answered", "max_new_tokens": 3}] * 2)
+    assert statuses(context, 2) == [200, 200] and all("cached" not in a for a in answers)
+
+
+def test_enabled_true_without_an_embedder_is_refused_at_load_naming_the_fix(prepared_model_dir):
+    with pytest.raises(ConfigError, match="--var embedder="):
+        load_handler(prepared_model_dir("generator"), "generator", {"semantic_cache": {"enabled": True}})
+
+
+def test_the_demo_generator_has_no_cache(prepared_model_dir):
+    handler, _ = load_handler(prepared_model_dir("generator"), "generator")
+    assert handler.semantic is None and handler.describe()["semantic_cache"] is None
+
+
+# ----------------------------------------------------------------------------------------------------- shared tier
+@pytest.fixture(scope="module")
+def own_cache(start_cache_server):
+    return start_cache_server(name="semantic-unit-cache")
+
+
+def test_workers_share_answers_through_the_server_and_a_new_worker_reads_the_backlog(
+    cached_generator_dir, own_cache, monkeypatch
+):
+    monkeypatch.delenv(URL_ENV, raising=False)
+    first = load(cached_generator_dir, own_cache.url)
+    second = load(cached_generator_dir, own_cache.url)
+    prompt = f"shared {time.time_ns()}"
+    computed = ask(first, prompt=prompt, max_new_tokens=5)
+    from_other = ask(second, prompt=prompt, max_new_tokens=5)
+    assert from_other["cached"] and from_other["text"] == computed["text"]
+    later = load(cached_generator_dir, own_cache.url)  # a restarted worker: its index is empty, the stream is not
+    assert len(later[0].semantic.store) >= 1
+    assert ask(later, prompt=prompt, max_new_tokens=5)["text"] == computed["text"]
+    assert own_cache.client().keys("sem:*") == [b"sem:generator:1.0:answers"]  # one stream per model and version
+
+
+def test_planted_garbage_in_the_stream_is_skipped_and_counted(cached_generator_dir, own_cache, monkeypatch):
+    monkeypatch.delenv(URL_ENV, raising=False)
+    handler, context = load(cached_generator_dir, own_cache.url)
+    recorder = record_metrics(context)
+    stream = handler.semantic.shared.stream_key
+    client = own_cache.client()
+    client.xadd(stream, {b"e": b"\x80\x04pickle garbage"})
+    client.xadd(stream, {b"other": b"field"})
+    prompt = f"garbage {time.time_ns()}"
+    run(handler, context, [{"prompt": prompt, "max_new_tokens": 3}])
+    assert statuses(context, 1) == [200]
+    assert sum(recorder.values("SharedCacheBadValues")) == 2
+
+
+def test_a_dead_cache_server_costs_no_request_and_the_breaker_opens(
+    cached_generator_dir, start_cache_server, monkeypatch
+):
+    monkeypatch.delenv(URL_ENV, raising=False)
+    server = start_cache_server(name="semantic-dying-cache")
+    handler, context = load(cached_generator_dir, server.url)
+    prompt = f"dying {time.time_ns()}"
+    run(handler, context, [{"prompt": prompt, "max_new_tokens": 3}])
+    server.kill()
+    for _ in range(5):
+        answers = run(
+            handler, context, [{"prompt": prompt, "max_new_tokens": 3}, {"prompt": "new", "max_new_tokens": 3}]
+        )
+        assert statuses(context, 2) == [200, 200]
+        assert answers[0]["cached"]  # the worker's own index still answers
+    assert handler.semantic.shared.breaker.times_opened >= 1
