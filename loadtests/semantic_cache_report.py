@@ -102,12 +102,11 @@ def load_embedder(model_dir: Path) -> Any:
 
 
 # ----------------------------------------------------------------------------------------------------- 1. rates
-def rates(embedder: Any, settings: dict[str, Any]) -> dict[str, Any]:
+def rates(embedder: Any, settings: dict[str, Any], path: Path = PARAPHRASES) -> dict[str, Any]:
+    from handlers.generation.semantic_cache.cache import exact_terms
     from handlers.generation.semantic_cache.store import SemanticStore, StoredAnswer
 
-    from handlers.generation.semantic_cache.cache import exact_terms
-
-    items = load_set()
+    items = load_set(path)
     rows = embedder.embed([prompt for prompt, _, _ in items])
     vectors = [row.embedding for row in rows]
     order = list(range(len(items)))
@@ -147,7 +146,7 @@ def rates(embedder: Any, settings: dict[str, Any]) -> dict[str, Any]:
             }
         )
     return {
-        "set": str(PARAPHRASES.relative_to(REPO)),
+        "set": str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path),
         "prompts": len(items),
         "shipped": {"threshold": shipped, "exact_terms": settings["exact_terms"]},
         "table": table,
@@ -337,6 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--archive", type=Path, help="a generator .mar packing an embedder (default: build one)")
     parser.add_argument("--only", default=",".join(PARTS), help=f"comma-separated parts of {list(PARTS)}")
+    parser.add_argument(
+        "--set", type=Path, default=PARAPHRASES, help="a paraphrase set of your own, in the same format (rates only)"
+    )
     parser.add_argument("--seconds", type=float, default=30.0, help="length of each closed-loop run (default 30)")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens per answer (default 64)")
     args = parser.parse_args(argv)
@@ -354,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
             embedder, settings = load_embedder(unpacked(archive, Path(folder)))
             report["embedder"] = embedder.describe()
             if "rates" in parts:
-                report["rates"] = rates(embedder, settings)
+                report["rates"] = rates(embedder, settings, args.set.resolve())
             if "index" in parts:
                 report["index"] = index_speed(embedder.dimension)
     if "served" in parts:
