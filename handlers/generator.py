@@ -187,24 +187,15 @@ class GeneratorHandler(ServingHandler):
         """The requests to decode; with the similarity cache on, those it answers are set aside first."""
         if self.semantic is None:
             return start_generations(payloads, self.loaded.tokenizer)
-        asked = [(position, p.cache) for position, p in enumerate(payloads) if isinstance(p.cache, SemanticQuery)]
-        for payload in payloads:
-            if isinstance(payload.cache, str):
-                self.semantic.skip(payload.cache)
-        looked = (
-            dict(zip([position for position, _ in asked], self.semantic.lookup([q for _, q in asked]), strict=True))
-            if asked
-            else {}
-        )
-        answered = {position: item.hit for position, item in looked.items() if item.hit is not None}
+        looked = self.semantic.look_up_batch([payload.cache for payload in payloads])
+        answered = {position: item.hit for position, item in enumerate(looked) if item.hit is not None}
         to_decode = [position for position in range(len(payloads)) if position not in answered]
         batch = start_generations([payloads[position] for position in to_decode], self.loaded.tokenizer)
-        remember = {}
-        for index, position in enumerate(to_decode):
-            item = looked.get(position)
-            query = payloads[position].cache
-            if item is not None and item.vector is not None and isinstance(query, SemanticQuery):
-                remember[index] = (query.group, item.vector)
+        remember = {
+            index: (looked[position].group, looked[position].vector)
+            for index, position in enumerate(to_decode)
+            if looked[position].vector is not None
+        }
         return dataclasses.replace(batch, answered=answered, remember=remember)
 
     def inference(self, batch: GenerationBatch, scope: BatchScope) -> GenerationBatch:

@@ -55,6 +55,7 @@ class Looked:
 
     hit: Hit | None = None
     vector: torch.Tensor | None = None
+    group: bytes = b""
     skip: str = ""
 
 
@@ -153,6 +154,19 @@ class SemanticCache:
         self.skipped[reason] += 1
 
     # ------------------------------------------------------------------------------------------------- per batch
+    def look_up_batch(self, queries: list[Any]) -> list[Looked]:
+        """One Looked per request of a batch: ``queries`` holds each request's SemanticQuery, or the reason it is not
+        looked up (counted here), or None (nothing to look up)."""
+        asked = [position for position, query in enumerate(queries) if isinstance(query, SemanticQuery)]
+        for query in queries:
+            if isinstance(query, str):
+                self.skip(query)
+        looked = [Looked() for _ in queries]
+        if asked:
+            for position, item in zip(asked, self.lookup([queries[p] for p in asked]), strict=True):
+                looked[position] = item
+        return looked
+
     def lookup(self, queries: list[SemanticQuery]) -> list[Looked]:
         """Embed the queries' texts in one call of the embedding handler, take what other workers stored since the
         last batch, then search each query's group."""
@@ -171,7 +185,8 @@ class SemanticCache:
                 looked.append(Looked(skip="too_long"))
             else:
                 hit = self.store.lookup(query.group, row.embedding, query.threshold)
-                looked.append(Looked(hit=hit, vector=None if hit is not None else row.embedding))
+                vector = None if hit is not None else row.embedding
+                looked.append(Looked(hit=hit, vector=vector, group=query.group))
         for item in looked:
             if item.skip:
                 self.skip(item.skip)
