@@ -918,6 +918,8 @@ class GeneratorProductions:
         body["top_k"] = rng.choice([None, 0, 1, 2, 40, self.vocab - 1, self.vocab])
         body["seed"] = rng.choice([None, 0, 1, MAX_SEED, rng.randrange(MAX_SEED)])
         body["stream"] = rng.choice([None, True, False])
+        # The similarity cache's option is valid with or without a cache in the archive (docs/semantic-cache.md).
+        body["semantic_cache"] = rng.choice([None, None, None, False, True, {"min_similarity": 1}, {"partition": "t"}])
         return {k: v for k, v in body.items() if v is not None}
 
     def good(self, rng):
@@ -967,6 +969,12 @@ class GeneratorProductions:
                 ("top_k", rng.choice([-1, self.vocab + 1, 10**20, 1.5, "5", True, None])),
                 ("seed", rng.choice([-1, MAX_SEED + 1, 2**64, 2**64 + 1, 1.0, "42", True, None, Raw("1e18")])),
                 ("stream", rng.choice(["true", 1, 0, None, "yes", []])),
+                (
+                    "semantic_cache",
+                    rng.choice(
+                        ["yes", 0, [], {"min_similarity": "1"}, {"min_similarity": 2}, {"partition": 5}, {"mode": 1}]
+                    ),
+                ),
                 ("prompt", rng.choice([None, 5, ["a", "b"], {"text": "a"}, "", True])),
             ]
         )
