@@ -8,7 +8,8 @@ compared across groups, so no request parameter can reach another group's answer
 Each group keeps its vectors as rows of one float32 matrix (one matrix-vector product per lookup: ~1 ms per 10k
 entries of 384 floats on one core, docs/cache.md has the measured figures); freed rows are zeroed (similarity 0,
 below any threshold) and reused. The whole store is bounded in entries and in bytes (vector + answer text) with
-least-recently-used eviction, and every entry expires ``ttl_s`` after it was first answered.
+least-recently-used eviction (the byte count is of vectors and texts; a group's matrix may hold up to twice the rows
+it uses), and every entry expires ``ttl_s`` after it was first answered.
 """
 
 from __future__ import annotations
@@ -63,8 +64,8 @@ class Group:
             row = self.free_rows.pop()
         else:
             row = len(self.entry_ids)
-            if row == self.matrix.shape[0]:  # grow by doubling: amortised O(1) per insert
-                grown = torch.zeros(max(8, 2 * row), self.matrix.shape[1], dtype=torch.float32)
+            if row == self.matrix.shape[0]:  # grow by doubling: amortised O(1) per insert, at most 2x the rows used
+                grown = torch.zeros(max(1, 2 * row), self.matrix.shape[1], dtype=torch.float32)
                 grown[:row] = self.matrix
                 self.matrix = grown
             self.entry_ids.append(None)
@@ -134,7 +135,8 @@ class SemanticStore:
             self.evict(next(iter(self.entries)))
         index = self.groups.get(group)
         if index is None:
-            index = self.groups[group] = Group(torch.zeros(8, self.dimension, dtype=torch.float32))
+            # One row to start: many groups hold a single answer (each chat history is a group of its own).
+            index = self.groups[group] = Group(torch.zeros(1, self.dimension, dtype=torch.float32))
         entry_id = next(self.ids)
         row = index.add(vector.to(torch.float32), entry_id)
         self.entries[entry_id] = Entry(group, row, answer, created, nbytes)
