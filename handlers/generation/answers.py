@@ -33,7 +33,7 @@ class Outcome:
     completion_tokens: int
     seed: int | None  # reported when sampling
     model: dict[str, str]  # {name, weights} (model_info.json)
-    # Set when the answer came from the similarity cache: {"similarity", "age_s"} (docs/cache.md); every API's
+    # Set when the answer came from the similarity cache: {"similarity", "age_s"} (docs/semantic-cache.md); every API's
     # answer (and a stream's last chunk) carries it as "cached".
     cached: dict[str, float] | None = None
 

@@ -58,7 +58,7 @@ COMPLETIONS_ROUTE = "v1/completions"
 CHAT_ROUTE = "v1/chat/completions"
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default: sampling (the native API's default is greedy)
 
-# semantic_cache: the similarity cache's per-request option (docs/cache.md), sent through the client's extra_body.
+# semantic_cache: the similarity cache's per-request option (docs/semantic-cache.md), sent in the client's extra_body.
 SAMPLING_FIELDS = (
     "model",
     "max_tokens",

@@ -1,5 +1,6 @@
 """A similarity ("semantic") cache in front of generation: a prompt close enough in meaning to one already answered,
-with everything else that decides the answer equal, gets the stored answer instead of a new decode (docs/cache.md).
+with everything else that decides the answer equal, gets the stored answer instead of a new decode
+(docs/semantic-cache.md).
 
 - :mod:`.options`: the model's ``handler.semantic_cache`` section and a request's ``semantic_cache`` field;
 - :mod:`.embedder`: the prompts' vectors, from an embedding model in the archive, through the embedding handler;

@@ -61,7 +61,7 @@ class Looked:
 
 # Words whose change flips an answer while barely moving a sentence embedding: negations, numbers in words,
 # ordinals. With handler.semantic_cache.exact_terms (the default), these and every number written in digits must be
-# the same in two prompts for one to answer the other (they are part of the group), measured in docs/cache.md.
+# the same in two prompts for one to answer the other (they are part of the group), measured in docs/semantic-cache.md.
 NEGATIONS = frozenset("not no never non without none nothing neither nor cannot nobody nowhere".split())
 NUMBER_WORDS = frozenset(
     "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen "

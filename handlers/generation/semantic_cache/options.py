@@ -103,8 +103,8 @@ def check_semantic_cache(option: Option, key: str, value: Any) -> dict[str, Any]
 SEMANTIC_CACHE_OPTION = Option(
     dict,
     DEFAULTS,
-    help="answers for prompts similar to one already answered (docs/cache.md): fields enabled (auto|true|false), "
-    "embedder, threshold, capacity, max_bytes, ttl_s, embedder_handler, shared {url, ...}",
+    help="answers for prompts similar to one already answered (docs/semantic-cache.md): fields enabled "
+    "(auto|true|false), embedder, threshold, capacity, max_bytes, ttl_s, embedder_handler, shared {url, ...}",
     validator=check_semantic_cache,
 )
 

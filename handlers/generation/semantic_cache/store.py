@@ -1,13 +1,13 @@
 """One worker's similarity index: answered prompts' unit vectors, grouped by everything else that decides an answer.
 
 A lookup names its group (the hash of model, version, sampling settings, stop sequences, chat context, partition:
-:mod:`handlers.generation.semantic_cache.keys`) and a prompt's unit vector; it finds the most similar stored prompt
+:mod:`handlers.generation.semantic_cache.cache`) and a prompt's unit vector; it finds the most similar stored prompt
 of that group only, and answers with it when the cosine similarity reaches the lookup's threshold. Nothing is ever
 compared across groups, so no request parameter can reach another group's answers.
 
 Each group keeps its vectors as rows of one float32 matrix (one matrix-vector product per lookup: ~1 ms per 10k
-entries of 384 floats on one core, docs/cache.md has the measured figures); freed rows are zeroed (similarity 0,
-below any threshold) and reused. The whole store is bounded in entries and in bytes (vector + answer text) with
+entries of 384 floats on one core; docs/semantic-cache.md has the measured figures); freed rows are zeroed
+(similarity 0, below any threshold) and reused. The whole store is bounded in entries and in bytes (vector + answer text) with
 least-recently-used eviction (the byte count is of vectors and texts; a group's matrix may hold up to twice the rows
 it uses), and every entry expires ``ttl_s`` after it was first answered.
 """
