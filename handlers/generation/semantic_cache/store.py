@@ -7,9 +7,9 @@ compared across groups, so no request parameter can reach another group's answer
 
 Each group keeps its vectors as rows of one float32 matrix (one matrix-vector product per lookup: ~1 ms per 10k
 entries of 384 floats on one core; docs/semantic-cache.md has the measured figures); freed rows are zeroed
-(similarity 0, below any threshold) and reused. The whole store is bounded in entries and in bytes (vector + answer text) with
-least-recently-used eviction (the byte count is of vectors and texts; a group's matrix may hold up to twice the rows
-it uses), and every entry expires ``ttl_s`` after it was first answered.
+(similarity 0, below any threshold) and reused. The whole store is bounded in entries and in bytes (vector + answer
+text) with least-recently-used eviction (a group's matrix may hold up to twice the rows it uses, beyond that count),
+and every entry expires ``ttl_s`` after it was first answered.
 """
 
 from __future__ import annotations
