@@ -88,8 +88,10 @@ PY_SPY_FRAMES = (
     ("record", "handlers/core/metrics.py"),
     ("emit_metrics", "ts/metrics/caching_metric.py"),
     ("create_predict_response", "ts/protocol/otf_message_handler.py"),
-    ("sendall", ""),
 )
+# Samples whose innermost Python frame is handle_connection itself: the worker in socket.sendall (a C call), sending
+# the answer back.
+SENDALL = "sendall (handle_connection's own line)"
 # The leaf frame of a worker waiting for its next batch (the socket read): py-spy --nonblocking may not see it idle.
 RECV_WAIT = "_retrieve_buffer (ts/protocol/otf_message_handler.py"
 
@@ -223,6 +225,7 @@ def reregister(server: Server, model: str, settings: dict[str, int]) -> dict[str
 def py_spy_start(pid: int, seconds: float, out: Path) -> subprocess.Popen | None:
     exe = Path(sys.executable).parent / "py-spy"
     if not exe.exists():
+        print("note: py-spy is not installed in this venv (`.venv/bin/pip install py-spy`); not sampling")
         return None
     command = [str(exe), "record", "--pid", str(pid), "--nonblocking", "--rate", "1000", "--format", "raw"]
     command += ["--duration", str(max(1, round(seconds))), "--output", str(out)]
@@ -245,6 +248,8 @@ def py_spy_summary(raw: Path) -> dict[str, Any]:
             continue
         total += count
         leaves[frames[-1]] += count
+        if frames[-1].partition(" (")[0].endswith("handle_connection"):
+            inclusive[SENDALL] += count
         seen = set()
         for frame in frames:
             name, _, where = frame.partition(" (")
@@ -256,7 +261,9 @@ def py_spy_summary(raw: Path) -> dict[str, Any]:
     return {
         "samples": total,
         "recv_wait_samples": waiting,
-        "inclusive_share": {name: round(inclusive[name] / total, 3) for name, _ in PY_SPY_FRAMES if total},
+        "inclusive_share": {
+            name: round(inclusive[name] / total, 3) for name in [*(n for n, _ in PY_SPY_FRAMES), SENDALL] if total
+        },
         "top_leaves": [(frame, round(count / total, 3)) for frame, count in leaves.most_common(12)] if total else [],
     }
 

@@ -7,6 +7,10 @@ that request with a 400 naming the problem, so the traceback says nothing new, y
 model_log.log) per malformed body it let any client fill the disk. `install()` (called once when the handler base is
 imported) keeps the warning as a single line with the decoder's own message. Every other record, including the
 tracebacks of real server errors, is left alone.
+
+It also drops the wall-clock stamp TorchServe's protocol module logs for every batch a worker receives ("Backend
+received inference at: <seconds>"): a stdout write in the worker and a line the frontend reads, only for
+config/log4j2.xml to discard it (docs/performance.md, "Where a served request's time goes").
 """
 
 from __future__ import annotations
@@ -36,9 +40,21 @@ class OneLineClientDecodeErrors(logging.Filter):
         return True
 
 
+# What TorchServe 0.12's worker logs through the root logger for every batch it receives (ts/protocol).
+PER_BATCH_STAMP = "Backend received inference at:"
+
+
+class DropPerBatchStamp(logging.Filter):
+    """Drops the per-batch receive stamp; passes every other record on."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (isinstance(record.msg, str) and record.msg.startswith(PER_BATCH_STAMP))
+
+
 def install(logger: logging.Logger | None = None) -> logging.Logger:
-    """Attach the filter to the root logger (where TorchServe's protocol module logs), once per process."""
+    """Attach the filters to the root logger (where TorchServe's protocol module logs), once per process."""
     target = logger or logging.getLogger()
-    if not any(isinstance(existing, OneLineClientDecodeErrors) for existing in target.filters):
-        target.addFilter(OneLineClientDecodeErrors())
+    for kind in (OneLineClientDecodeErrors, DropPerBatchStamp):
+        if not any(isinstance(existing, kind) for existing in target.filters):
+            target.addFilter(kind())
     return target

@@ -3,6 +3,7 @@
 The bodies go through TorchServe's own decoding code (ts.protocol.otf_message_handler._retrieve_input_data, fed the
 frontend's wire format), so the test follows TorchServe if the message or the logger it uses changes."""
 
+import inspect
 import io
 import logging
 import struct
@@ -94,3 +95,13 @@ def test_install_is_idempotent_and_other_tracebacks_are_kept(worker_log):
         logging.error("inference failed", exc_info=True)
     text = worker_log.getvalue()
     assert "Traceback (most recent call last)" in text and "RuntimeError: a real server error" in text
+
+
+def test_the_per_batch_receive_stamp_is_dropped_and_other_lines_are_kept(worker_log):
+    # TorchServe's worker logs this for every batch it receives; if it stops, the filter is obsolete.
+    assert logging_setup.PER_BATCH_STAMP in inspect.getsource(otf_message_handler.retrieve_msg)
+    logging_setup.install()
+    logging.info("Backend received inference at: %d", 1764600000)
+    logging.info("model loaded")
+    assert worker_log.getvalue().splitlines() == ["model loaded"]
+    assert sum(isinstance(f, logging_setup.DropPerBatchStamp) for f in logging.getLogger().filters) == 1
