@@ -8,6 +8,7 @@ schema for the docs, so the documented keys are the validated ones.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -56,6 +57,31 @@ class Option:
         high = "" if self.maximum is None else f"<= {self.maximum:g}"
         bounds = ", ".join(part for part in (low, high) if part)
         return f"{self.kind.__name__}{f' ({bounds})' if bounds else ''}"
+
+
+# The numeric fields of a structured (dict) option: name -> (type, minimum, maximum, what it is for).
+Bounds = Mapping[str, tuple[type, float, float, str]]
+
+
+def with_defaults(option: Option, key: str, value: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """A structured option's fields with its defaults filled in; unknown fields refused, naming the known ones."""
+    unknown = sorted(set(value) - set(defaults))
+    if unknown:
+        option.refuse(key, f"unknown field(s) {unknown}; known fields are {sorted(defaults)}")
+    return {**defaults, **value}
+
+
+def check_bounds(option: Option, key: str, settings: dict[str, Any], bounds: Bounds) -> None:
+    """Check (and, an int given for a float, convert) each bounded field of ``settings`` in place: booleans, other
+    types, values out of range and non-finite floats are refused naming the field and what it is for."""
+    for name, (kind, low, high, purpose) in bounds.items():
+        field = settings[name]
+        if kind is float and isinstance(field, int) and not isinstance(field, bool):
+            field = settings[name] = float(field)
+        if isinstance(field, bool) or not isinstance(field, kind):
+            option.refuse(key, f"{name}: expected {kind.__name__}, got {field!r} ({purpose})")
+        if not (low <= field <= high) or (kind is float and not math.isfinite(field)):
+            option.refuse(key, f"{name}: {field!r} is outside [{low:g}, {high:g}] ({purpose})")
 
 
 # Keys every handler understands; a handler adds its own on top.

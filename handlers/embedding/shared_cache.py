@@ -22,7 +22,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
-import math
 import os
 import struct
 import time
@@ -34,7 +33,7 @@ from urllib.parse import urlsplit, urlunsplit
 import numpy as np
 import torch
 
-from handlers.core.config import Option
+from handlers.core.config import Bounds, Option, check_bounds, with_defaults
 from handlers.core.metrics import HandlerMetrics
 from handlers.embedding.cache import CachedEmbedding, CacheKey
 
@@ -61,7 +60,7 @@ DEFAULTS: dict[str, Any] = {
     "breaker_cooldown_s": 5.0,
 }
 # key -> (type, minimum, maximum, what it is for)
-FIELDS: dict[str, tuple[type, float, float, str]] = {
+FIELDS: Bounds = {
     "ttl_s": (int, 1, 30 * 86400, "seconds an entry lives in the server"),
     "timeout_ms": (int, 1, 1000, "bound of each round trip (one MGET, one pipelined SET per batch)"),
     "max_value_bytes": (int, 64, 1 << 20, "larger values are neither written nor read"),
@@ -73,19 +72,9 @@ URL_SCHEMES = ("redis", "rediss", "unix")
 
 def check_settings(option: Option, key: str, value: Any) -> dict[str, Any]:
     """The ``shared_cache`` dict with defaults filled in; unknown keys, wrong types and hostile values refused."""
-    unknown = sorted(set(value) - set(DEFAULTS))
-    if unknown:
-        option.refuse(key, f"unknown field(s) {unknown}; known fields are {sorted(DEFAULTS)}")
-    settings = {**DEFAULTS, **value}
+    settings = with_defaults(option, key, value, DEFAULTS)
     check_url(option, key, settings["url"])
-    for name, (kind, low, high, purpose) in FIELDS.items():
-        field = settings[name]
-        if kind is float and isinstance(field, int) and not isinstance(field, bool):
-            field = settings[name] = float(field)
-        if isinstance(field, bool) or not isinstance(field, kind):
-            option.refuse(key, f"{name}: expected {kind.__name__}, got {field!r} ({purpose})")
-        if not (low <= field <= high) or (kind is float and not math.isfinite(field)):
-            option.refuse(key, f"{name}: {field!r} is outside [{low:g}, {high:g}] ({purpose})")
+    check_bounds(option, key, settings, FIELDS)
     return settings
 
 

@@ -25,11 +25,10 @@ model, system prompt and settings: an answer stored under one partition is never
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
-from handlers.core.config import ConfigError, Option, validate
+from handlers.core.config import Bounds, ConfigError, Option, check_bounds, validate, with_defaults
 from handlers.core.errors import RequestError, shown
 from handlers.embedding.shared_cache import check_settings
 
@@ -50,7 +49,7 @@ DEFAULTS: dict[str, Any] = {
     "shared": {},
 }
 # key -> (type, minimum, maximum, what it is for)
-NUMBERS: dict[str, tuple[type, float, float, str]] = {
+NUMBERS: Bounds = {
     "threshold": (float, 0.5, 1.0, "cosine similarity a stored prompt needs to answer a new one"),
     "capacity": (int, 1, 1_000_000, "entries one worker keeps"),
     "max_bytes": (int, 1 << 16, 1 << 34, "bytes one worker keeps (vectors and answers)"),
@@ -60,29 +59,14 @@ NUMBERS: dict[str, tuple[type, float, float, str]] = {
 SHARED_VALUE_BYTES = 65536
 
 
-def checked_number(option: Option, key: str, name: str, value: Any) -> Any:
-    kind, low, high, purpose = NUMBERS[name]
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    if isinstance(value, bool) or not isinstance(value, kind):
-        option.refuse(key, f"{name}: expected {kind.__name__}, got {value!r} ({purpose})")
-    if not (low <= value <= high) or (kind is float and not math.isfinite(value)):
-        option.refuse(key, f"{name}: {value!r} is outside [{low:g}, {high:g}] ({purpose})")
-    return value
-
-
 def check_semantic_cache(option: Option, key: str, value: Any) -> dict[str, Any]:
-    unknown = sorted(set(value) - set(DEFAULTS))
-    if unknown:
-        option.refuse(key, f"unknown field(s) {unknown}; known fields are {sorted(DEFAULTS)}")
-    settings = {**DEFAULTS, **value}
+    settings = with_defaults(option, key, value, DEFAULTS)
     if settings["enabled"] not in ENABLED_VALUES:
         option.refuse(key, f"enabled: {settings['enabled']!r} is not one of auto, true, false")
     embedder = settings["embedder"]
     if not isinstance(embedder, str) or not embedder or embedder.startswith("/") or ".." in embedder.split("/"):
         option.refuse(key, f"embedder: {embedder!r} must name a folder inside the archive")
-    for name in NUMBERS:
-        settings[name] = checked_number(option, key, name, settings[name])
+    check_bounds(option, key, settings, NUMBERS)
     if not isinstance(settings["exact_terms"], bool):
         option.refuse(key, f"exact_terms: expected true or false, got {settings['exact_terms']!r}")
     if not isinstance(settings["embedder_handler"], dict):
