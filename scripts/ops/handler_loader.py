@@ -132,6 +132,17 @@ class MetricRecorder:
         return values[-1] if values else None
 
 
+class ChunkRecorder:
+    """Stands in for a generator's socket to the frontend (its ``stream_sink``): keeps every intermediate response as
+    {batch index: text}, one dict per message."""
+
+    def __init__(self) -> None:
+        self.messages: list[dict[int, str]] = []
+
+    def __call__(self, context: Any, chunks: dict[int, str]) -> None:
+        self.messages.append(dict(chunks))
+
+
 def record_metrics(context: Any) -> MetricRecorder:
     """Make ``context`` keep the metrics its handler records from now on; returns what keeps them."""
     recorder = MetricRecorder()

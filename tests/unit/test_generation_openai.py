@@ -25,7 +25,7 @@ from handlers.generation.openai_api import (
 )
 from handlers.generation.requests import MAX_SEED, GenerationLimits
 from handlers.generation.streaming import AnswerText
-from scripts.ops.handler_loader import load_handler, set_requests, statuses
+from scripts.ops.handler_loader import ChunkRecorder, load_handler, set_requests, statuses
 
 JSON = {"Content-Type": "application/json"}
 HI = [{"role": "user", "content": "Hi"}]
@@ -41,16 +41,6 @@ def served(generator):
     handler, _ = generator
     loaded = handler.loaded
     return Served(handler.model_name, loaded.info, loaded.limits, loaded.tokenizer)
-
-
-class ChunkRecorder:
-    """Stands in for the socket to the frontend: keeps every intermediate response as {batch index: text}."""
-
-    def __init__(self):
-        self.messages = []
-
-    def __call__(self, context, chunks):
-        self.messages.append(dict(chunks))
 
 
 def run(handler, context, requests):

@@ -8,7 +8,7 @@ import torch
 
 from handlers.core.config import ConfigError
 from handlers.generation.decoding import SamplingSettings, Sequence, generate
-from scripts.ops.handler_loader import load_handler, set_requests, statuses
+from scripts.ops.handler_loader import ChunkRecorder, load_handler, set_requests, statuses
 
 JSON = {"Content-Type": "application/json"}
 
@@ -20,16 +20,6 @@ def load(model_dir, **handler_overrides):
 @pytest.fixture(scope="module")
 def generator(prepared_model_dir):
     return load(prepared_model_dir("generator"))
-
-
-class ChunkRecorder:
-    """Stands in for the socket to the frontend: keeps every intermediate response as {batch index: text}."""
-
-    def __init__(self):
-        self.messages = []
-
-    def __call__(self, context, chunks):
-        self.messages.append(dict(chunks))
 
 
 def run(handler, context, bodies):

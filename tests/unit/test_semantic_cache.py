@@ -18,7 +18,7 @@ from handlers.generation.semantic_cache.cache import exact_terms
 from handlers.generation.semantic_cache.options import SEMANTIC_CACHE_OPTION, parse_cache_request
 from handlers.generation.semantic_cache.shared import HEADER, SharedEntry, decode_entry, encode_entry
 from handlers.generation.semantic_cache.store import SemanticStore, StoredAnswer
-from scripts.ops.handler_loader import load_handler, record_metrics, set_requests, statuses
+from scripts.ops.handler_loader import ChunkRecorder, load_handler, record_metrics, set_requests, statuses
 
 DIM = 8
 JSON = {"Content-Type": "application/json"}
@@ -228,14 +228,6 @@ def load(folder, shared_url="", **semantic):
 @pytest.fixture(scope="module")
 def generator(cached_generator_dir):
     return load(cached_generator_dir)
-
-
-class ChunkRecorder:
-    def __init__(self):
-        self.messages = []
-
-    def __call__(self, context, chunks):
-        self.messages.append(dict(chunks))
 
 
 def run(handler, context, bodies, route=""):

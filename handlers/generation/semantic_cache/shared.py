@@ -157,10 +157,7 @@ class SemanticTier(RedisTier):
         deadline = time.monotonic() + BACKLOG_SECONDS
         while time.monotonic() < deadline:
             before = self.last_id
-            batch = self.take(
-                self.call("xread", lambda: self.client.xread({self.stream_key: self.last_id}, count=READ_COUNT))
-            )
-            entries += batch
+            entries += self.poll()
             if self.last_id == before:
                 break
         return entries[-self.capacity :]
