@@ -79,6 +79,16 @@ def server_failure(error: BaseException) -> ServerError:
     return ServerError(f"inference failed: {type(error).__name__}")
 
 
+def surrogate_at(text: str) -> int | None:
+    """Where ``text`` holds an unpaired surrogate, or None. JSON's "\\ud800" parses to one; it is not valid Unicode, and
+    UTF-8 encoding (a tokenizer, the answer's JSON) fails on it: each field that takes text refuses it by name."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        return error.start
+    return None
+
+
 def shown(value: object, width: int = 40) -> str:
     """A client's value for an error message, shortened so the message keeps what it says about it."""
     text = repr(value)

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 import torch
 
-from handlers.core.errors import RequestError, ServerError, too_large
+from handlers.core.errors import RequestError, ServerError, surrogate_at, too_large
 from handlers.core.http import decode_json, float32_list
 
 TEXT_FIELDS = {"text", "truncate", "prompt_name"}
@@ -104,10 +104,9 @@ def check_text(value: Any, where: str, max_chars: int) -> str:
         raise too_large(f"{where} has {len(value)} characters; handler.max_text_chars is {max_chars}")
     if not value.strip():
         raise RequestError(f"{where} is empty (or only whitespace)")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as error:  # JSON "\ud800" parses to a lone surrogate the tokenizer cannot take
-        raise RequestError(f"{where} is not valid Unicode (unpaired surrogate at character {error.start})") from None
+    surrogate = surrogate_at(value)
+    if surrogate is not None:
+        raise RequestError(f"{where} is not valid Unicode (unpaired surrogate at character {surrogate})")
     return value
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from handlers.core.errors import shown
+from handlers.core.errors import shown, surrogate_at
 from handlers.generation.requests import FieldError, GenerationLimits, prompt_tokens
 from handlers.generation.semantic_cache.options import CacheRequest, PromptLookup
 
@@ -105,10 +105,8 @@ def checked_messages(messages: Any, limits: GenerationLimits) -> list[dict[str, 
             "tokens (handler.max_prompt_tokens)"
         )
     for index, message in enumerate(checked):
-        try:
-            "".join(message.values()).encode("utf-8")
-        except UnicodeEncodeError:  # JSON "\ud800" parses to a lone surrogate the tokenizer cannot take
-            raise refuse(f"'messages[{index}]' is not valid Unicode (unpaired surrogate)") from None
+        if surrogate_at("".join(message.values())) is not None:
+            raise refuse(f"'messages[{index}]' is not valid Unicode (unpaired surrogate)")
     return checked
 
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from handlers.core.errors import RequestError, shown
+from handlers.core.errors import RequestError, shown, surrogate_at
 from handlers.generation.answers import NATIVE_ANSWERS, Answers
 from handlers.generation.decoding import SamplingSettings, Sequence
 from handlers.generation.semantic_cache.options import REQUEST_FIELD, CacheRequest, PromptLookup, parse_cache_request
@@ -181,11 +181,9 @@ def prompt_text(prompt: Any, name: str, limits: GenerationLimits) -> str:
             f"{name} has {len(prompt)} characters; it cannot fit the limit of {limits.max_prompt_tokens} tokens "
             "(handler.max_prompt_tokens)",
         )
-    try:
-        prompt.encode("utf-8")
-    except UnicodeEncodeError as error:  # JSON "\ud800" parses to a lone surrogate the tokenizer cannot take
-        message = f"{name} is not valid Unicode (unpaired surrogate at character {error.start})"
-        raise FieldError(field, message) from None
+    surrogate = surrogate_at(prompt)
+    if surrogate is not None:
+        raise FieldError(field, f"{name} is not valid Unicode (unpaired surrogate at character {surrogate})")
     return prompt
 
 
@@ -251,10 +249,8 @@ def checked_stop(body: dict[str, Any]) -> tuple[str, ...]:
             raise FieldError("stop", f"{name} must be a string, got {type(sequence).__name__}")
         if not 1 <= len(sequence) <= MAX_STOP_CHARS:
             raise FieldError("stop", f"{name} has {len(sequence)} characters; it must have 1 to {MAX_STOP_CHARS}")
-        try:
-            sequence.encode("utf-8")
-        except UnicodeEncodeError:
-            raise FieldError("stop", f"{name} is not valid Unicode (unpaired surrogate)") from None
+        if surrogate_at(sequence) is not None:
+            raise FieldError("stop", f"{name} is not valid Unicode (unpaired surrogate)")
     return tuple(stops)
 
 

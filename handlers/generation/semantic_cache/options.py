@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from handlers.core.config import Bounds, ConfigError, Option, check_bounds, validate, with_defaults
-from handlers.core.errors import RequestError, shown
+from handlers.core.errors import RequestError, shown, surrogate_at
 from handlers.embedding.shared_cache import check_settings
 
 REQUEST_FIELD = "semantic_cache"
@@ -124,10 +124,8 @@ def parse_cache_request(body: dict[str, Any]) -> CacheRequest:
     partition = value.get("partition", "")
     if not isinstance(partition, str) or len(partition) > MAX_PARTITION_CHARS:
         raise RequestError(f"'{REQUEST_FIELD}.partition' must be a string of at most {MAX_PARTITION_CHARS} characters")
-    try:
-        partition.encode("utf-8")
-    except UnicodeEncodeError:
-        raise RequestError(f"'{REQUEST_FIELD}.partition' is not valid Unicode (unpaired surrogate)") from None
+    if surrogate_at(partition) is not None:
+        raise RequestError(f"'{REQUEST_FIELD}.partition' is not valid Unicode (unpaired surrogate)")
     return CacheRequest(True, min_similarity, partition)
 
 
