@@ -54,6 +54,16 @@ def test_a_lookup_finds_the_most_similar_entry_of_its_group_at_or_above_the_thre
     assert store.lookup(b"other group", unit(2), 0.5) is None  # never across groups, even for the same vector
 
 
+def test_an_identical_vector_is_a_hit_at_threshold_one_despite_float_rounding():
+    # A unit vector's dot product with itself is 1 only up to float32 rounding; ~40 % of these fell below 1.0.
+    store = SemanticStore(384, 300, 1 << 24, 60)
+    vectors = [unit(seed, 384) for seed in range(200)]
+    for seed, vector in enumerate(vectors):
+        store.insert(str(seed).encode(), vector, answer(str(seed)))
+    hits = [store.lookup(str(seed).encode(), vector, 1.0) for seed, vector in enumerate(vectors)]
+    assert all(hit is not None and hit.similarity <= 1.0 for hit in hits)
+
+
 def test_capacity_evicts_the_least_recently_used_and_rows_are_reused():
     store = SemanticStore(DIM, 3, 1 << 20, 60)
     for seed in (1, 2, 3):
