@@ -1,7 +1,8 @@
 """Where a served request's time goes at low load: one request at a time, against the same handler in process.
 
     python -m loadtests.breakdown [--models classifier,minilm] [--requests 300] [--gap-ms 5] [--words 8]
-                                  [--set minilm:delay=0,workers=1] [--trace-logs] [--py-spy] [--jfr]
+                                  [--set minilm:delay=0,workers=1] [--property async_logging=true]
+                                  [--trace-logs] [--py-spy] [--jfr]
 
 A private TorchServe (scripts/ops/server.py: free loopback ports, its own run folder, the archives of model_store/
 as packaged) gets --requests requests per model from one keep-alive `http.client` connection, --gap-ms apart (after
@@ -23,12 +24,13 @@ What each layer says about the same requests (means over the measured requests u
 - the handler's PreprocessSeconds + InferenceSeconds + PostprocessSeconds per batch (Prometheus histograms' sums);
 - in process: handle() per request (p50, mean) and the same three stages.
 
---set re-registers a model through the management API with other batching or workers (e.g. ``delay=0``: the
-register API takes 0, an archive cannot; ``workers=1``), as loadtests/tune.py does. --py-spy samples each model's
-first worker during the measured requests (`py-spy record --nonblocking`, raw stacks: needs ptrace) and reports where
-its non-idle samples were; --jfr records the frontend with JDK Flight Recorder around each model's requests (jcmd
-JFR.start/JFR.stop; `-XX:StartFlightRecording` in config.properties' vmargs works too, but records start-up) and
-reports its hottest Java frames.
+--property sets one config.properties line for the private server (a TorchServe setting to try, e.g.
+``async_logging=true``). --set re-registers a model through the management API with other batching or workers (e.g.
+``delay=0``: the register API takes 0, an archive cannot; ``workers=1``), as loadtests/tune.py does.
+--py-spy samples each model's first worker during the measured requests (`py-spy record --nonblocking`, raw stacks:
+needs ptrace) and reports where its non-idle samples were; --jfr records the frontend with JDK Flight Recorder around
+each model's requests (jcmd JFR.start/JFR.stop; `-XX:StartFlightRecording` in config.properties' vmargs works too, but
+records start-up) and reports its hottest Java frames.
 
 Writes loadtests/reports/breakdown-<time>/: breakdown.json, breakdown.md (the table), py-spy and JFR files.
 Exit codes: 0 measured, 1 the server or a request failed, 2 bad arguments.
@@ -72,6 +74,16 @@ from scripts.ops.server import (
 
 REPORTS = REPO / "loadtests" / "reports"
 LOG_CONFIG = REPO / "config" / "log4j2.xml"
+# The private server owns these (free ports, the archives under test); --property may not set them.
+PRIVATE_PROPERTIES = (
+    "inference_address",
+    "management_address",
+    "metrics_address",
+    "grpc_inference_port",
+    "grpc_management_port",
+    "model_store",
+    "load_models",
+)
 SET_KEYS = {"batch": "batch_size", "delay": "max_batch_delay", "workers": "workers"}
 # Frames whose inclusive share of a worker's non-idle py-spy samples the report gives (function name, file suffix).
 PY_SPY_FRAMES = (
@@ -190,6 +202,17 @@ def trace_log_config(destination: Path) -> Path:
     return destination
 
 
+def property_setting(text: str) -> tuple[str, str]:
+    """--property KEY=VALUE: one config.properties line for the private server (load_models and the addresses are
+    the private server's own)."""
+    key, equals, value = text.partition("=")
+    if not equals or not key.strip() or key.strip() in PRIVATE_PROPERTIES:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected KEY=VALUE with a config.properties key other than {', '.join(PRIVATE_PROPERTIES)}"
+        )
+    return key.strip(), value.strip()
+
+
 def vmargs(log_config: Path) -> str:
     """config.properties' JVM options with another log4j2 configuration."""
     words = absolute_log_config(read_properties(DEFAULT_CONFIG).get("vmargs", "")).split()
@@ -296,7 +319,9 @@ def jfr_summary(jfr_file: Path, top: int = 15) -> dict[str, Any]:
 def measure_served(args: argparse.Namespace, out: Path) -> dict[str, dict[str, Any]]:
     results: dict[str, dict[str, Any]] = {}
     log_config = trace_log_config(out / "log4j2-trace.xml") if args.trace_logs else None
-    overrides = {} if log_config is None else {"vmargs": vmargs(log_config)}
+    overrides = dict(args.property)
+    if log_config is not None:
+        overrides["vmargs"] = vmargs(log_config)
     with private_server("breakdown", args.model_store, args.models, overrides=overrides, keep_logs_in=out) as server:
         for model, settings in args.set.items():
             described = reregister(server, model, settings)
@@ -509,6 +534,14 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         metavar="MODEL:batch=N,delay=MS,workers=N",
         help="re-register a model with other batching/workers before measuring (repeatable)",
+    )
+    parser.add_argument(
+        "--property",
+        action="append",
+        type=property_setting,
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config.properties setting for the private server, e.g. async_logging=true (repeatable)",
     )
     parser.add_argument(
         "--trace-logs",
