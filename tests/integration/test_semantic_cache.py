@@ -146,14 +146,15 @@ def test_the_openai_client_gets_cached_chat_answers_marked_and_streamed(server):
                 model=MODEL, messages=messages, max_tokens=10, temperature=0, extra_body=extra, **kwargs
             )
 
-        first = chat("You are a support agent.", "Where is my order?")
-        paraphrase = chat("You are a support agent.", "Where's my order?")
+        # MiniLM fp32: 0.978 similar, a margin over 0.95 that bf16 backends keep
+        first = chat("You are a support agent.", "Where is my package?")
+        paraphrase = chat("You are a support agent.", "Where's my package?")
         assert first.model_extra.get("cached") is None
         assert paraphrase.model_extra["cached"]["similarity"] >= 0.95
         assert paraphrase.choices[0].message.content == first.choices[0].message.content
-        other_system = chat("You are a pirate.", "Where's my order?")
+        other_system = chat("You are a pirate.", "Where's my package?")
         assert other_system.model_extra.get("cached") is None
-        chunks = list(chat("You are a support agent.", "Where's my order?", stream=True))
+        chunks = list(chat("You are a support agent.", "Where's my package?", stream=True))
         assert (
             "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == first.choices[0].message.content
         )
