@@ -597,8 +597,9 @@ def main(argv: list[str] | None = None) -> int:
         "rows": {model: rows_for(model, served[model], local[model]) for model in args.models if model in local},
     }
     (out / "breakdown.json").write_text(json.dumps(report, indent=2))
-    (out / "breakdown.md").write_text(render(report))
-    print(render(report))
+    text = render(report)
+    (out / "breakdown.md").write_text(text)
+    print(text)
     print(f"report: {out}/breakdown.md")
     return 0
 

@@ -34,12 +34,11 @@ from handlers.generation.decoding import SamplingSettings
 from handlers.generation.semantic_cache.embedder import Embedder, load_embedder
 from handlers.generation.semantic_cache.options import SEMANTIC_CACHE_OPTION, PromptLookup
 from handlers.generation.semantic_cache.shared import SemanticTier, SharedEntry, embedder_fingerprint
-from handlers.generation.semantic_cache.store import Hit, SemanticStore, StoredAnswer
+from handlers.generation.semantic_cache.store import FINISH_REASONS, Hit, SemanticStore, StoredAnswer
 
 logger = logging.getLogger(__name__)
 
 DUPLICATE_SIMILARITY = 0.9999  # an answer this close to a stored one of its group is not stored again
-CACHED_FINISH_REASONS = ("stop", "length")
 
 
 @dataclass(frozen=True)
@@ -110,8 +109,7 @@ class SemanticCache:
         self.lookup_ms: list[float] = []
         if shared is not None:
             received = shared.read_backlog()
-            for entry in received:
-                self.store.insert(entry.group, entry.vector, entry.answer, entry.created)
+            self.keep(received)
             logger.info("semantic cache: %d entries from the shared tier at load", len(received))
 
     # ------------------------------------------------------------------------------------------------- per request
@@ -199,7 +197,7 @@ class SemanticCache:
         """Keep new answers (not one already stored for the same prompt), and hand them to the shared tier."""
         stored = []
         for group, vector, answer in answers:
-            if answer.finish_reason not in CACHED_FINISH_REASONS:
+            if answer.finish_reason not in FINISH_REASONS:
                 continue
             if self.store.lookup(group, vector, DUPLICATE_SIMILARITY) is not None:
                 continue
@@ -213,7 +211,11 @@ class SemanticCache:
     def sync(self) -> None:
         if self.shared is None:
             return
-        for entry in self.shared.poll():
+        self.keep(self.shared.poll())
+
+    def keep(self, received: list[SharedEntry]) -> None:
+        """Other workers' answers into this worker's index, with their writers' creation times."""
+        for entry in received:
             self.store.insert(entry.group, entry.vector, entry.answer, entry.created)
 
     def record(self, metrics: HandlerMetrics) -> None:
@@ -228,9 +230,9 @@ class SemanticCache:
         for reason, count in self.skipped.items():
             metrics.record("SemanticCacheSkipped", count, [("Reason", reason)])
         if self.shared is not None:
-            if self.shared.received:
-                metrics.record("SemanticCacheReceived", self.shared.received)
-                self.shared.received = 0
+            received = self.shared.drain_received()
+            if received:
+                metrics.record("SemanticCacheReceived", received)
             record_shared_cache(self.shared, metrics)
         for milliseconds in self.lookup_ms:
             metrics.record("SemanticCacheLookupMilliseconds", milliseconds)

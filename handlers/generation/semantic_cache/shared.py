@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from handlers.embedding.shared_cache import NORM_TOLERANCE, RedisTier
-from handlers.generation.semantic_cache.store import StoredAnswer
+from handlers.generation.semantic_cache.store import FINISH_REASONS, StoredAnswer
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,6 @@ MAGIC = b"TSSc"
 FORMAT_VERSION = 1
 # magic, format, finish reason, dimension, group hash, embedder fingerprint, created (ms), completion tokens, text bytes
 HEADER = struct.Struct("<4sBBH16s8sQII")
-FINISH_REASONS = ("stop", "length")
 READ_COUNT = 512  # entries one XREAD may bring
 BACKLOG_SECONDS = 2.0  # how long a starting worker may spend reading the backlog
 
@@ -145,6 +144,11 @@ class SemanticTier(RedisTier):
             if len(self.own_ids) > 4 * self.capacity:  # ids never read back (trimmed first): forget them
                 self.own_ids.clear()
             self.own_ids.update(item if isinstance(item, bytes) else str(item).encode() for item in result[:-1])
+
+    def drain_received(self) -> int:
+        """Entries taken from other workers since the last drain (and start counting afresh)."""
+        received, self.received = self.received, 0
+        return received
 
     def poll(self) -> list[SharedEntry]:
         """Entries other workers appended since the last poll (one XREAD; nothing when the call fails)."""

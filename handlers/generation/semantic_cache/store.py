@@ -25,6 +25,9 @@ import torch
 ENTRY_OVERHEAD_BYTES = 200  # what an entry costs besides its vector and its text (objects, dict slots), roughly
 
 
+# The finish reasons of an answer worth keeping (an error's or a cancelled stream's is not); their order is also the
+# shared tier's encoding of one (shared.py).
+FINISH_REASONS = ("stop", "length")
 ROUNDING_SLACK = 1e-5  # float32 rounding of a 384-dim dot product stays well inside this
 
 
