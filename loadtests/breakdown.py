@@ -59,7 +59,7 @@ from urllib.parse import urlparse
 
 from loadtests import prometheus
 from loadtests.payloads import traffic
-from scripts.ops import machine
+from scripts.ops import machine, stats
 from scripts.ops.payloads import sentence
 from scripts.ops.server import (
     DEFAULT_CONFIG,
@@ -421,14 +421,8 @@ def measure_in_process(args: argparse.Namespace, model: str) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------------------------- report
 def summarize(values: list[float]) -> dict[str, float | None]:
-    if not values:
-        return {"count": 0, "p50": None, "mean": None}
-    return {
-        "count": len(values),
-        "p50": round(statistics.median(values), 3),
-        "mean": round(statistics.fmean(values), 3),
-        "p90": round(sorted(values)[int(0.9 * (len(values) - 1))], 3),
-    }
+    """count, mean, p50 and p90 (the project's nearest-rank percentiles, scripts/ops/stats.py)."""
+    return stats.summary(values, {"p50": 0.5, "p90": 0.9})
 
 
 def stage_sum(server: dict[str, Any]) -> float | None:

@@ -37,7 +37,6 @@ import datetime
 import json
 import platform
 import random
-import statistics
 import sys
 import tempfile
 import time
@@ -47,6 +46,8 @@ from typing import Any
 
 import requests
 import torch
+
+from scripts.ops.stats import percentile
 
 REPO = Path(__file__).resolve().parents[1]
 PARAPHRASES = REPO / "loadtests" / "data" / "paraphrases.json"
@@ -172,12 +173,11 @@ def index_speed(dimension: int, sizes: tuple[int, ...] = (10_000, 100_000), look
             started = time.perf_counter()
             store.lookup(b"g", query, 0.9)
             times.append((time.perf_counter() - started) * 1000)
-        times.sort()
         results.append(
             {
                 "entries": size,
-                "p50_ms": round(statistics.median(times), 3),
-                "p99_ms": round(times[int(0.99 * (len(times) - 1))], 3),
+                "p50_ms": round(percentile(times, 0.5), 3),
+                "p99_ms": round(percentile(times, 0.99), 3),
                 "store_mb": round(store.nbytes / 2**20, 1),
             }
         )
@@ -235,13 +235,13 @@ def served(archive: Path, seconds: float, max_new_tokens: int) -> dict[str, Any]
 def summary(pairs: list[tuple[float, float]]) -> dict[str, Any]:
     if not pairs:
         return {"requests": 0}
-    firsts = sorted(first for first, _ in pairs)
-    totals = sorted(total for _, total in pairs)
+    firsts = [first for first, _ in pairs]
+    totals = [total for _, total in pairs]
     return {
         "requests": len(pairs),
-        "first_byte_p50_ms": round(statistics.median(firsts), 1),
-        "total_p50_ms": round(statistics.median(totals), 1),
-        "total_p99_ms": round(totals[int(0.99 * (len(totals) - 1))], 1),
+        "first_byte_p50_ms": round(percentile(firsts, 0.5), 1),
+        "total_p50_ms": round(percentile(totals, 0.5), 1),
+        "total_p99_ms": round(percentile(totals, 0.99), 1),
     }
 
 
