@@ -4,7 +4,7 @@ Sentence embeddings as the model's folder defines them (pooling, normalisation, 
 same vector as sentence-transformers' ``encode()``. Everything a batch goes through (caches, one tokenizer call,
 length buckets, compiled backends and their accuracy gate) is the shared text-model path,
 :class:`handlers.text.handler.TextModelHandler`; this module adds what an embedding request may say
-(:mod:`handlers.embedding.requests`) and how its rows are answered.
+(:mod:`handlers.text.requests.embedding`) and how its rows are answered.
 """
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ from typing import Any
 
 from handlers.core.errors import OpenAIShaped, RequestError
 from handlers.core.http import RequestView
-from handlers.embedding.batch import ComputedBatch, answer_requests
-from handlers.embedding.requests import (
+from handlers.text.batch import ComputedBatch, answer_requests
+from handlers.text.handler import LoadedTextModel, TextModelHandler
+from handlers.text.requests.embedding import (
     OPENAI_ROUTE,
     EmbeddingRequest,
     TextPreparation,
     format_response,
     parse_embedding_request,
 )
-from handlers.text.handler import LoadedTextModel, TextModelHandler
 
 
 class EmbeddingHandler(TextModelHandler):

@@ -1,9 +1,8 @@
-"""Handler for text classifiers and cross-encoder rerankers packaged from a Hugging Face folder.
-
-Labels from the folder's ``id2label``; softmax for a single-label model, a sigmoid per label for a multi-label one,
-a relevance score per document for a one-output reranker (handlers/text/classification.py). The batch path (caches
-of logits rows, one tokenizer call for texts and text pairs, length buckets, compiled backends and their accuracy
-gate on probabilities) is the shared text-model path, :class:`handlers.text.handler.TextModelHandler`.
+"""Handler for text classifiers and cross-encoder rerankers packaged from a Hugging Face folder. Labels from the
+folder's ``id2label``; softmax for a single-label model, a sigmoid per label for a multi-label one, a relevance score
+per document for a one-output reranker (handlers/text/requests/classification.py). The batch path (caches of logits
+rows, one tokenizer call for texts and text pairs, length buckets, compiled backends and their accuracy gate on
+probabilities) is the shared text-model path, :class:`handlers.text.handler.TextModelHandler`.
 """
 
 from __future__ import annotations
@@ -12,9 +11,9 @@ from typing import Any
 
 from handlers.core.config import Option
 from handlers.core.http import RequestView
-from handlers.embedding.batch import ComputedBatch, answer_requests
-from handlers.text.classification import ClassificationRequest, format_answer, parse_classification_request
+from handlers.text.batch import ComputedBatch, answer_requests
 from handlers.text.handler import TEXT_MODEL_OPTIONS, TextModelHandler
+from handlers.text.requests.classification import ClassificationRequest, format_answer, parse_classification_request
 
 
 class TextClassifierHandler(TextModelHandler):

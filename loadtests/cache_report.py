@@ -35,7 +35,7 @@ from typing import Any
 
 import requests
 
-from handlers.embedding.shared_cache import URL_ENV
+from handlers.text.shared_cache import URL_ENV
 from loadtests import capacity as capacity_search
 from loadtests.prometheus import parse
 from scripts import package

@@ -12,7 +12,7 @@ AVX512-BF16 or AMX; fp16 where CUDA is present) it builds the artifact into MODE
     openvino/model.xml, .bin    OpenVINO IR of the fp32 encoder, dynamic dims; bf16 is OpenVINO's inference precision
                                 hint at load, so one IR serves both precisions
 
-Each candidate is loaded the way a worker loads it (handlers.embedding.backends.load_backend) and compared with eager
+Each candidate is loaded the way a worker loads it (handlers.text.backends.load_backend) and compared with eager
 fp32 on the reference sentences at several shapes (rows x tokens: one row, many rows, the 256-token window). Below
 --min-cosine it is not packed: its files are deleted, the reason is printed and recorded under "refused". The
 survivors are then ranked by a bounded benchmark (--rank-seconds, default 30 s, warm-up included; at least 3 rounds)
@@ -75,8 +75,8 @@ CODE_INPUTS = (
     "handlers/text/model.py",
     "handlers/text/folder.py",
     "handlers/text/gate.py",
-    "handlers/embedding/bert.py",
-    "handlers/embedding/backends.py",
+    "handlers/text/bert.py",
+    "handlers/text/backends.py",
     "loadtests/payloads.py",  # the ranking's payload mix
 )
 # CPU flags that decide which vector code a compiled artifact may contain (recorded; the load side compares).
@@ -159,7 +159,7 @@ def build_key(model_dir: Path, backends: list[str], precisions: list[str], devic
 
 def padded_batch(files: Any, rows: list[Any], tokens: int) -> tuple[Any, ...]:
     """The model's inputs for rows (texts or pairs) truncated to and padded to ``tokens``, as the handler pads."""
-    from handlers.embedding.batch import pad_rows
+    from handlers.text.batch import pad_rows
 
     encodings = files.tokenizer.encode_batch(rows)
     types = [encoding.type_ids[:tokens] for encoding in encodings] if files.info.token_types else None
@@ -278,10 +278,10 @@ BUILDERS = {"aot": build_aot, "openvino": build_openvino}
 
 
 def load_candidate(name: str, precision: str, model_dir: Path, fp32_model: Any, threads: int, device: str) -> Encoder:
-    """Load a built candidate exactly as a worker does (the load side's handlers.embedding.backends.load_backend)."""
+    """Load a built candidate exactly as a worker does (the load side's handlers.text.backends.load_backend)."""
     import torch
 
-    from handlers.embedding.backends import load_backend
+    from handlers.text.backends import load_backend
 
     return load_backend(name, precision, model_dir, fp32_model, threads, torch.device(device))
 
@@ -291,14 +291,14 @@ def load_candidate(name: str, precision: str, model_dir: Path, fp32_model: Any, 
 
 def rank_buckets(max_tokens: int) -> tuple[int, ...]:
     """The length buckets a worker pads to by default (handler length_buckets: auto; minilm's 16..256 are these)."""
-    from handlers.embedding.buckets import auto_buckets
+    from handlers.text.buckets import auto_buckets
 
     return tuple(auto_buckets(max_tokens))
 
 
 def bucket_shares(tokenizer: Any, buckets: tuple[int, ...] = RANK_BUCKETS, count=RANK_SAMPLE_TEXTS) -> dict[int, float]:
     """Share of the README payload mix's texts that the handler pads to each length bucket."""
-    from handlers.embedding.buckets import bucket_length
+    from handlers.text.buckets import bucket_length
     from loadtests.payloads import MinilmPayloads
 
     payloads = MinilmPayloads(seed=0)
@@ -553,7 +553,7 @@ def build(
         own = ms_per_bucket[(candidate["backend"], candidate["precision"])]
         eager = ms_per_bucket.get(("eager", candidate["precision"]))
         routed = route_to_eager(own, eager) if eager and candidate["backend"] != "eager" else own
-        # The worker sends these lengths to eager at the same precision (handlers/embedding/backends.LengthRouted).
+        # The worker sends these lengths to eager at the same precision (handlers/text/backends.LengthRouted).
         candidate["eager_buckets"] = [bucket for bucket in routed if routed[bucket] != own[bucket]]
         candidate["ms_per_bucket"] = {str(bucket): ms for bucket, ms in own.items()}
         candidate["ms_per_text"] = weighted_ms(routed, shares)

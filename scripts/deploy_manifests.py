@@ -212,7 +212,7 @@ def cache_url(settings):
 def cache_client_env():
     """The TorchServe container's view of the cache: the url (which replaces the archive's loopback one) and the
     password file mounted from the Secret."""
-    from handlers.embedding.shared_cache import PASSWORD_FILE_ENV, URL_ENV
+    from handlers.text.shared_cache import PASSWORD_FILE_ENV, URL_ENV
 
     return URL_ENV, PASSWORD_FILE_ENV
 

@@ -140,8 +140,8 @@ def parity(out: Path, kind: str) -> float:
     """The project's fp32 module against the reference library on the reference rows (1.0 = the same)."""
     import torch
 
-    from handlers.embedding.batch import pad_rows
     from handlers.text import gate
+    from handlers.text.batch import pad_rows
     from handlers.text.model import build_module, read_model_files
 
     files = read_model_files(out, kind)

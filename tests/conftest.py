@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from handlers.embedding.shared_cache import URL_ENV
+from handlers.text.shared_cache import URL_ENV
 from scripts import package
 from scripts.ops import server as ops_server
 from scripts.ops.cache_server import CacheServer

@@ -50,7 +50,7 @@ MODEL_METRICS: dict[str, MetricSpec] = {
     # embeddings
     "CacheHits": MetricSpec("counter", "count", "rows answered from the worker's embedding cache"),
     "CacheMisses": MetricSpec("counter", "count", "rows computed by the model"),
-    # the shared cache tier (handlers/embedding/shared_cache.py), asked for the worker cache's misses
+    # the shared cache tier (handlers/text/shared_cache.py), asked for the worker cache's misses
     "SharedCacheHits": MetricSpec("counter", "count", "rows answered from the shared cache server"),
     "SharedCacheMisses": MetricSpec("counter", "count", "rows asked of the shared cache and not found there"),
     "SharedCacheBadValues": MetricSpec(

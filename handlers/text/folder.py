@@ -26,7 +26,7 @@ from typing import Any
 
 KINDS = ("embedding", "classification")
 # Architectures served, by config.json model_type. bert runs on the project's plain-torch encoder
-# (handlers/embedding/bert.py) where it computes the same thing; everything else runs transformers' own model.
+# (handlers/text/bert.py) where it computes the same thing; everything else runs transformers' own model.
 SUPPORTED_MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "distilbert")
 # RoBERTa-style position ids start after the padding index: two positions are never available to tokens.
 POSITION_OFFSET = {"roberta": 2, "xlm-roberta": 2}
@@ -295,8 +295,8 @@ def embedding_folder(
 
 
 def plain_bert(config: dict[str, Any]) -> bool:
-    """The plain-torch encoder computes exactly this config (handlers/embedding/bert.py check_bert_config)."""
-    from handlers.embedding.bert import check_bert_config
+    """The plain-torch encoder computes exactly this config (handlers/text/bert.py check_bert_config)."""
+    from handlers.text.bert import check_bert_config
 
     if config.get("model_type") != "bert":
         return False

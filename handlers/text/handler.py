@@ -7,7 +7,7 @@ what a request may say (``parse_request``) and how a computed row becomes an ans
 handler (handlers/embeddings.py) and the text-classification handler (handlers/text_classifier.py) supply those two.
 
 Model, limits and buckets come from the model's own folder (handlers/text/folder.py); the compiled backends, their
-accuracy gate and ranking from the archive's backends/ (handlers/embedding/backends.py, scripts/build_backends.py).
+accuracy gate and ranking from the archive's backends/ (handlers/text/backends.py, scripts/build_backends.py).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from handlers.core import memory, runtime
 from handlers.core.base import BatchScope, Candidate, Loaded, ServingHandler
 from handlers.core.config import COMMON_OPTIONS, ConfigError, Option
 from handlers.core.metrics import HandlerMetrics
-from handlers.embedding import backends
-from handlers.embedding.batch import (
+from handlers.text import backends, gate
+from handlers.text.batch import (
     ComputedBatch,
     EmbeddingBatch,
     Row,
@@ -32,19 +32,18 @@ from handlers.embedding.batch import (
     encode_padded,
     pad_rows,
 )
-from handlers.embedding.buckets import auto_buckets, check_buckets, plan_forward_groups
-from handlers.embedding.cache import CacheKey, EmbeddingCache, cache_key
-from handlers.embedding.requests import EmbeddingLimits
-from handlers.embedding.shared_cache import (
+from handlers.text.buckets import auto_buckets, check_buckets, plan_forward_groups
+from handlers.text.cache import CacheKey, EmbeddingCache, cache_key
+from handlers.text.folder import FolderError, TextModelFolder, read_json
+from handlers.text.model import build_module, read_model_files
+from handlers.text.requests.embedding import EmbeddingLimits
+from handlers.text.shared_cache import (
     SHARED_CACHE_OPTION,
     Namespace,
     SharedCache,
     open_shared_cache,
     record_shared_cache,
 )
-from handlers.text import gate
-from handlers.text.folder import FolderError, TextModelFolder, read_json
-from handlers.text.model import build_module, read_model_files
 
 logger = logging.getLogger(__name__)
 
@@ -161,7 +160,7 @@ class TextModelHandler(ServingHandler):
         super().initialize(context)
         self.cache = EmbeddingCache(self.config["cache_size"])
         # The shared tier's keys name everything that determines a row, so no other model, version, backend or
-        # precision can read this worker's entries (handlers/embedding/shared_cache.py).
+        # precision can read this worker's entries (handlers/text/shared_cache.py).
         namespace = Namespace(
             self.model_name,
             self.model_version,

@@ -8,7 +8,7 @@
 
 Pooling and normalisation live inside ``forward`` so that every execution path (eager, ``torch.compile``, the
 AOTInductor package, OpenVINO, the accuracy gate) computes exactly what is served. The encoder is the project's
-plain-torch BERT (handlers/embedding/bert.py: no transformers import, a worker starts ~7 s sooner) where it computes
+plain-torch BERT (handlers/text/bert.py: no transformers import, a worker starts ~7 s sooner) where it computes
 the same thing, else transformers' own model for the architecture. Files are read from the folder only: JSON configs,
 safetensors weights (never a pickle), tokenizer.json; never the network.
 """
@@ -106,7 +106,7 @@ def hf_load_options() -> dict[str, Any]:
 def load_plain_bert(base: Path) -> nn.Module:
     from safetensors.torch import load_file
 
-    from handlers.embedding.bert import BertEncoder, check_bert_config
+    from handlers.text.bert import BertEncoder, check_bert_config
 
     transformer = BertEncoder(check_bert_config(read_json(base, "config.json")))
     weights = load_file(str(base / "model.safetensors")) if (base / "model.safetensors").is_file() else {}

@@ -242,7 +242,7 @@ def dev_server(port: int, password_file: Path | None = None) -> CacheServer:
 def start_for_models(load_models: list[str], with_password: bool, log: Log = print) -> dict[str, str]:
     """Start a cache server for each loopback url the loaded models name (unless one answers there already); returns
     the environment TorchServe's workers need ($TS_SHARED_CACHE_PASSWORD_FILE when a password is on)."""
-    from handlers.embedding.shared_cache import PASSWORD_FILE_ENV, URL_ENV
+    from handlers.text.shared_cache import PASSWORD_FILE_ENV, URL_ENV
 
     env: dict[str, str] = {}
     if os.environ.get(URL_ENV) is not None:

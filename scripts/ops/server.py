@@ -476,7 +476,7 @@ def private_server(
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     props = {"disable_token_authorization": "true", "enable_model_api": "true", **(overrides or {})}
-    from handlers.embedding.shared_cache import URL_ENV
+    from handlers.text.shared_cache import URL_ENV
 
     # Private also means no shared embedding cache (a `make serve` one would carry entries between runs) unless `env`
     # names one (loadtests/cache_report.py).

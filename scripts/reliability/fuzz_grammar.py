@@ -656,8 +656,8 @@ BAD_COUNTS = [
 
 
 class TextClassifierProductions(TextProductions):
-    """A user's text classifier, NLI model or reranker (handlers/text/classification.py): one text or pair, lists
-    mixing texts and pairs, reranking (valid only for a model with one output), top_k and top_n at their extremes,
+    """A user's text classifier, NLI model or reranker (handlers/text/requests/classification.py): one text or pair,
+    lists mixing texts and pairs, reranking (valid only for a model with one output), top_k and top_n at their extremes,
     the character, token and count limits, and wrong types for every field."""
 
     def __init__(self, limits, seed, pool_size):

@@ -16,7 +16,7 @@ import openai
 import pytest
 import requests
 
-from handlers.embedding.shared_cache import URL_ENV
+from handlers.text.shared_cache import URL_ENV
 from loadtests.prometheus import parse
 from scripts import package
 

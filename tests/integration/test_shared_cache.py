@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import requests
 
-from handlers.embedding.cache import CachedEmbedding, cache_key
-from handlers.embedding.shared_cache import URL_ENV, Namespace, decode_value, encode_value
+from handlers.text.cache import CachedEmbedding, cache_key
+from handlers.text.shared_cache import URL_ENV, Namespace, decode_value, encode_value
 from loadtests.prometheus import parse
 from scripts import package
 

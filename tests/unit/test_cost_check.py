@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from handlers.embedding.requests import EmbeddingLimits, parse_embedding_request
+from handlers.text.requests.embedding import EmbeddingLimits, parse_embedding_request
 from scripts.reliability.cost import archive_config, classifier_requests, judge, minilm_requests
 
 GOOD_TIMES = {"chars": 0.40, "padding": 0.68}

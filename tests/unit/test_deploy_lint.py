@@ -10,7 +10,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from handlers.embedding.shared_cache import PASSWORD_FILE_ENV, URL_ENV
+from handlers.text.shared_cache import PASSWORD_FILE_ENV, URL_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"

@@ -1,13 +1,13 @@
-"""The plain-torch BERT encoder (handlers/embedding/bert.py) computes what transformers' BertModel computes.
+"""The plain-torch BERT encoder (handlers/text/bert.py) computes what transformers' BertModel computes.
 
-The worker serves handlers/embedding/bert.py instead of transformers (its import alone cost ~7 s of every worker
+The worker serves handlers/text/bert.py instead of transformers (its import alone cost ~7 s of every worker
 start); these tests pin the two together on the same random weights, padding included, and check that a config the
 module does not implement is refused instead of silently computed differently."""
 
 import pytest
 import torch
 
-from handlers.embedding.bert import BertEncoder, check_bert_config
+from handlers.text.bert import BertEncoder, check_bert_config
 
 pytestmark = pytest.mark.unit
 

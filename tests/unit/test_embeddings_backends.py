@@ -1,4 +1,4 @@
-"""minilm's backends (handlers/embedding/backends.py) and `backend: auto`'s walk over backends/manifest.json.
+"""minilm's backends (handlers/text/backends.py) and `backend: auto`'s walk over backends/manifest.json.
 
 On the tiny MiniLM stand-in (tests/unit/tiny_minilm.py): its OpenVINO IR converts in about a second. Manifests are
 written here, so each test states exactly which candidates the archive offers; the machine's CPU flags are replaced
@@ -13,7 +13,7 @@ import torch
 
 from handlers.core import runtime
 from handlers.core.config import ConfigError
-from handlers.embedding import backends
+from handlers.text import backends
 from handlers.text.model import load_sentence_encoder
 from scripts.ops.handler_loader import handler_class, load_handler, make_context, record_metrics, set_requests, statuses
 from tests.unit.tiny_minilm import make_tiny_model_dir

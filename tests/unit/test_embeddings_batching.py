@@ -1,12 +1,12 @@
-"""Length bucketing (handlers/embedding/buckets.py) and the LRU cache (handlers/embedding/cache.py), without a model."""
+"""Length bucketing (handlers/text/buckets.py) and the LRU cache (handlers/text/cache.py), without a model."""
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from handlers.embedding.buckets import bucket_length, check_buckets, padding_ratio, plan_forward_groups
-from handlers.embedding.cache import CachedEmbedding, EmbeddingCache
+from handlers.text.buckets import bucket_length, check_buckets, padding_ratio, plan_forward_groups
+from handlers.text.cache import CachedEmbedding, EmbeddingCache
 
 BUCKETS = [16, 32, 64, 128, 256]
 

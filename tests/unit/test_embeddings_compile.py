@@ -13,7 +13,7 @@ import torch
 
 from handlers.core import runtime
 from handlers.core.config import ConfigError
-from handlers.embedding import backends
+from handlers.text import backends
 from handlers.text.model import load_sentence_encoder
 from scripts import build_backends
 from scripts.ops.handler_loader import load_handler, set_requests, statuses

@@ -1,11 +1,11 @@
-"""Embedding request validation and response shapes (handlers/embedding/requests.py), without a model."""
+"""Embedding request validation and response shapes (handlers/text/requests/embedding.py), without a model."""
 
 import pytest
 import torch
 
 from handlers.core.errors import RequestError
-from handlers.embedding.cache import CachedEmbedding
-from handlers.embedding.requests import EmbeddingLimits, format_response, parse_embedding_request
+from handlers.text.cache import CachedEmbedding
+from handlers.text.requests.embedding import EmbeddingLimits, format_response, parse_embedding_request
 
 JSON = "application/json"
 LIMITS = EmbeddingLimits(max_inputs=4, max_text_chars=100, max_request_chars=250)

@@ -206,13 +206,13 @@ def test_the_archive_holds_the_handlers_subpackages_and_a_change_in_one_rebuilds
         names = set(archive.namelist())
     for module in (
         "handlers/core/base.py",
-        "handlers/embedding/batch.py",
+        "handlers/text/batch.py",
         "handlers/generation/decoding.py",
         "handlers/classification/nets.py",
         "classifier.py",
     ):
         assert module in names, module
-    nested = handlers_copy / "embedding" / "cache.py"
+    nested = handlers_copy / "text" / "requests" / "embedding.py"
     nested.write_text(nested.read_text() + "# a change deep in a subpackage\n")
     second = build(spec)
     assert second["rebuilt"] and second["input_hash"] != first["input_hash"]

@@ -13,11 +13,11 @@ import torch
 
 from handlers.core.config import ConfigError
 from handlers.core.errors import RequestError
-from handlers.embedding.shared_cache import URL_ENV
 from handlers.generation.semantic_cache.cache import exact_terms
 from handlers.generation.semantic_cache.options import SEMANTIC_CACHE_OPTION, parse_cache_request
 from handlers.generation.semantic_cache.shared import HEADER, SharedEntry, decode_entry, encode_entry
 from handlers.generation.semantic_cache.store import SemanticStore, StoredAnswer
+from handlers.text.shared_cache import URL_ENV
 from scripts.ops.handler_loader import ChunkRecorder, load_handler, record_metrics, set_requests, statuses
 
 DIM = 8

@@ -1,4 +1,4 @@
-"""The shared embedding cache tier (handlers/embedding/shared_cache.py): its value format, its config, its breaker,
+"""The shared embedding cache tier (handlers/text/shared_cache.py): its value format, its config, its breaker,
 and its behaviour against a real Valkey/Redis server process (tests/conftest.py's cache servers), in-process handlers
 standing in for two workers."""
 
@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from handlers.core.config import ConfigError, Option
-from handlers.embedding.cache import CachedEmbedding, cache_key
-from handlers.embedding.shared_cache import (
+from handlers.text.cache import CachedEmbedding, cache_key
+from handlers.text.shared_cache import (
     HEADER,
     MAGIC,
     SHARED_CACHE_OPTION,

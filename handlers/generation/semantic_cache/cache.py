@@ -29,12 +29,12 @@ import torch
 
 from handlers.core.errors import RequestError
 from handlers.core.metrics import HandlerMetrics
-from handlers.embedding.shared_cache import effective_url, read_password, record_shared_cache, redacted
 from handlers.generation.decoding import SamplingSettings
 from handlers.generation.semantic_cache.embedder import Embedder, load_embedder
 from handlers.generation.semantic_cache.options import SEMANTIC_CACHE_OPTION, PromptLookup
 from handlers.generation.semantic_cache.shared import SemanticTier, SharedEntry, embedder_fingerprint
 from handlers.generation.semantic_cache.store import FINISH_REASONS, Hit, SemanticStore, StoredAnswer
+from handlers.text.shared_cache import effective_url, read_password, record_shared_cache, redacted
 
 logger = logging.getLogger(__name__)
 

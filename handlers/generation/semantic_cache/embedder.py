@@ -18,9 +18,9 @@ import torch
 
 from handlers.core.config import ConfigError
 from handlers.core.errors import RequestError
-from handlers.embedding.batch import answer_requests
-from handlers.embedding.cache import CachedEmbedding
-from handlers.embedding.requests import EmbeddingRequest
+from handlers.text.batch import answer_requests
+from handlers.text.cache import CachedEmbedding
+from handlers.text.requests.embedding import EmbeddingRequest
 
 
 class Embedder:

@@ -30,7 +30,7 @@ from typing import Any
 
 from handlers.core.config import Bounds, ConfigError, Option, check_bounds, validate, with_defaults
 from handlers.core.errors import RequestError, shown, surrogate_at
-from handlers.embedding.shared_cache import check_settings
+from handlers.text.shared_cache import check_settings
 
 REQUEST_FIELD = "semantic_cache"
 REQUEST_KEYS = ("min_similarity", "partition")

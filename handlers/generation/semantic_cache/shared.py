@@ -11,7 +11,7 @@ A value is raw bytes, never pickle: a header (magic, format, dimension, the grou
 creation time, completion tokens, finish reason, text length), the unit vector as little-endian float32, then the
 answer's UTF-8 text. Anything that fails a check (length, magic, dimension, fingerprint, non-finite or non-unit
 vector, undecodable text, an unknown finish reason, too old) is skipped and counted as a bad value. Failures follow
-the embedding tier's rules (handlers/embedding/shared_cache.py): a bounded timeout per call, no retries, a breaker;
+the embedding tier's rules (handlers/text/shared_cache.py): a bounded timeout per call, no retries, a breaker;
 a failed call costs a request nothing but the chance of a hit.
 """
 
@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from handlers.embedding.shared_cache import NORM_TOLERANCE, RedisTier
 from handlers.generation.semantic_cache.store import FINISH_REASONS, StoredAnswer
+from handlers.text.shared_cache import NORM_TOLERANCE, RedisTier
 
 logger = logging.getLogger(__name__)
 

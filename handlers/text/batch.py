@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from handlers.core.errors import RequestError, too_large
-from handlers.embedding.buckets import padded_tokens, plan_forward_groups
-from handlers.embedding.cache import CachedEmbedding, CacheKey, EmbeddingCache
-from handlers.embedding.shared_cache import SharedCache
+from handlers.text.buckets import padded_tokens, plan_forward_groups
+from handlers.text.cache import CachedEmbedding, CacheKey, EmbeddingCache
+from handlers.text.shared_cache import SharedCache
 
 if TYPE_CHECKING:
     from handlers.text.handler import LoadedTextModel

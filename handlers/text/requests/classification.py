@@ -30,10 +30,10 @@ import torch
 
 from handlers.core.errors import RequestError, too_large
 from handlers.core.http import Float32
-from handlers.embedding.batch import Row
-from handlers.embedding.requests import EmbeddingLimits, EmbeddingRow, check_count, check_text, decoded_body
+from handlers.text.batch import Row
 from handlers.text.folder import MULTI_LABEL, TextModelFolder
 from handlers.text.gate import probabilities
+from handlers.text.requests.embedding import EmbeddingLimits, EmbeddingRow, check_count, check_text, decoded_body
 
 SINGLE_FIELDS = {"text", "text_pair", "top_k", "truncate"}
 LIST_FIELDS = {"inputs", "top_k", "truncate"}

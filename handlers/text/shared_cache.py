@@ -1,6 +1,6 @@
 """The second cache tier: embeddings in a Redis-protocol server (Valkey, Redis) shared by every worker and replica.
 
-The worker's LRU (:mod:`handlers.embedding.cache`, L1) is asked first; its misses go to this tier (L2) in ONE ``MGET``
+The worker's LRU (:mod:`handlers.text.cache`, L1) is asked first; its misses go to this tier (L2) in ONE ``MGET``
 per batch, and the rows the batch computed are written back in ONE pipelined ``SET ... EX`` after the answers are
 formed. Serving never depends on it: every call is bounded by ``timeout_ms``, an error or timeout is a miss, and a
 circuit breaker stops asking for ``breaker_cooldown_s`` after ``breaker_failures`` consecutive failures (then one
@@ -35,7 +35,7 @@ import torch
 
 from handlers.core.config import Bounds, Option, check_bounds, with_defaults
 from handlers.core.metrics import HandlerMetrics
-from handlers.embedding.cache import CachedEmbedding, CacheKey
+from handlers.text.cache import CachedEmbedding, CacheKey
 
 logger = logging.getLogger(__name__)
 
