@@ -3,10 +3,10 @@
 The payloads are seeded streams, so two runs (and the side-by-side systems) see the same mix:
 
 - ``classifier``: one random 128-d row per request (standard normal, the scale the model was trained on).
-- ``minilm``: English-like sentences whose lengths follow :data:`MINILM_LENGTH_MIX` (mostly short, a tail of long ones,
-  some longer than the model's 256-token window, which the server must truncate), and a share of requests
-  (:data:`MINILM_REPEAT_SHARE`) repeating a small set of popular sentences, so that a response cache sees a realistic
-  hit rate instead of 0 % or 100 %.
+- ``minilm``: the README mix (scripts/ops/payloads.py ``ReadmeTextMix``): English-like sentences, mostly short with a
+  tail of long ones (some longer than the model's 256-token window, which the server must truncate), and a share of
+  requests repeating a small set of popular sentences, so that a response cache sees a realistic hit rate instead of
+  0 % or 100 %.
 
 A check returns ``None`` for a good response body or a short reason, which the load test reports as a failure.
 """
@@ -16,49 +16,16 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from scripts.ops.payloads import sentence
+from scripts.ops.payloads import MINILM_REPEAT_HEAVY_SHARE, ReadmeTextMix
 
 CLASSIFIER_FEATURES = 128
 CLASSIFIER_CLASSES = 10
 MINILM_DIMENSIONS = 384
 
-# (share of requests, fewest words, most words). Common English words are about one WordPiece token each, so the
-# last band (257-400 words, scripts/ops/payloads.py's WORDS) exceeds MiniLM's 256-token window.
-MINILM_LENGTH_MIX = (
-    (0.60, 3, 16),  # queries, titles, short sentences
-    (0.25, 17, 64),  # sentences and short paragraphs
-    (0.10, 65, 200),  # paragraphs
-    (0.05, 257, 400),  # documents longer than the model's window
-)
-MINILM_REPEAT_SHARE = 0.2  # share of requests drawn from the popular set
-MINILM_REPEAT_HEAVY_SHARE = 0.8  # the repeat-heavy mix (traffic "minilm-repeats")
-MINILM_POPULAR_COUNT = 50  # size of the popular set; picked with Zipf-like weights (a few sentences dominate)
 
-
-def _sentence_words(rng):
-    pick = rng.random()
-    for share, low, high in MINILM_LENGTH_MIX:
-        if pick < share:
-            return rng.randint(low, high)
-        pick -= share
-    return rng.randint(MINILM_LENGTH_MIX[-1][1], MINILM_LENGTH_MIX[-1][2])
-
-
-class MinilmPayloads:
-    """Seeded stream of ``{"text": ...}`` bodies; the popular set depends only on the base seed (shared by users)."""
-
-    repeat_share = MINILM_REPEAT_SHARE
-
-    def __init__(self, seed=0, stream=0):
-        popular_rng = random.Random(f"minilm-popular-{seed}")
-        self.popular = [sentence(popular_rng, _sentence_words(popular_rng)) for _ in range(MINILM_POPULAR_COUNT)]
-        self.popular_weights = [1.0 / (rank + 1) for rank in range(MINILM_POPULAR_COUNT)]
-        self.rng = random.Random(f"minilm-{seed}-{stream}")
-
-    def next_text(self):
-        if self.rng.random() < self.repeat_share:
-            return self.rng.choices(self.popular, weights=self.popular_weights)[0]
-        return sentence(self.rng, _sentence_words(self.rng))
+class MinilmPayloads(ReadmeTextMix):
+    """Seeded stream of ``{"text": ...}`` bodies of the README mix (scripts/ops/payloads.py ReadmeTextMix); the popular
+    set depends only on the base seed (shared by users)."""
 
     def next(self):
         return {"text": self.next_text()}

@@ -109,7 +109,7 @@ def rates(embedder: Any, settings: dict[str, Any], path: Path = PARAPHRASES) -> 
 
     items = load_set(path)
     rows = embedder.embed([prompt for prompt, _, _ in items])
-    vectors = [row.embedding for row in rows]
+    vectors = [row.value for row in rows]
     order = list(range(len(items)))
     random.Random(0).shuffle(order)
     table = []

@@ -44,9 +44,7 @@ VOCABULARY = payloads.WORDS + payloads.UNICODE_WORDS
 
 def make_texts(workload, count, seed):
     if workload == "mixed":
-        from loadtests.payloads import MinilmPayloads
-
-        mix = MinilmPayloads(seed=seed)
+        mix = payloads.ReadmeTextMix(seed=seed)
         return [mix.next_text() for _ in range(count)]
     rng = random.Random(seed)
     return [f"{index} " + payloads.words(rng, rng.randint(5, 15), VOCABULARY) for index in range(count)]

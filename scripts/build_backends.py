@@ -1,8 +1,10 @@
 """Build a text model's compiled backends into its staged folder, gate each against eager fp32, rank the survivors.
 
-Every text model (minilm, a user's embedding model, a text classifier or reranker: --kind) goes through this one
-build; the model is the worker's own module (handlers/text/model.py), and the gate is the worker's measure for its
-kind (handlers/text/gate.py: row cosine for embeddings, probabilities for classifiers).
+Every text model (minilm, a user's embedding model, classifier, reranker, sparse or multi-vector encoder, of any
+architecture) goes through this one build; the model is the worker's own module (handlers/text/model.py), and the
+gate is the worker's measure for its kind (handlers/text/kinds: row cosine for embeddings, probabilities for
+classifiers, token cosine for multi-vector models). A backend that cannot export or compile the architecture's graph
+is refused with its reason in one line, and the archive serves eager.
 
 For every backend x precision this machine can serve (fp32 always; bf16 where the CPU has native bf16, i.e.
 AVX512-BF16 or AMX; fp16 where CUDA is present) it builds the artifact into MODEL_DIR/backends/:
@@ -17,7 +19,7 @@ fp32 on the reference sentences at several shapes (rows x tokens: one row, many 
 --min-cosine it is not packed: its files are deleted, the reason is printed and recorded under "refused". The
 survivors are then ranked by a bounded benchmark (--rank-seconds, default 30 s, warm-up included; at least 3 rounds)
 at the served thread count (--threads, 1 per worker): single rows padded to the handler's length buckets, weighted
-by how often the README payload mix (loadtests/payloads.py) lands in each bucket, round-robin with eager at each
+by how often the README payload mix (scripts/ops/payloads.py) lands in each bucket, round-robin with eager at each
 precision as the yardstick. Per length bucket where eager at the candidate's precision is over 10 % faster, the
 candidate's "eager_buckets" send that length to eager in the worker (a compiled graph can win on short rows and lose
 on the 256-token ones, which set p99), and its ms/text counts that routing. A candidate slower than eager at its own
@@ -72,12 +74,8 @@ RANK_SAMPLE_TEXTS = 2000  # texts of the README mix tokenized to weigh the bucke
 # Files whose change must rebuild and re-rank the backends (besides the weights and versions).
 CODE_INPUTS = (
     "scripts/build_backends.py",
-    "handlers/text/model.py",
-    "handlers/text/folder.py",
-    "handlers/text/gate.py",
-    "handlers/text/bert.py",
-    "handlers/text/backends.py",
-    "loadtests/payloads.py",  # the ranking's payload mix
+    "handlers/text",  # the module, its kinds, the gate's measures and the backends' loader
+    "scripts/ops/payloads.py",  # the ranking's payload mix
 )
 # CPU flags that decide which vector code a compiled artifact may contain (recorded; the load side compares).
 ISA_FLAG_PREFIXES = ("avx", "amx", "fma", "f16c", "sse4")
@@ -143,8 +141,10 @@ def build_key(model_dir: Path, backends: list[str], precisions: list[str], devic
         hasher.update(hashlib.sha256(path.read_bytes()).digest())
     for relative in CODE_INPUTS:
         path = REPO / relative
-        hasher.update(relative.encode())
-        hasher.update(path.read_bytes() if path.exists() else b"<missing>")
+        files = sorted(p for p in path.rglob("*.py") if "__pycache__" not in p.parts) if path.is_dir() else [path]
+        for file in files:
+            hasher.update(str(file.relative_to(REPO)).encode())
+            hasher.update(file.read_bytes() if file.exists() else b"<missing>")
     described = {
         "backends": backends,
         "precisions": precisions,
@@ -158,12 +158,14 @@ def build_key(model_dir: Path, backends: list[str], precisions: list[str], devic
 
 
 def padded_batch(files: Any, rows: list[Any], tokens: int) -> tuple[Any, ...]:
-    """The model's inputs for rows (texts or pairs) truncated to and padded to ``tokens``, as the handler pads."""
-    from handlers.text.batch import pad_rows
+    """The model's inputs for rows (texts or pairs) cut to and padded to ``tokens``, as the handler pads."""
+    from handlers.text.batch import Encoded, model_inputs
+    from handlers.text.rows import DEFAULT_OPTIONS
 
-    encodings = files.tokenizer.encode_batch(rows)
-    types = [encoding.type_ids[:tokens] for encoding in encodings] if files.info.token_types else None
-    return pad_rows([encoding.ids[:tokens] for encoding in encodings], tokens, files.info.pad_id, types)
+    encodings = [
+        Encoded(list(e.ids[:tokens]), list(e.type_ids[:tokens])) for e in files.tokenizer.encode_batch(list(rows))
+    ]
+    return model_inputs(files.info, encodings, [DEFAULT_OPTIONS] * len(rows), tokens)
 
 
 def gate_shapes(max_tokens: int) -> list[tuple[int, int]]:
@@ -181,10 +183,9 @@ def gate_inputs(files: Any, rows: list[Any], shapes: Any = None) -> list[tuple[A
 
 
 def gate_min_cosine(candidate: Encoder, reference: Reference) -> float:
-    """The worker's gate measure (handlers/text/gate.py) between the candidate and eager fp32 over every gate shape."""
+    """The worker's gate measure (the kind's, handlers/text/kinds) between the candidate and eager fp32 over every
+    gate shape."""
     import torch
-
-    from handlers.text import gate
 
     worst = 1.0
     with torch.inference_mode():
@@ -195,7 +196,8 @@ def gate_min_cosine(candidate: Encoder, reference: Reference) -> float:
                     f"output shape {tuple(got.shape)} for input {tuple(inputs[0].shape)}, expected "
                     f"{tuple(expected.shape)}"
                 )
-            worst = min(worst, gate.similarity(reference.files.info, expected, got.cpu()))
+            similarity = reference.kind.similarity(reference.files.info, expected, got.cpu(), inputs[1])
+            worst = min(worst, similarity)
     return worst
 
 
@@ -230,7 +232,9 @@ def build_aot(
     batch = torch.export.Dim("batch", min=1, max=max_batch)
     tokens = torch.export.Dim("tokens", min=2, max=max_tokens)
     with torch.inference_mode():
-        exported = torch.export.export(model, example, dynamic_shapes=tuple({0: batch, 1: tokens} for _ in example))
+        # Every input is [rows, tokens] but a prompt-length column, [rows].
+        shapes = tuple({0: batch, 1: tokens} if tensor.dim() == 2 else {0: batch} for tensor in example)
+        exported = torch.export.export(model, example, dynamic_shapes=shapes)
     relative = f"{BACKENDS_DIR}/aot-{precision}.pt2"
     package = model_dir / relative
     package.unlink(missing_ok=True)
@@ -262,13 +266,13 @@ def build_openvino(
         return {"files": relative}  # one IR for every precision: built once per run
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    dynamic = (openvino.PartialShape([-1, -1]), openvino.Type.i64)
+    dynamic = [(openvino.PartialShape([-1] * tensor.dim()), openvino.Type.i64) for tensor in example]
     # convert_model traces the module; transformers' mask code warns that two Python conditions become constants. Both
     # are constant for an encoder with a mask (no KV cache, never causal), and the gate checks every shape family.
     with torch.inference_mode(), warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
         warnings.filterwarnings("ignore", message=".*trace_method.*", category=DeprecationWarning)
-        converted = openvino.convert_model(fp32_model, example_input=example, input=[dynamic] * len(example))
+        converted = openvino.convert_model(fp32_model, example_input=example, input=dynamic)
     openvino.save_model(converted, str(folder / "model.xml"), compress_to_fp16=True)
     (folder / ".built").write_text("")
     return {"files": relative}
@@ -299,10 +303,10 @@ def rank_buckets(max_tokens: int) -> tuple[int, ...]:
 def bucket_shares(tokenizer: Any, buckets: tuple[int, ...] = RANK_BUCKETS, count=RANK_SAMPLE_TEXTS) -> dict[int, float]:
     """Share of the README payload mix's texts that the handler pads to each length bucket."""
     from handlers.text.buckets import bucket_length
-    from loadtests.payloads import MinilmPayloads
+    from scripts.ops.payloads import ReadmeTextMix
 
-    payloads = MinilmPayloads(seed=0)
-    texts = [payloads.next_text() for _ in range(count)]
+    mix = ReadmeTextMix(seed=0)
+    texts = [mix.next_text() for _ in range(count)]
     counts = dict.fromkeys(buckets, 0)
     for encoding in tokenizer.encode_batch(texts):
         counts[bucket_length(len(encoding.ids), buckets)] += 1
@@ -388,8 +392,9 @@ class Reference:
     model_dir: Path
     fp32_model: Any
     files: Any  # handlers.text.model.ModelFiles: what the folder says, and its tokenizer
+    kind: Any  # handlers.text.kinds.base.TextKind: its gate measure
     sentences: list[str]
-    rows: list[Any]  # the gate's rows: the sentences (a classifier: and pairs of them)
+    rows: list[Any]  # the gate's rows: the kind's reference cases (a classifier: and pairs of them)
     inputs: list[tuple[Any, ...]]
     outputs: list[Any]
     device: str
@@ -398,23 +403,26 @@ class Reference:
     min_cosine: float
 
 
-def load_reference(
-    model_dir: Path, kind: str, device: str, threads: int, max_batch: int, min_cosine: float
-) -> Reference:
+def load_reference(model_dir: Path, device: str, threads: int, max_batch: int, min_cosine: float) -> Reference:
+    import dataclasses
+
     import torch
 
-    from handlers.text.gate import reference_rows
+    from handlers.text.kinds import kind_named
     from handlers.text.model import build_module, read_model_files
 
-    files = read_model_files(model_dir, kind)
+    files = read_model_files(model_dir)
+    kind = kind_named(files.info.kind)
+    files = dataclasses.replace(files, info=kind.resolve(files.info, files.tokenizer))
     fp32_model = build_module(model_dir, files.info)
     sentences = json.loads((model_dir / "reference_sentences.json").read_text())
-    rows = reference_rows(kind, sentences)
+    cases = kind.reference_cases(files.info, sentences)
+    rows = [kind.served_row(files.info, files.tokenizer, case)[0] for case in cases]
     inputs = gate_inputs(files, rows)
     with torch.inference_mode():
         outputs = [fp32_model(*tensors) for tensors in inputs]
     return Reference(
-        model_dir, fp32_model, files, sentences, rows, inputs, outputs, device, threads, max_batch, min_cosine
+        model_dir, fp32_model, files, kind, sentences, rows, inputs, outputs, device, threads, max_batch, min_cosine
     )
 
 
@@ -484,23 +492,24 @@ def build(
     model_dir: Path,
     backends: list[str] | None = None,
     precisions: list[str] | None = None,
-    min_cosine: float = 0.999,
+    min_cosine: float | None = None,
     rank_seconds: float = 30.0,
     threads: int = 1,
     max_batch: int = 1024,
     device: str | None = None,
     force: bool = False,
     beat_eager: bool = True,
-    kind: str = "embedding",
 ) -> dict:
     """Build, gate and rank the backends of ``model_dir``; returns the manifest (also written to backends/)."""
     import torch
 
     from handlers.text.folder import FolderError, inspect_folder
+    from handlers.text.kinds import kind_named
 
     model_dir = Path(model_dir)
     try:
-        inspect_folder(model_dir, kind)
+        kind = inspect_folder(model_dir).kind
+        min_cosine = min_cosine or kind_named(kind).default_min_cosine
     except FolderError as error:
         raise BuildError(
             f"{model_dir}: {error} (stage the model first: python -m scripts.prepare_text_model)"
@@ -533,7 +542,7 @@ def build(
         (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         return {**manifest, "rebuilt": True}
 
-    reference = load_reference(model_dir, kind, device, threads, max_batch, min_cosine)
+    reference = load_reference(model_dir, device, threads, max_batch, min_cosine)
     # The served thread count from here on: AOTInductor bakes it into its kernels, and the ranking runs at it.
     torch.set_num_threads(threads)
     candidates, refused, runners = [], [], {}
@@ -568,7 +577,7 @@ def build(
     manifest.update(
         gate={
             "min_cosine_bound": min_cosine,
-            "measure": "row cosine" if kind == "embedding" else "1 - largest probability difference",
+            "measure": reference.kind.gate_measure,
             "reference": "eager fp32",
             "shapes": [list(s) for s in gate_shapes(reference.files.info.max_tokens)],
         },
@@ -656,7 +665,6 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--model-dir", type=Path, required=True, help="the staged model folder; backends/ goes in it")
-    parser.add_argument("--kind", choices=("embedding", "classification"), default="embedding", help="the model kind")
     parser.add_argument(
         "--backends",
         type=csv_list(ALL_BACKENDS),
@@ -668,7 +676,9 @@ def main(argv: list[str] | None = None) -> int:
         type=csv_list(("fp32", "bf16", "fp16")),
         help="default: what this machine serves natively (fp32; bf16 with AVX512-BF16/AMX; fp16 on CUDA)",
     )
-    parser.add_argument("--min-cosine", type=float, default=0.999, help="gate: min cosine to eager fp32 (0.999)")
+    parser.add_argument(
+        "--min-cosine", type=float, help="gate bound to eager fp32 (default: the kind's, 0.999; classifiers 0.99)"
+    )
     parser.add_argument(
         "--rank-seconds", type=float, default=30.0, help="ranking benchmark budget, at least 3 rounds (default 30)"
     )
@@ -686,7 +696,7 @@ def main(argv: list[str] | None = None) -> int:
         help="pack a candidate that ranked slower than eager at its precision (refused by default)",
     )
     args = parser.parse_args(argv)
-    if not 0.0 < args.min_cosine <= 1.0:
+    if args.min_cosine is not None and not 0.0 < args.min_cosine <= 1.0:
         parser.error("--min-cosine must be in (0, 1]")
     if args.rank_seconds <= 0 or args.threads < 1 or args.max_batch < 1:
         parser.error("--rank-seconds, --threads and --max-batch must be positive")
@@ -701,7 +711,6 @@ def main(argv: list[str] | None = None) -> int:
             args.max_batch,
             force=args.force,
             beat_eager=not args.keep_slower,
-            kind=args.kind,
         )
     except BuildError as error:
         print(f"error: {error}", file=sys.stderr)

@@ -144,19 +144,25 @@ def _wordpiece_tokenizer() -> "Tokenizer":
     return tokenizer
 
 
-def _unigram_tokenizer() -> "Tokenizer":
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
-
+def _unigram_pieces() -> list[tuple[str, float]]:
+    """SentencePiece-style pieces with log-probabilities: a whole listed word beats any split of it, an ending beats
+    its characters. Cased like XLM-R and DeBERTa-v3: test sentences start with capitals."""
     words = _words()
-    # Cased like XLM-R: test sentences start with capitals.
     words += [word.capitalize() for word in words]
-    # Log-probabilities: a whole listed word beats any split of it, an ending beats its characters.
-    pieces = [(token, 0.0) for token in XLMR_SPECIAL_TOKENS]
-    pieces += [(f"\u2581{word}", -8.0) for word in words]
+    pieces = [(f"\u2581{word}", -8.0) for word in words]
     pieces += [(suffix, -9.0) for suffix in _SUFFIXES]
     pieces += [("\u2581", -10.0)] + [(char, -12.0) for char in _alphabet(words)]
     scores: dict[str, float] = {}
     for piece, score in pieces:
+        scores.setdefault(piece, score)
+    return list(scores.items())
+
+
+def _unigram_tokenizer() -> "Tokenizer":
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+
+    scores = dict.fromkeys(XLMR_SPECIAL_TOKENS, 0.0)
+    for piece, score in _unigram_pieces():
         scores.setdefault(piece, score)
     vocab = list(scores.items())
     # Same structure as transformers' XLMRobertaTokenizer rebuilds on load: no normaliser (cased, accents kept),
@@ -234,6 +240,14 @@ def _encoder_sizes() -> dict[str, float]:
 # "minilm": all-MiniLM-L6-v2's shape (6 layers, 384 wide), for benchmarks of another architecture at a real cost.
 SIZES = {
     "tiny": _encoder_sizes(),
+    # all-mpnet-base-v2's and bge-base's shape: 768 wide, 12 layers (~110 M parameters with a 30k vocabulary).
+    "base": {
+        "hidden_size": 768,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 12,
+        "intermediate_size": 3072,
+        "initializer_range": 0.02,
+    },
     "minilm": {
         "hidden_size": 384,
         "num_hidden_layers": 6,
@@ -568,3 +582,280 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Architectures beyond BERT/XLM-R/DistilBERT, and the sentence-transformers module chains and kinds that users bring.
+
+
+def _byte_level_tokenizer(padding_side: str = "left") -> "PreTrainedTokenizerBase":
+    """A Qwen2-style byte-level BPE tokenizer (every byte a token, no merges) whose post-processor appends
+    <|endoftext|>, as Qwen3-Embedding's does; it pads on the left, as decoder embedders' tokenizers do."""
+    from tokenizers import pre_tokenizers, processors
+    from transformers import Qwen2TokenizerFast
+
+    vocab = {char: i for i, char in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    eos = "<|endoftext|>"
+    vocab[eos] = len(vocab)
+    tokenizer = Qwen2TokenizerFast(vocab=vocab, merges=[], padding_side=padding_side, model_max_length=512)
+    tokenizer.backend_tokenizer.post_processor = processors.Sequence(
+        [
+            processors.ByteLevel(trim_offsets=False),
+            processors.TemplateProcessing(
+                single=f"$A {eos}", pair=f"$A {eos} $B:1 {eos}:1", special_tokens=[(eos, vocab[eos])]
+            ),
+        ]
+    )
+    return tokenizer
+
+
+def _sentence_transformer_folder(modules: list, folder: Path, **model_kwargs) -> Path:
+    from sentence_transformers import SentenceTransformer
+
+    folder.mkdir(parents=True, exist_ok=True)
+    SentenceTransformer(modules=modules, device="cpu", **model_kwargs).save(str(folder))
+    return folder
+
+
+def _transformer_module(model: "PreTrainedModel", tokenizer: "PreTrainedTokenizerBase", max_seq_length: int, **kw):
+    """sentence-transformers' Transformer module around MODEL (it loads only from a folder: a scratch one)."""
+    from sentence_transformers.models import Transformer
+
+    with tempfile.TemporaryDirectory() as scratch:
+        model.save_pretrained(scratch)
+        tokenizer.save_pretrained(scratch)
+        return Transformer(scratch, max_seq_length=max_seq_length, **kw)
+
+
+def make_mpnet_mean_normalize_embedder(folder: Path, max_seq_length: int = 64, *, size: str = "tiny") -> Path:
+    """all-mpnet-base-v2's layout: MPNet -> Pooling(mean) -> Normalize. SIZE "base" is all-mpnet-base-v2's shape
+    (768 wide, 12 layers, 110 M parameters) with random weights, for measurements."""
+    from sentence_transformers.models import Normalize, Pooling
+    from transformers import MPNetConfig, MPNetModel, MPNetTokenizerFast
+
+    base = bert_tokenizer(max_seq_length)
+    tokenizer = MPNetTokenizerFast(
+        vocab=dict(base.get_vocab()),
+        do_lower_case=True,
+        bos_token="[CLS]",
+        eos_token="[SEP]",
+        sep_token="[SEP]",
+        cls_token="[CLS]",
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        mask_token="[MASK]",
+        model_max_length=max_seq_length,
+    )
+    sizes = SIZES["base"] if size == "base" else _encoder_sizes()
+    config = MPNetConfig(
+        vocab_size=len(tokenizer),
+        # MPNet numbers positions from pad_token_id + 1, as RoBERTa does.
+        max_position_embeddings=max(BERT_POSITIONS, max_seq_length) + 2,
+        pad_token_id=tokenizer.pad_token_id,
+        **sizes,
+    )
+    torch.manual_seed(SEED)
+    transformer = _transformer_module(MPNetModel(config), tokenizer, max_seq_length)
+    dimension = transformer.get_embedding_dimension()
+    return _sentence_transformer_folder([transformer, Pooling(dimension, "mean"), Normalize()], folder)
+
+
+def make_bert_cls_dense_normalize_embedder(folder: Path, max_seq_length: int = 64, out_features: int = 16) -> Path:
+    """LaBSE's layout: BERT -> Pooling(cls) -> Dense(tanh) -> Normalize; the Dense projects 32 -> OUT_FEATURES."""
+    from sentence_transformers.models import Dense, Normalize, Pooling
+    from transformers import BertConfig, BertModel
+
+    tokenizer = bert_tokenizer(max_seq_length)
+    config = BertConfig(vocab_size=len(tokenizer), max_position_embeddings=BERT_POSITIONS, **_encoder_sizes())
+    torch.manual_seed(SEED)
+    transformer = _transformer_module(BertModel(config), tokenizer, max_seq_length)
+    dense = Dense(HIDDEN, out_features, activation_function=torch.nn.Tanh())
+    torch.nn.init.normal_(dense.linear.weight, std=INITIALIZER_RANGE)
+    return _sentence_transformer_folder([transformer, Pooling(HIDDEN, "cls"), dense, Normalize()], folder)
+
+
+def make_qwen3_decoder_embedder(folder: Path, max_seq_length: int = 128) -> Path:
+    """Qwen3-Embedding's layout: a Qwen3 decoder -> Pooling(lasttoken) -> Normalize, a tokenizer that appends
+    <|endoftext|> and pads on the left, and an instruction prompt "query" (no default prompt)."""
+    from sentence_transformers.models import Normalize, Pooling
+    from transformers import Qwen3Config, Qwen3Model
+
+    tokenizer = _byte_level_tokenizer()
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=HIDDEN,
+        intermediate_size=INTERMEDIATE,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=2,
+        head_dim=HIDDEN // HEADS,
+        max_position_embeddings=512,
+        initializer_range=INITIALIZER_RANGE,
+        tie_word_embeddings=False,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(SEED)
+    transformer = _transformer_module(Qwen3Model(config), tokenizer, max_seq_length)
+    prompts = {"query": "Instruct: Given a web search query, retrieve relevant passages\nQuery:", "document": ""}
+    modules = [transformer, Pooling(HIDDEN, "lasttoken"), Normalize()]
+    return _sentence_transformer_folder(modules, folder, prompts=prompts)
+
+
+def make_deberta_nli_classifier(
+    folder: Path, labels: Sequence[str] = ("entailment", "neutral", "contradiction")
+) -> Path:
+    """A DeBERTa-v2 (v3-style: no token type embeddings) NLI classifier over text pairs with a SentencePiece-style
+    Unigram tokenizer ([CLS] a [SEP] b [SEP])."""
+    from transformers import DebertaV2Config, DebertaV2ForSequenceClassification, DebertaV2TokenizerFast
+
+    pieces = _unigram_pieces()
+    specials = ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"]
+    vocab = [(token, 0.0) for token in specials] + [p for p in pieces if p[0] not in specials]
+    tokenizer = DebertaV2TokenizerFast(vocab=vocab, unk_id=3, model_max_length=CLASSIFIER_MAX_LENGTH)
+    config = DebertaV2Config(
+        vocab_size=len(tokenizer),
+        max_position_embeddings=CLASSIFIER_MAX_LENGTH,
+        type_vocab_size=0,
+        relative_attention=True,
+        position_buckets=32,
+        max_relative_positions=-1,
+        pos_att_type=["p2c", "c2p"],
+        position_biased_input=False,
+        pad_token_id=tokenizer.pad_token_id,
+        problem_type="single_label_classification",
+        **_label_maps(labels),
+        **_encoder_sizes(),
+    )
+    torch.manual_seed(SEED)
+    return _save_hf(DebertaV2ForSequenceClassification(config), tokenizer, folder)
+
+
+def make_modernbert_classifier(folder: Path, labels: Sequence[str] = ("negative", "positive")) -> Path:
+    """A ModernBERT sequence classifier (rotary positions, alternating local/global attention); its tokenizer class is
+    the generic fast one, which sends no token_type_ids."""
+    from transformers import ModernBertConfig, ModernBertForSequenceClassification, PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=_wordpiece_tokenizer(),
+        model_max_length=CLASSIFIER_MAX_LENGTH,
+        unk_token="[UNK]",
+        sep_token="[SEP]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        mask_token="[MASK]",
+        model_input_names=["input_ids", "attention_mask"],
+    )
+    config = ModernBertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=HIDDEN,
+        intermediate_size=INTERMEDIATE,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        max_position_embeddings=CLASSIFIER_MAX_LENGTH,
+        local_attention=16,
+        global_attn_every_n_layers=2,
+        initializer_range=INITIALIZER_RANGE,
+        pad_token_id=tokenizer.pad_token_id,
+        cls_token_id=tokenizer.cls_token_id,
+        sep_token_id=tokenizer.sep_token_id,
+        bos_token_id=tokenizer.cls_token_id,
+        eos_token_id=tokenizer.sep_token_id,
+        **_label_maps(labels),
+    )
+    torch.manual_seed(SEED)
+    return _save_hf(ModernBertForSequenceClassification(config), tokenizer, folder)
+
+
+def make_electra_classifier(folder: Path, labels: Sequence[str] = ("not_duplicate", "duplicate")) -> Path:
+    """An ELECTRA pair classifier (ELECTRA-style duplicate-question models), BERT's tokenizer with segment ids."""
+    from transformers import ElectraConfig, ElectraForSequenceClassification, ElectraTokenizerFast
+
+    tokenizer = ElectraTokenizerFast(vocab=dict(bert_tokenizer().get_vocab()), model_max_length=CLASSIFIER_MAX_LENGTH)
+    config = ElectraConfig(
+        vocab_size=len(tokenizer),
+        embedding_size=HIDDEN // 2,
+        max_position_embeddings=CLASSIFIER_MAX_LENGTH,
+        problem_type="single_label_classification",
+        **_label_maps(labels),
+        **_encoder_sizes(),
+    )
+    torch.manual_seed(SEED)
+    return _save_hf(ElectraForSequenceClassification(config), tokenizer, folder)
+
+
+def make_bert_pair_classifier_without_segments(folder: Path) -> Path:
+    """A BERT NLI classifier whose tokenizer does not list token_type_ids in model_input_names: transformers sends
+    none, so the model sees segment 0 for both texts of a pair (the served inputs must do the same)."""
+    from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
+
+    tokenizer = BertTokenizerFast(
+        tokenizer_object=_wordpiece_tokenizer(),
+        model_max_length=CLASSIFIER_MAX_LENGTH,
+        model_input_names=["input_ids", "attention_mask"],
+    )
+    config = BertConfig(
+        vocab_size=len(tokenizer),
+        max_position_embeddings=CLASSIFIER_MAX_LENGTH,
+        problem_type="single_label_classification",
+        **_label_maps(("entailment", "neutral", "contradiction")),
+        **_encoder_sizes(),
+    )
+    torch.manual_seed(SEED)
+    return _save_hf(BertForSequenceClassification(config), tokenizer, folder)
+
+
+def make_splade_encoder(folder: Path, max_seq_length: int = 64) -> Path:
+    """A SPLADE sparse encoder as sentence-transformers' SparseEncoder saves it: BERT masked-LM -> SpladePooling(max,
+    relu). The MLM head's bias is pushed negative so most vocabulary weights are zero, as in a trained SPLADE."""
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.sparse_encoder.modules import SpladePooling
+    from transformers import BertConfig, BertForMaskedLM
+
+    tokenizer = bert_tokenizer(max_seq_length)
+    config = BertConfig(vocab_size=len(tokenizer), max_position_embeddings=BERT_POSITIONS, **_encoder_sizes())
+    torch.manual_seed(SEED)
+    model = BertForMaskedLM(config)
+    with torch.no_grad():
+        model.cls.predictions.bias.fill_(-4.0)
+    transformer = _transformer_module(model, tokenizer, max_seq_length, transformer_task="fill-mask")
+    folder.mkdir(parents=True, exist_ok=True)
+    SparseEncoder(modules=[transformer, SpladePooling("max")], device="cpu").save(str(folder))
+    return folder
+
+
+def make_multi_vector_encoder(folder: Path, max_seq_length: int = 64) -> Path:
+    """A ColBERT-style multi-vector encoder as sentence-transformers' MultiVectorEncoder builds it from a BERT:
+    Transformer -> Dense(token_embeddings, 32 -> 128, no bias) -> MultiVectorMask -> Normalize(token_embeddings),
+    with "[Q] " / "[D] " prompts for queries and documents."""
+    from sentence_transformers import MultiVectorEncoder
+    from transformers import BertConfig, BertModel
+
+    tokenizer = bert_tokenizer(max_seq_length)
+    config = BertConfig(vocab_size=len(tokenizer), max_position_embeddings=BERT_POSITIONS, **_encoder_sizes())
+    torch.manual_seed(SEED)
+    with tempfile.TemporaryDirectory() as scratch:
+        BertModel(config).save_pretrained(scratch)
+        tokenizer.save_pretrained(scratch)
+        model = MultiVectorEncoder(scratch, device="cpu", prompts={"query": "[Q] ", "document": "[D] "})
+    model[0].max_seq_length = max_seq_length
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save(str(folder))
+    return folder
+
+
+def with_remote_code(folder: Path, source: Path | None = None) -> Path:
+    """Add an ``auto_map`` to config.json naming code in the folder (as gte-new, nomic and jina models do) and that
+    code: a subclass of the architecture's own model, so that trust_remote_code=True loads the same weights."""
+    _copied(folder, source)
+    path = folder / "config.json"
+    config = json.loads(path.read_text())
+    base = {"bert": "Bert", "mpnet": "MPNet", "xlm-roberta": "XLMRoberta"}[config["model_type"]]
+    config["auto_map"] = {"AutoConfig": "custom_model.CustomConfig", "AutoModel": "custom_model.CustomModel"}
+    path.write_text(json.dumps(config, indent=2))
+    (folder / "custom_model.py").write_text(
+        f"from transformers import {base}Config, {base}Model\n\n\n"
+        f"class CustomConfig({base}Config):\n    model_type = {config['model_type']!r}\n\n\n"
+        f"class CustomModel({base}Model):\n    config_class = CustomConfig\n"
+    )
+    return folder

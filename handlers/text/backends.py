@@ -59,8 +59,6 @@ ISA_FLAGS = frozenset(
     }
 )
 OPENVINO_PRECISIONS = {"fp32": "f32", "bf16": "bf16"}
-# A text model's forward arguments, in order (handlers/text/model.py); a classifier over pairs takes all three.
-FORWARD_ARGUMENTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 def aot_package(precision: str) -> str:
@@ -168,20 +166,13 @@ class OpenVinoEncoder:
     def __init__(self, compiled: Any) -> None:
         self.compiled = compiled
         self.request = compiled.create_infer_request()
-        inputs = list(compiled.inputs)
-        names = [set(port.get_names()) for port in inputs]
-        # Bind by name where the IR kept the forward's argument names, else by position (the forward's order).
-        found = [
-            next((i for i, port_names in enumerate(names) if argument in port_names), -1)
-            for argument in FORWARD_ARGUMENTS[: len(inputs)]
-        ]
-        self.indices = found if -1 not in found else list(range(len(inputs)))
-        self.dtypes = [port.get_element_type().to_dtype() for port in inputs]
+        # The IR's inputs are the module's forward arguments in order (scripts/build_backends.py converts it with
+        # them as its example): input_ids, attention_mask, then the model's own (TextModelFolder.model_inputs).
+        self.dtypes = [port.get_element_type().to_dtype() for port in compiled.inputs]
 
     def __call__(self, *tensors: torch.Tensor) -> torch.Tensor:
         feeds = {
-            index: tensor.cpu().numpy().astype(self.dtypes[index], copy=False)
-            for index, tensor in zip(self.indices, tensors, strict=True)
+            index: tensor.cpu().numpy().astype(self.dtypes[index], copy=False) for index, tensor in enumerate(tensors)
         }
         self.request.infer(feeds)
         # The request owns its output buffer and overwrites it on the next call: copy it out.
@@ -222,7 +213,9 @@ def load_openvino(precision: str, model_dir: Path, threads: int, device: torch.d
     model = core.read_model(str(path))
     if any(not port.get_partial_shape().is_dynamic for port in model.inputs):
         # Every batch size and bucket length goes through one compiled model.
-        model.reshape({port.get_any_name(): openvino.PartialShape([-1, -1]) for port in model.inputs})
+        model.reshape(
+            {port: openvino.PartialShape([-1] * port.get_partial_shape().rank.get_length()) for port in model.inputs}
+        )
     compiled = core.compile_model(model, "CPU", openvino_config(precision, threads))
     return OpenVinoEncoder(compiled)
 

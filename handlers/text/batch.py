@@ -1,7 +1,8 @@
-"""Batch assembly for every text model (embeddings, classifiers, rerankers): cache lookups (the worker's LRU, then
-one round trip to the shared tier for its misses), one tokenizer call, limits, padded length groups; and the answers
-once the rows are computed, after which the computed rows are stored in both tiers. Each step returns what the next
-one needs (:class:`EmbeddingBatch`)."""
+"""Batch assembly for every text model: cache lookups (the worker's LRU, then one round trip to the shared tier for
+its misses), one tokenizer call, limits, padded length groups; and the answers once the rows are computed, after
+which the computed rows are stored in both tiers. Each step returns what the next one needs (:class:`TextBatch`,
+:class:`ComputedRows`). Nothing here knows a model's kind: a kind decides what a computed row is
+(handlers/text/kinds), its request module what a request says and how it is answered (handlers/text/requests)."""
 
 from __future__ import annotations
 
@@ -13,18 +14,18 @@ import torch
 
 from handlers.core.errors import RequestError, too_large
 from handlers.text.buckets import padded_tokens, plan_forward_groups
-from handlers.text.cache import CachedEmbedding, CacheKey, EmbeddingCache
+from handlers.text.cache import CachedRow, CacheKey, RowCache
+from handlers.text.rows import DEFAULT_OPTIONS, Row, RowOptions
 from handlers.text.shared_cache import SharedCache
 
 if TYPE_CHECKING:
+    from handlers.text.folder import TextModelFolder
     from handlers.text.handler import LoadedTextModel
-
-# One row of a text model: a text, or a text pair (premise and hypothesis, query and document) for a classifier.
-Row = str | tuple[str, str]
 
 
 class RowsRequest(Protocol):
-    """What batch assembly needs of a request: its rows, how errors name them, whether truncation is allowed."""
+    """What batch assembly needs of a request: its rows, how errors name them, whether truncation is allowed, and
+    (where not the defaults) each row's options."""
 
     @property
     def texts(self) -> Sequence[Row]: ...
@@ -34,6 +35,9 @@ class RowsRequest(Protocol):
 
     @property
     def truncate(self) -> bool: ...
+
+    @property
+    def options(self) -> Sequence[RowOptions] | None: ...
 
 
 @dataclass(frozen=True)
@@ -51,28 +55,20 @@ class BatchStats:
 @dataclass(frozen=True)
 class ForwardPass:
     rows: list[int]  # positions among the batch's computed rows
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    token_type_ids: torch.Tensor | None = None  # models that segment text pairs (BERT classifiers)
-
-    @property
-    def inputs(self) -> tuple[torch.Tensor, ...]:
-        """The model's arguments, in its forward's order."""
-        if self.token_type_ids is None:
-            return (self.input_ids, self.attention_mask)
-        return (self.input_ids, self.attention_mask, self.token_type_ids)
+    inputs: tuple[torch.Tensor, ...]  # the model's arguments, in its forward's order (TextModelFolder.model_inputs)
 
 
 @dataclass
-class EmbeddingBatch:
+class TextBatch:
     """What preprocess hands on: cached rows, rows to compute (as padded groups) and per-request errors."""
 
-    keys: list[list[CacheKey]]  # per request, the cache key of each of its texts
-    known: dict[CacheKey, CachedEmbedding]  # key -> entry, for cache hits (and, after inference, computed rows)
+    keys: list[list[CacheKey]]  # per request, the cache key of each of its rows
+    known: dict[CacheKey, CachedRow]  # key -> entry, for cache hits (and, after inference, computed rows)
     errors: list[RequestError | None]  # per request: None or its error
     compute_keys: list[CacheKey] = field(default_factory=list)  # rows to compute, in order
-    compute_tokens: list[int] = field(default_factory=list)
+    compute_ids: list[list[int]] = field(default_factory=list)  # their token ids (after truncation)
     compute_truncated: list[bool] = field(default_factory=list)
+    compute_options: list[RowOptions] = field(default_factory=list)
     passes: list[ForwardPass] = field(default_factory=list)
     stats: BatchStats | None = None
 
@@ -82,58 +78,92 @@ class EmbeddingBatch:
 
 
 @dataclass(frozen=True)
-class ComputedBatch:
-    """What inference hands to postprocess: the batch and its computed rows ([len(compute_keys), dim], fp32)."""
+class ComputedRows:
+    """What inference hands to postprocess: the batch and one value per computed row (its kind's row_value)."""
 
-    batch: EmbeddingBatch
-    embeddings: torch.Tensor
+    batch: TextBatch
+    values: list[Any]
 
 
-def pad_rows(
-    id_lists: Sequence[Sequence[int]],
+@dataclass(frozen=True)
+class Encoded:
+    """Token ids made up or cut to a length (warm-up rows, the build's gate shapes), where a tokenizer's encoding is
+    not what is wanted."""
+
+    ids: list[int]
+    type_ids: list[int]
+
+
+def row_options(request: RowsRequest) -> Sequence[RowOptions]:
+    return request.options or [DEFAULT_OPTIONS] * len(request.texts)
+
+
+def model_inputs(
+    info: TextModelFolder,
+    encodings: Sequence[Any],
+    options: Sequence[RowOptions],
     pad_length: int,
-    pad_id: int,
-    type_lists: Sequence[Sequence[int]] | None = None,
 ) -> tuple[torch.Tensor, ...]:
-    """Token id lists -> (input_ids, attention_mask[, token_type_ids]), right-padded to ``pad_length``."""
-    ids = [list(row) + [pad_id] * (pad_length - len(row)) for row in id_lists]
-    mask = [[1] * len(row) + [0] * (pad_length - len(row)) for row in id_lists]
-    padded = (torch.tensor(ids, dtype=torch.long), torch.tensor(mask, dtype=torch.long))
-    if type_lists is None:
-        return padded
-    types = [list(row) + [0] * (pad_length - len(row)) for row in type_lists]
-    return (*padded, torch.tensor(types, dtype=torch.long))
+    """Encodings -> the model's arguments, right-padded to ``pad_length``, in ``info.model_inputs`` order:
+    input_ids, attention_mask, then token_type_ids (where the model takes them) and prompt_lengths (where its pooling
+    leaves the prompt out)."""
+    ids = [list(e.ids) + [info.pad_id] * (pad_length - len(e.ids)) for e in encodings]
+    mask = [[1] * len(e.ids) + [0] * (pad_length - len(e.ids)) for e in encodings]
+    tensors = {"input_ids": torch.tensor(ids, dtype=torch.long), "attention_mask": torch.tensor(mask, dtype=torch.long)}
+    if "token_type_ids" in info.model_inputs:
+        types = [list(e.type_ids) + [0] * (pad_length - len(e.type_ids)) for e in encodings]
+        tensors["token_type_ids"] = torch.tensor(types, dtype=torch.long)
+    if "prompt_lengths" in info.model_inputs:
+        tensors["prompt_lengths"] = torch.tensor([o.prompt_length for o in options], dtype=torch.long)
+    return tuple(tensors[name] for name in info.model_inputs)
+
+
+def encode_rows(loaded: LoadedTextModel, rows: Sequence[Row], options: Sequence[RowOptions]) -> list[Any]:
+    """Tokenize rows: one tokenizer call per token limit among them (one call when no row has its own limit)."""
+    limits = sorted({o.max_tokens for o in options})
+    if len(limits) == 1:
+        return loaded.tokenizer.encode_batch(list(rows), limits[0])
+    encodings: list[Any] = [None] * len(rows)
+    for limit in limits:
+        chosen = [i for i, o in enumerate(options) if o.max_tokens == limit]
+        for i, encoding in zip(chosen, loaded.tokenizer.encode_batch([rows[i] for i in chosen], limit), strict=True):
+            encodings[i] = encoding
+    return encodings
 
 
 def encode_padded(
-    loaded: LoadedTextModel, texts: Sequence[Row], pad_length: int | None = None
+    loaded: LoadedTextModel,
+    rows: Sequence[Row],
+    options: Sequence[RowOptions] | None = None,
+    pad_length: int | None = None,
 ) -> tuple[torch.Tensor, ...]:
-    """Tokenize rows in one call and pad them to one length (for the gate and warm-up inputs)."""
-    encodings = loaded.tokenizer.encode_batch(list(texts))
-    pad_length = pad_length or max(len(e.ids) for e in encodings)
-    types = [e.type_ids for e in encodings] if loaded.info.token_types else None
-    return pad_rows([e.ids for e in encodings], pad_length, loaded.pad_id, types)
+    """Tokenize rows and pad them to one length (the gate, warm-up and benchmark inputs)."""
+    options = options or [DEFAULT_OPTIONS] * len(rows)
+    encodings = encode_rows(loaded, rows, options)
+    return model_inputs(loaded.info, encodings, options, pad_length or max(len(e.ids) for e in encodings))
 
 
 def assemble_batch(
     payloads: Sequence[RowsRequest],
     loaded: LoadedTextModel,
-    cache: EmbeddingCache,
-    key_of: Callable[[Row], CacheKey],
+    cache: RowCache,
+    key_of: Callable[[Row, RowOptions], CacheKey],
     max_request_tokens: int,
     max_forward_tokens: int,
     shared: SharedCache | None = None,
-) -> EmbeddingBatch:
+) -> TextBatch:
     """Cache lookups (the worker's cache, then the shared tier for its misses in one round trip), one tokenizer call
     for the remaining misses, truncation and token checks, then padded length groups."""
-    batch = EmbeddingBatch(keys=[], known={}, errors=[None] * len(payloads))
+    batch = TextBatch(keys=[], known={}, errors=[None] * len(payloads))
     miss_index: dict[CacheKey, int] = {}  # key -> position among the misses (a repeated text is computed once)
     misses: list[Row] = []
     miss_keys: list[CacheKey] = []
+    miss_options: list[RowOptions] = []
     for payload in payloads:
-        keys = [key_of(text) for text in payload.texts]
+        options = row_options(payload)
+        keys = [key_of(text, option) for text, option in zip(payload.texts, options, strict=True)]
         batch.keys.append(keys)
-        for key, text in zip(keys, payload.texts, strict=True):
+        for key, text, option in zip(keys, payload.texts, options, strict=True):
             if key in batch.known or key in miss_index:
                 continue
             cached = cache.get(key)
@@ -143,11 +173,16 @@ def assemble_batch(
                 miss_index[key] = len(misses)
                 misses.append(text)
                 miss_keys.append(key)
+                miss_options.append(option)
     local_hits = len(batch.known)
     if shared is not None and miss_keys:
-        misses, miss_keys = ask_shared_tier(shared, cache, batch.known, misses, miss_keys)
+        found = ask_shared_tier(shared, cache, batch.known, miss_keys)
+        remaining = [m for m, key in enumerate(miss_keys) if key not in found]
+        misses = [misses[m] for m in remaining]
+        miss_keys = [miss_keys[m] for m in remaining]
+        miss_options = [miss_options[m] for m in remaining]
         miss_index = {key: m for m, key in enumerate(miss_keys)}
-    encodings = loaded.tokenizer.encode_batch(misses) if misses else []
+    encodings = encode_rows(loaded, misses, miss_options) if misses else []
 
     needed: set[int] = set()
     for number, (payload, keys) in enumerate(zip(payloads, batch.keys, strict=True)):
@@ -159,53 +194,44 @@ def assemble_batch(
 
     order = sorted(needed)  # misses some accepted request needs, in arrival order
     batch.compute_keys = [miss_keys[m] for m in order]
-    batch.compute_tokens = [len(encodings[m].ids) for m in order]
+    batch.compute_ids = [list(encodings[m].ids) for m in order]
     batch.compute_truncated = [bool(encodings[m].overflowing) for m in order]
-    groups = plan_forward_groups(batch.compute_tokens, loaded.buckets, max_forward_tokens)
-    types = loaded.info.token_types
+    batch.compute_options = [miss_options[m] for m in order]
+    lengths = [len(ids) for ids in batch.compute_ids]
+    groups = plan_forward_groups(lengths, loaded.buckets, max_forward_tokens)
     for group in groups:
         # Tensors are made here, outside inference mode, exactly like warm-up's (a compiled graph guards on it).
-        tensors = pad_rows(
-            [encodings[order[row]].ids for row in group.rows],
-            group.pad_length,
-            loaded.pad_id,
-            [encodings[order[row]].type_ids for row in group.rows] if types else None,
+        chosen = [order[row] for row in group.rows]
+        inputs = model_inputs(
+            loaded.info, [encodings[m] for m in chosen], [miss_options[m] for m in chosen], group.pad_length
         )
-        batch.passes.append(ForwardPass(group.rows, *tensors))
+        batch.passes.append(ForwardPass(group.rows, inputs))
     batch.stats = BatchStats(
         rows=sum(len(keys) for keys, error in zip(batch.keys, batch.errors, strict=True) if error is None),
         hits=local_hits,
         misses=len(order),
         shared_hits=len(batch.known) - local_hits,
         padded_tokens=padded_tokens(groups),
-        real_tokens=sum(batch.compute_tokens),
+        real_tokens=sum(lengths),
     )
     return batch
 
 
 def ask_shared_tier(
-    shared: SharedCache,
-    cache: EmbeddingCache,
-    known: dict[CacheKey, CachedEmbedding],
-    misses: list[Row],
-    miss_keys: list[CacheKey],
-) -> tuple[list[Row], list[CacheKey]]:
-    """One round trip for the worker cache's misses: entries found join ``known`` (and the worker's cache); returns
-    the texts and keys still to compute."""
+    shared: SharedCache, cache: RowCache, known: dict[CacheKey, CachedRow], miss_keys: list[CacheKey]
+) -> dict[CacheKey, CachedRow]:
+    """One round trip for the worker cache's misses: entries found join ``known`` (and the worker's cache)."""
     found = shared.get_many(miss_keys)
-    if not found:
-        return misses, miss_keys
     for key, entry in found.items():
         known[key] = entry
         cache.put(key, entry)
-    remaining = [m for m, key in enumerate(miss_keys) if key not in found]
-    return [misses[m] for m in remaining], [miss_keys[m] for m in remaining]
+    return found
 
 
 def request_error(
     payload: RowsRequest,
     keys: Sequence[CacheKey],
-    known: dict[CacheKey, CachedEmbedding],
+    known: dict[CacheKey, CachedRow],
     miss_index: dict[CacheKey, int],
     encodings: Sequence[Any],
     max_tokens: int,
@@ -215,16 +241,15 @@ def request_error(
     many tokens in all), or None. Tokens are counted whether or not a text is cached, so that acceptance never
     depends on the cache's state."""
     tokens = 0
-    for key, name in zip(keys, payload.names, strict=True):
+    for key, name, option in zip(keys, payload.names, row_options(payload), strict=True):
         if key in known:
             truncated, tokens = known[key].truncated, tokens + known[key].tokens
         else:
             encoding = encodings[miss_index[key]]
             truncated, tokens = bool(encoding.overflowing), tokens + len(encoding.ids)
         if truncated and not payload.truncate:
-            return RequestError(
-                f"{name} is longer than the model's limit of {max_tokens} tokens and 'truncate' is false"
-            )
+            limit = option.max_tokens or max_tokens
+            return RequestError(f"{name} is longer than the model's limit of {limit} tokens and 'truncate' is false")
     if tokens > max_request_tokens:
         return too_large(
             f"the request has {tokens} tokens after truncation; handler.max_request_tokens is {max_request_tokens}"
@@ -233,20 +258,20 @@ def request_error(
 
 
 def answer_requests(
-    computed: ComputedBatch,
+    computed: ComputedRows,
     payloads: Sequence[RowsRequest],
-    cache: EmbeddingCache,
-    format_answer: Callable[[Any, list[CachedEmbedding]], Any],
+    cache: RowCache,
+    format_answer: Callable[[Any, list[CachedRow]], Any],
     shared: SharedCache | None = None,
 ) -> list[Any]:
     """Answer each request with its own rows in its own order (``format_answer(payload, rows)``, the model kind's
     answer shape), then store the computed rows in the worker's cache and (one pipelined round trip) in the shared
     tier."""
-    batch, embeddings = computed.batch, computed.embeddings
+    batch = computed.batch
     known = dict(batch.known)
     computed_entries = []
     for row, key in enumerate(batch.compute_keys):
-        entry = CachedEmbedding(embeddings[row].clone(), batch.compute_tokens[row], batch.compute_truncated[row])
+        entry = CachedRow(computed.values[row], len(batch.compute_ids[row]), batch.compute_truncated[row])
         known[key] = entry
         computed_entries.append((key, entry))
     results: list[Any] = []

@@ -1,7 +1,8 @@
-"""A bounded least-recently-used cache of computed embeddings, local to one worker.
+"""A bounded least-recently-used cache of computed rows, local to one worker.
 
-Keys say everything that determines the vector: the text, the model version, the served precision and the token
-limit it was truncated at. A capacity of 0 disables the cache (every lookup misses, nothing is stored).
+Keys say everything that determines a row's answer: the text (or pair), its options (prompt length, token limit,
+task), the model version, the served precision and the token limit it was truncated at. A capacity of 0 disables
+the cache (every lookup misses, nothing is stored).
 """
 
 from __future__ import annotations
@@ -9,52 +10,60 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
-import torch
+from handlers.text.rows import DEFAULT_OPTIONS, Row, RowOptions
 
 CacheKey = tuple[bytes, str, str, int]
 
 
 @dataclass(frozen=True)
-class CachedEmbedding:
-    embedding: torch.Tensor  # fp32, [dim], unit length
+class CachedRow:
+    """One computed row: what its kind answers from (a vector, a sparse row, token vectors: handlers/text/kinds)."""
+
+    value: Any
     tokens: int  # tokens the model saw (after truncation, special tokens included)
     truncated: bool
 
 
-def cache_key(row: str | tuple[str, str], model_version: str, precision: str, max_tokens: int) -> CacheKey:
-    """What determines a row's vector. A digest, not the text: a full cache of max_text_chars texts would hold up to
+def cache_key(
+    row: Row, model_version: str, precision: str, max_tokens: int, options: RowOptions = DEFAULT_OPTIONS
+) -> CacheKey:
+    """What determines a row's answer. A digest, not the text: a full cache of max_text_chars texts would hold up to
     4 bytes x 20,000 characters x 4096 entries of keys (Python stores astral characters in 4 bytes each).
 
     A text pair is digested with a marker and the first text's length, so no pair and no single text share a key
-    ("a" + "bc" and "ab" + "c" differ; a text cannot contain the marker's lone byte 0xff in UTF-8)."""
+    ("a" + "bc" and "ab" + "c" differ; a text cannot contain the marker's lone byte 0xff in UTF-8). Options other
+    than the defaults are digested after a second marker."""
     if isinstance(row, tuple):
         first, second = (part.encode("utf-8") for part in row)
         data = b"\xffpair" + len(first).to_bytes(8, "little") + first + second
     else:
         data = row.encode("utf-8")
+    if options != DEFAULT_OPTIONS:
+        data += b"\xfeoptions" + f"{options.prompt_length}:{options.max_tokens}:{options.task}".encode()
     digest = hashlib.blake2b(data, digest_size=16).digest()
     return (digest, model_version, precision, max_tokens)
 
 
-class EmbeddingCache:
+class RowCache:
     def __init__(self, capacity: int) -> None:
         if capacity < 0:
             raise ValueError(f"cache capacity must be >= 0, got {capacity}")
         self.capacity = capacity
-        self._entries: OrderedDict[CacheKey, CachedEmbedding] = OrderedDict()
+        self._entries: OrderedDict[CacheKey, CachedRow] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def get(self, key: CacheKey) -> CachedEmbedding | None:
+    def get(self, key: CacheKey) -> CachedRow | None:
         """The cached entry (now the most recently used) or None."""
         entry = self._entries.get(key)
         if entry is not None:
             self._entries.move_to_end(key)
         return entry
 
-    def put(self, key: CacheKey, entry: CachedEmbedding) -> None:
+    def put(self, key: CacheKey, entry: CachedRow) -> None:
         if self.capacity == 0:
             return
         self._entries[key] = entry

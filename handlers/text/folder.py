@@ -1,55 +1,43 @@
 """What a model folder says about itself: read once, checked once, the same way at package time and in the worker.
 
-A text model is a Hugging Face folder (``config.json``, safetensors weights, a tokenizer) of one of two kinds:
+A text model is a Hugging Face folder (``config.json``, safetensors weights, a tokenizer), bare or inside a
+sentence-transformers layout (``modules.json`` and one folder per module). Its kind (an embedding model, a classifier,
+a sparse or a multi-vector encoder: handlers/text/kinds/) reads its own files; this module holds what every kind
+shares: JSON files, weights, the refusal of code shipped with the folder, the model's positions and token limit, and
+:func:`inspect_folder`, which returns a :class:`TextModelFolder` or raises :class:`FolderError`, whose message names
+the file, the problem and the fix.
 
-- ``embedding``: a sentence-transformers folder. ``modules.json`` lists Transformer -> Pooling [-> Normalize];
-  ``1_Pooling/config.json`` names the pooling mode(s); ``sentence_bert_config.json`` the token limit and lower-casing;
-  ``config_sentence_transformers.json`` the named prompts. The served vector is what ``SentenceTransformer.encode``
-  returns for the same text.
-- ``classification``: an ``AutoModelForSequenceClassification`` folder (``id2label``, ``problem_type``): a text
-  classifier, an NLI model over text pairs, or a cross-encoder reranker (one output, scored with a sigmoid as
-  sentence-transformers' ``CrossEncoder`` does).
+Architectures are not listed anywhere: whatever ``config.json``'s ``model_type`` is, transformers loads it (offline,
+from the folder) and the packaging step proves the served answers equal to the reference library's before anything
+reaches the model store.
 
-:func:`inspect_folder` returns a :class:`TextModelFolder` or raises :class:`FolderError`, whose message names the
-file, the problem and the fix. The packaging step calls it before anything is written to the model store, so a folder
-the worker could not serve (pickled weights, an unknown pooling mode, an architecture we do not implement, a tokenizer
-that does not load offline) is refused there, not in a worker's log.
+What transformers itself decides when it loads the folder (which class the model loads as, which inputs its tokenizer
+produces, the tokenizer exactly as it builds it) is recorded at package time in ``text_model.json`` (see
+handlers/text/tokenization.py and scripts/prepare_text_model.py), so that the worker serves the same thing without
+importing sentence-transformers.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-KINDS = ("embedding", "classification")
-# Architectures served, by config.json model_type. bert runs on the project's plain-torch encoder
-# (handlers/text/bert.py) where it computes the same thing; everything else runs transformers' own model.
-SUPPORTED_MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "distilbert")
-# RoBERTa-style position ids start after the padding index: two positions are never available to tokens.
-POSITION_OFFSET = {"roberta": 2, "xlm-roberta": 2}
-# sentence-transformers' pooling modes, in the order it concatenates them (sentence_transformer/modules/pooling.py).
-POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
-LEGACY_POOLING_KEYS = {
-    "pooling_mode_cls_token": "cls",
-    "pooling_mode_max_tokens": "max",
-    "pooling_mode_mean_tokens": "mean",
-    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
-    "pooling_mode_weightedmean_tokens": "weightedmean",
-    "pooling_mode_lasttoken": "lasttoken",
-}
-SINGLE_LABEL, MULTI_LABEL, REGRESSION, SCORE = (
-    "single_label_classification",
-    "multi_label_classification",
-    "regression",
-    "score",
-)
+if TYPE_CHECKING:
+    from handlers.text.modules import HeadModule
+
 WEIGHTS = "model.safetensors"
 SHARDED_WEIGHTS = "model.safetensors.index.json"
 TOKENIZER_FILE = "tokenizer.json"
+SERVED_FILE = "text_model.json"  # what the packaging step learnt from transformers (kind, body class, inputs)
+SERVED_FORMAT = 1
 MAX_PROMPT_CHARS = 1000  # a named prompt is the model's, but it is prepended to every text that names it
+# Position embeddings numbered from the padding index + 1 (RoBERTa's scheme): two positions never hold a token.
+POSITION_OFFSET = {"roberta": 2, "xlm-roberta": 2, "camembert": 2, "mpnet": 2, "longformer": 2, "data2vec-text": 2}
+# A limit this large is transformers' "no limit" marker in tokenizer_config.json, not a model's window.
+NO_LIMIT = 1_000_000
 
 
 class FolderError(ValueError):
@@ -62,50 +50,49 @@ class FolderError(ValueError):
 
 @dataclass(frozen=True)
 class TextModelFolder:
-    """Everything the worker needs to know about a text model, as its folder says it."""
+    """Everything the worker needs to know about a text model, as its folder (and text_model.json) says it."""
 
-    kind: str  # "embedding" | "classification"
+    kind: str  # a name in handlers/text/kinds KINDS
     model_type: str  # config.json model_type
     engine: str  # "bert" (the project's plain-torch encoder) | "transformers"
+    body_class: str  # the transformers class the model loads as (AutoModel, AutoModelForMaskedLM, T5EncoderModel...)
+    body_output: str  # what the head reads from its output: last_hidden_state | logits
     transformer_dir: str  # folder (relative to the model folder) holding config.json, weights and tokenizer
     max_tokens: int  # texts (and pairs) are truncated to this many tokens, special tokens included
     max_positions: int  # what the model's position embeddings allow
-    pad_id: int
-    token_types: bool  # the model takes token_type_ids (BERT over text pairs)
     lowercase: bool  # sentence_bert_config.json do_lower_case: the text is lower-cased before tokenizing
-    output_size: int  # floats per row: the embedding dimension, or the number of labels
-    # embedding
-    pooling: tuple[str, ...] = ()
-    normalize: bool = False
+    output_size: int  # floats per row (per token for a multi-vector model): dimension, labels or vocabulary
+    head: tuple[HeadModule, ...] = ()  # the sentence-transformers modules after the Transformer
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
-    # classification
-    labels: tuple[str, ...] = ()
+    task_lengths: dict[str, int] = field(default_factory=dict)  # multi-vector: tokens of a query / a document
+    labels: tuple[str, ...] = ()  # classification
     problem_type: str = ""
     activation: str = ""  # what turns logits into the answer's scores: softmax | sigmoid | identity
+    truncate_dim: int | None = None  # the folder's config_sentence_transformers.json truncate_dim: rows are cut to it
+    max_active_dims: int | None = None  # sparse: weights kept per row (the folder's max_active_dims), None = all
+    skiplist_words: tuple[str, ...] = ()  # multi-vector: tokens dropped from scoring ...
+    skiplist_tasks: tuple[str, ...] = ()  # ... for texts of these tasks
+    skiplist_ids: frozenset[int] = frozenset()  # the skip-listed words' token ids (resolved with the tokenizer)
+    remote_code: bool = False  # the folder's own modelling code runs (trust_remote_code, opted in at packaging)
+    input_names: tuple[str, ...] = ("input_ids", "attention_mask")  # what the model is fed, as transformers feeds it
+    pad_id: int = -1  # resolved from the tokenizer
+    normalized: bool = False  # every served row (or token vector) has unit length
 
-    def describe(self) -> dict[str, Any]:
-        common = {
-            "kind": self.kind,
-            "architecture": self.model_type,
-            "engine": self.engine,
-            "max_tokens": self.max_tokens,
-        }
-        if self.kind == "embedding":
-            return {
-                **common,
-                "dimension": self.output_size,
-                "pooling": list(self.pooling),
-                "normalize": self.normalize,
-                "prompts": dict(self.prompts),
-                "default_prompt_name": self.default_prompt_name,
-            }
-        return {
-            **common,
-            "labels": list(self.labels),
-            "problem_type": self.problem_type,
-            "activation": self.activation,
-        }
+    @property
+    def model_inputs(self) -> tuple[str, ...]:
+        """The served module's forward arguments, in order (handlers/text/model.py TextModule)."""
+        # The plain-torch BERT computes single texts only (segment 0): it takes no token_type_ids.
+        plain = self.engine == "bert"
+        extra = tuple(n for n in self.input_names if n not in ("input_ids", "attention_mask") and not plain)
+        prompts = ("prompt_lengths",) if self.excludes_prompt else ()
+        return ("input_ids", "attention_mask", *extra, *prompts)
+
+    @property
+    def excludes_prompt(self) -> bool:
+        from handlers.text.modules import PoolingModule
+
+        return any(isinstance(module, PoolingModule) and not module.include_prompt for module in self.head)
 
 
 def read_json(folder: Path, relative: str) -> Any:
@@ -118,56 +105,6 @@ def read_json(folder: Path, relative: str) -> Any:
         raise FolderError(
             relative, f"is not readable JSON ({error})", "restore the file the training run saved"
         ) from None
-
-
-def inspect_folder(folder: str | os.PathLike[str], kind: str) -> TextModelFolder:
-    """Read and check a model folder of ``kind``; raises FolderError naming the file and the fix."""
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise FolderError(str(folder), "is not a folder", "pass the folder your training run saved the model to")
-    transformer_dir = transformer_folder(folder) if kind == "embedding" else ""
-    base = folder / transformer_dir
-    where = f"{transformer_dir}/" if transformer_dir else ""
-    config = required_json(base, "config.json", where, "save the model with save_pretrained (it writes config.json)")
-    model_type = str(config.get("model_type", ""))
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise FolderError(
-            f"{where}config.json",
-            f"model_type {model_type!r} is not supported (supported: {', '.join(SUPPORTED_MODEL_TYPES)})",
-            "serve a model of a supported architecture, or add one (docs/your-model.md, 'Architectures')",
-        )
-    check_weights(base, where)
-    tokenizer_config = optional_json(base, "tokenizer_config.json")
-    max_positions = positions(config, model_type, where)
-    if kind == "embedding":
-        return embedding_folder(folder, transformer_dir, config, model_type, max_positions, tokenizer_config)
-    return classification_folder(folder, config, model_type, max_positions, tokenizer_config)
-
-
-def transformer_folder(folder: Path) -> str:
-    """The Transformer module's folder from modules.json; refuses modules we do not compute."""
-    modules = required_json(folder, "modules.json", "", "save the model with sentence-transformers' save()")
-    if not isinstance(modules, list) or not modules:
-        raise FolderError("modules.json", "must be a non-empty list of modules", "save it with sentence-transformers")
-    names = [module_name(entry) for entry in modules]
-    allowed = ["Transformer", "Pooling", "Normalize"]
-    unsupported = [name for name in names if name not in allowed]
-    if unsupported or names[:2] != ["Transformer", "Pooling"] or names[2:] not in ([], ["Normalize"]):
-        raise FolderError(
-            "modules.json",
-            f"modules {names} are not supported (served: Transformer -> Pooling [-> Normalize])",
-            "serve a model with only those modules (a Dense or other extra module would be skipped and change "
-            "every vector)",
-        )
-    return str(modules[0].get("path", "") or "")
-
-
-def module_name(entry: Any) -> str:
-    """'Transformer' for any spelling of sentence-transformers' module type ('sentence_transformers.models.X')."""
-    kind = entry.get("type", "") if isinstance(entry, dict) else ""
-    return str(kind).rsplit(".", 1)[-1]
 
 
 def required_json(folder: Path, name: str, where: str, fix: str) -> Any:
@@ -185,6 +122,20 @@ def optional_json(folder: Path, name: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def pickled_files(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.glob("*.bin")) + sorted(p.name for p in folder.glob("*.pt"))
+
+
+def refuse_pickle(file: str) -> FolderError:
+    return FolderError(
+        file,
+        "holds pickled weights, which are refused: loading a pickle can run arbitrary code",
+        "convert them to safetensors where you trust the file, e.g. "
+        "AutoModel.from_pretrained(folder).save_pretrained(folder, safe_serialization=True), or for a "
+        "sentence-transformers module folder safetensors.torch.save_file(torch.load(file), 'model.safetensors')",
+    )
+
+
 def check_weights(folder: Path, where: str) -> None:
     """safetensors weights (one file or an index of shards), never a pickle."""
     if (folder / WEIGHTS).is_file():
@@ -200,14 +151,9 @@ def check_weights(folder: Path, where: str) -> None:
                 "copy every model-*.safetensors shard next to it",
             )
         return
-    pickled = sorted(p.name for p in folder.glob("*.bin")) + sorted(p.name for p in folder.glob("*.pt"))
+    pickled = pickled_files(folder)
     if pickled:
-        raise FolderError(
-            f"{where}{pickled[0]}",
-            "holds pickled weights, which are refused: loading a pickle can run arbitrary code",
-            "convert them to safetensors where you trust the file, e.g. "
-            "AutoModel.from_pretrained(folder).save_pretrained(folder, safe_serialization=True)",
-        )
+        raise refuse_pickle(f"{where}{pickled[0]}")
     raise FolderError(
         f"{where}{WEIGHTS}",
         "is missing: the folder has no weights",
@@ -215,130 +161,73 @@ def check_weights(folder: Path, where: str) -> None:
     )
 
 
-def positions(config: dict[str, Any], model_type: str, where: str) -> int:
-    try:
-        return int(config["max_position_embeddings"]) - POSITION_OFFSET.get(model_type, 0)
-    except (KeyError, TypeError, ValueError):
+def check_module_weights(folder: Path, where: str) -> None:
+    """A sentence-transformers module folder's own weights (a Dense, a LayerNorm): model.safetensors only."""
+    if (folder / WEIGHTS).is_file():
+        return
+    pickled = pickled_files(folder)
+    if pickled:
+        raise refuse_pickle(f"{where}{pickled[0]}")
+    raise FolderError(f"{where}{WEIGHTS}", "is missing: the module has no weights", "save the model again")
+
+
+def check_remote_code(config: dict[str, Any], where: str, trusted: bool) -> bool:
+    """Whether the folder's own modelling code runs. A folder whose config.json maps classes to its own Python files
+    (``auto_map``) is refused unless the packager opted in: that code would run in every worker."""
+    auto_map = config.get("auto_map")
+    if not auto_map:
+        return False
+    if not trusted:
+        entries = auto_map if isinstance(auto_map, dict) else {"auto_map": auto_map}
+        shown = ", ".join(f"{key} -> {value}" for key, value in list(entries.items())[:3])
         raise FolderError(
-            f"{where}config.json", "has no integer max_position_embeddings", "save the config with save_pretrained"
-        ) from None
+            f"{where}config.json",
+            f"auto_map ({shown}) names Python code shipped with the folder, which transformers would run to load "
+            "the model (trust_remote_code)",
+            "serve a model transformers implements itself, or, where you have read and trust that code, package "
+            "with --var trust_remote_code=true (the code runs in every worker; the archive records it)",
+        )
+    return True
 
 
-def token_limit(declared: Any, tokenizer_config: dict[str, Any], max_positions: int, file: str) -> int:
-    """The model's own token limit: what its folder declares, else the tokenizer's, capped by its positions."""
+def positions(config: dict[str, Any], model_type: str, where: str) -> int | None:
+    """Tokens the model's position embeddings hold, where config.json says (None for relative positions)."""
+    for key in ("max_position_embeddings", "n_positions", "max_seq_len"):
+        if key not in config:
+            continue
+        value = config[key]
+        if type(value) is not int or value <= POSITION_OFFSET.get(model_type, 0) + 1:
+            raise FolderError(f"{where}config.json", f"{key} {value!r} is not a usable integer", "save it again")
+        return value - POSITION_OFFSET.get(model_type, 0)
+    return None
+
+
+def token_limit(
+    declared: Any, tokenizer_config: dict[str, Any], max_positions: int | None, file: str, where: str
+) -> tuple[int, int]:
+    """(the model's own token limit, its positions): what its folder declares, else the tokenizer's, capped by the
+    positions; a model with relative positions (T5) needs one of the first two."""
     if declared is not None:
         if type(declared) is not int or declared < 2:
             raise FolderError(file, f"max_seq_length {declared!r} is not an integer >= 2", "set a positive integer")
-        if declared > max_positions:
+        if max_positions is not None and declared > max_positions:
             raise FolderError(
                 file,
                 f"max_seq_length {declared} exceeds the model's {max_positions} positions",
                 f"set max_seq_length to at most {max_positions}",
             )
-        return declared
+        return declared, max_positions or declared
     from_tokenizer = tokenizer_config.get("model_max_length")
-    if type(from_tokenizer) is int and 2 <= from_tokenizer < max_positions:
-        return from_tokenizer
-    return max_positions
-
-
-def pad_token(tokenizer_config: dict[str, Any], special: dict[str, Any]) -> str | None:
-    for source in (tokenizer_config, special):
-        value = source.get("pad_token")
-        if isinstance(value, dict):
-            value = value.get("content")
-        if isinstance(value, str):
-            return value
-    return None
-
-
-def embedding_folder(
-    folder: Path,
-    transformer_dir: str,
-    config: dict[str, Any],
-    model_type: str,
-    max_positions: int,
-    tokenizer_config: dict[str, Any],
-) -> TextModelFolder:
-    where = f"{transformer_dir}/" if transformer_dir else ""
-    st_config = optional_json(folder / transformer_dir, "sentence_bert_config.json")
-    max_tokens = token_limit(
-        st_config.get("max_seq_length"), tokenizer_config, max_positions, f"{where}sentence_bert_config.json"
-    )
-    modules = read_json(folder, "modules.json")
-    pooling_path = str(modules[1].get("path") or "1_Pooling")
-    modes, dimension = pooling_modes(folder, pooling_path)
-    hidden = int(config.get("hidden_size") or config.get("dim") or 0)
-    if dimension != hidden:
+    if type(from_tokenizer) is int and 2 <= from_tokenizer < NO_LIMIT:
+        if max_positions is None or from_tokenizer < max_positions:
+            return from_tokenizer, max_positions or from_tokenizer
+    if max_positions is None:
         raise FolderError(
-            f"{pooling_path}/config.json",
-            f"embedding dimension {dimension} differs from the model's hidden size {hidden} (config.json)",
-            "save the model and its pooling config from the same sentence-transformers model",
+            f"{where}tokenizer_config.json",
+            "states no model_max_length, and config.json no max_position_embeddings",
+            "set model_max_length in tokenizer_config.json (or max_seq_length in sentence_bert_config.json)",
         )
-    prompts, default_prompt = read_prompts(folder)
-    return TextModelFolder(
-        kind="embedding",
-        model_type=model_type,
-        engine="bert" if plain_bert(config) else "transformers",
-        transformer_dir=transformer_dir,
-        max_tokens=max_tokens,
-        max_positions=max_positions,
-        pad_id=-1,  # resolved from the tokenizer by resolve_pad_id
-        token_types=False,  # one text per row: token type 0 everywhere, the models' default
-        lowercase=bool(st_config.get("do_lower_case", False)),
-        output_size=dimension * len(modes),
-        pooling=modes,
-        normalize=len(modules) == 3,
-        prompts=prompts,
-        default_prompt_name=default_prompt,
-    )
-
-
-def plain_bert(config: dict[str, Any]) -> bool:
-    """The plain-torch encoder computes exactly this config (handlers/text/bert.py check_bert_config)."""
-    from handlers.text.bert import check_bert_config
-
-    if config.get("model_type") != "bert":
-        return False
-    try:
-        check_bert_config(config)
-    except (ValueError, KeyError, TypeError):
-        return False
-    return True
-
-
-def pooling_modes(folder: Path, pooling_path: str) -> tuple[tuple[str, ...], int]:
-    """(modes in concatenation order, the token embedding dimension) from the Pooling module's config.json."""
-    file = f"{pooling_path}/config.json"
-    config = required_json(
-        folder / pooling_path, "config.json", f"{pooling_path}/", "save the model with sentence-transformers"
-    )
-    if not isinstance(config, dict):
-        raise FolderError(file, "must be a JSON object", "save it with sentence-transformers")
-    fix = f"use one of {', '.join(POOLING_MODES)}"
-    if "pooling_mode" in config:
-        named = config["pooling_mode"]
-        listed = [named] if isinstance(named, str) else named
-        if not isinstance(listed, list) or not listed or any(mode not in POOLING_MODES for mode in listed):
-            raise FolderError(file, f"pooling mode {named!r} is unknown", fix)
-        modes = tuple(mode for mode in POOLING_MODES if mode in listed)
-    else:
-        unknown = sorted(
-            key for key, value in config.items() if key.startswith("pooling_mode") and key not in LEGACY_POOLING_KEYS
-        )
-        if unknown:
-            raise FolderError(file, f"pooling mode {unknown[0]!r} is unknown", fix)
-        modes = tuple(mode for key, mode in LEGACY_POOLING_KEYS.items() if config.get(key) is True) or ("mean",)
-    if config.get("include_prompt", True) is not True:
-        raise FolderError(
-            file,
-            "include_prompt false (prompt tokens left out of the pooling) is not supported",
-            "serve the model with include_prompt true, or without prompts",
-        )
-    dimension = config.get("embedding_dimension", config.get("word_embedding_dimension"))
-    if type(dimension) is not int or dimension < 1:
-        raise FolderError(file, f"embedding dimension {dimension!r} is not a positive integer", "save it again")
-    return modes, dimension
+    return max_positions, max_positions
 
 
 def read_prompts(folder: Path) -> tuple[dict[str, str], str | None]:
@@ -361,82 +250,67 @@ def read_prompts(folder: Path) -> tuple[dict[str, str], str | None]:
     return dict(prompts), default
 
 
-def classification_folder(
-    folder: Path, config: dict[str, Any], model_type: str, max_positions: int, tokenizer_config: dict[str, Any]
-) -> TextModelFolder:
-    architectures = config.get("architectures") or []
-    if not any(str(name).endswith("ForSequenceClassification") for name in architectures):
-        raise FolderError(
-            "config.json",
-            f"architectures {architectures} has no *ForSequenceClassification head",
-            "save the fine-tuned AutoModelForSequenceClassification (save_pretrained), not the base model",
-        )
-    id2label = config.get("id2label") or {}
-    try:
-        labels = tuple(str(id2label[key]) for key in sorted(id2label, key=int))
-    except (TypeError, ValueError):
-        raise FolderError(
-            "config.json", "id2label keys must be 0..n-1", "save the model with save_pretrained"
-        ) from None
-    if not labels or [int(key) for key in sorted(id2label, key=int)] != list(range(len(labels))):
-        raise FolderError("config.json", "id2label must map 0..n-1 to label names", "set id2label before saving")
-    # One output without a stated problem_type is a scorer (a cross-encoder): its activation says how it is read.
-    problem_type = config.get("problem_type") or (SINGLE_LABEL if len(labels) > 1 else SCORE)
-    if problem_type not in (SINGLE_LABEL, MULTI_LABEL, REGRESSION, SCORE):
-        raise FolderError("config.json", f"problem_type {problem_type!r} is unknown", "use a transformers problem_type")
-    activation = score_activation(folder, config, len(labels), problem_type)
-    max_tokens = token_limit(None, tokenizer_config, max_positions, "tokenizer_config.json")
-    return TextModelFolder(
-        kind="classification",
+@dataclass(frozen=True)
+class TransformerFiles:
+    """What every kind reads from the Hugging Face model folder (the Transformer module's folder)."""
+
+    config: dict[str, Any]
+    model_type: str
+    tokenizer_config: dict[str, Any]
+    max_positions: int | None
+    remote_code: bool
+    where: str  # "" or "<dir>/", for messages
+
+
+def read_transformer_files(folder: Path, transformer_dir: str, trust_remote_code: bool) -> TransformerFiles:
+    base = folder / transformer_dir
+    where = f"{transformer_dir}/" if transformer_dir else ""
+    config = required_json(base, "config.json", where, "save the model with save_pretrained (it writes config.json)")
+    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str) or not config["model_type"]:
+        raise FolderError(f"{where}config.json", "names no model_type", "save the config with save_pretrained")
+    model_type = config["model_type"]
+    remote = check_remote_code(config, where, trust_remote_code)
+    check_weights(base, where)
+    return TransformerFiles(
+        config=config,
         model_type=model_type,
-        engine="transformers",
-        transformer_dir="",
-        max_tokens=max_tokens,
-        max_positions=max_positions,
-        pad_id=-1,
-        token_types=model_type == "bert",  # the second text of a pair is segment 1 (distilbert/roberta have none)
-        lowercase=False,
-        output_size=len(labels),
-        labels=labels,
-        problem_type=problem_type,
-        activation=activation,
+        tokenizer_config=optional_json(base, "tokenizer_config.json"),
+        max_positions=positions(config, model_type, where),
+        remote_code=remote,
+        where=where,
     )
 
 
-def score_activation(folder: Path, config: dict[str, Any], labels: int, problem_type: str) -> str:
-    """softmax over labels for a single-label classifier, a sigmoid per label for multi-label, and for a one-output
-    model (a cross-encoder reranker) what sentence-transformers' CrossEncoder applies: its saved activation_fn
-    (config_sentence_transformers.json), by default a sigmoid; an explicit regression head answers its raw value."""
-    if labels > 1:
-        return "sigmoid" if problem_type == MULTI_LABEL else "softmax"
-    if config.get("problem_type") == REGRESSION:
-        return "identity"
-    saved = optional_json(folder, "config_sentence_transformers.json").get("activation_fn")
-    if saved is None:
-        saved = (config.get("sentence_transformers") or {}).get("activation_fn")
-    if saved is None or str(saved).endswith("Sigmoid"):
-        return "sigmoid"
-    if str(saved).endswith("Identity"):
-        return "identity"
-    raise FolderError(
-        "config_sentence_transformers.json",
-        f"activation_fn {saved!r} is not supported (Sigmoid or Identity)",
-        "save the cross-encoder with the default activation",
-    )
-
-
-def resolve_pad_id(folder: Path, info: TextModelFolder, tokenizer: Any) -> TextModelFolder:
-    """The padding token's id, from the tokenizer's own files (RoBERTa pads with 1, BERT with 0)."""
-    from dataclasses import replace
-
-    base = folder / info.transformer_dir
-    token = pad_token(optional_json(base, "tokenizer_config.json"), optional_json(base, "special_tokens_map.json"))
-    pad_id = tokenizer.token_to_id(token) if token is not None else None
-    if pad_id is None:
-        config_pad = optional_json(base, "config.json").get("pad_token_id")
-        pad_id = config_pad if type(config_pad) is int else None
-    if pad_id is None:
+def read_served(folder: Path) -> dict[str, Any]:
+    """text_model.json of a staged folder (what the packaging step learnt from transformers), or {}."""
+    served = optional_json(folder, SERVED_FILE)
+    if served and served.get("format") != SERVED_FORMAT:
         raise FolderError(
-            "tokenizer_config.json", "names no pad_token the tokenizer knows", "save the tokenizer with its pad token"
+            SERVED_FILE, f"is format {served.get('format')!r}, not {SERVED_FORMAT}", "package the model again"
         )
-    return replace(info, pad_id=int(pad_id))
+    return served
+
+
+def inspect_folder(
+    folder: str | os.PathLike[str], kind: str | None = None, trust_remote_code: bool = False
+) -> TextModelFolder:
+    """Read and check a model folder; ``kind`` None takes the one the folder says it is (handlers/text/kinds).
+
+    A staged folder's text_model.json supplies what transformers decided at package time (and the kind, and the
+    remote-code opt-in, which it records)."""
+    from handlers.text.kinds import detect_kind, kind_named
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FolderError(str(folder), "is not a folder", "pass the folder your training run saved the model to")
+    served = read_served(folder)
+    name = kind or served.get("kind") or detect_kind(folder)
+    info = kind_named(name).read_folder(folder, trust_remote_code or bool(served.get("trust_remote_code")))
+    if served:
+        body = served.get("body") or {}
+        info = replace(
+            info,
+            body_class=str(body.get("class") or info.body_class),
+            input_names=tuple(served.get("tokenizer", {}).get("input_names") or info.input_names),
+        )
+    return info

@@ -1,19 +1,22 @@
-"""The one text-model path: every embedding model and every text classifier or reranker is served by this base.
+"""The one text-model path: every embedding model, classifier, reranker, sparse and multi-vector encoder is served by
+this base.
 
 Per batch TorchServe hands over: look each row (a text, or a text pair) up in the worker's LRU cache and then the
 shared tier, tokenize the misses with ONE call of the fast tokenizer, group them by token length and run one forward
-pass per group, then answer every request with exactly its own rows, in order. What differs between kinds is only
-what a request may say (``parse_request``) and how a computed row becomes an answer (``postprocess``): the embedding
-handler (handlers/embeddings.py) and the text-classification handler (handlers/text_classifier.py) supply those two.
+pass per group, then answer every request with exactly its own rows, in order. What differs between kinds (what a
+folder holds, what a computed row is, what a request may say and how it is answered) is the kind's
+(handlers/text/kinds/): this module never branches on a kind's name.
 
-Model, limits and buckets come from the model's own folder (handlers/text/folder.py); the compiled backends, their
-accuracy gate and ranking from the archive's backends/ (handlers/text/backends.py, scripts/build_backends.py).
+The kind is what the archive's ``text_model.json`` says (written by the packaging step); an entry module may pin one
+(handlers/embeddings.py). Model, limits and buckets come from the model's own folder (handlers/text/folder.py); the
+compiled backends, their accuracy gate and ranking from the archive's backends/ (handlers/text/backends.py,
+scripts/build_backends.py).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,21 +25,28 @@ import torch
 from handlers.core import memory, runtime
 from handlers.core.base import BatchScope, Candidate, Loaded, ServingHandler
 from handlers.core.config import COMMON_OPTIONS, ConfigError, Option
+from handlers.core.errors import RequestError
+from handlers.core.http import RequestView
 from handlers.core.metrics import HandlerMetrics
-from handlers.text import backends, gate
+from handlers.text import backends
 from handlers.text.batch import (
-    ComputedBatch,
-    EmbeddingBatch,
-    Row,
+    ComputedRows,
+    Encoded,
+    TextBatch,
+    answer_requests,
     assemble_batch,
     encode_padded,
-    pad_rows,
+    encode_rows,
+    model_inputs,
 )
 from handlers.text.buckets import auto_buckets, check_buckets, plan_forward_groups
-from handlers.text.cache import CacheKey, EmbeddingCache, cache_key
-from handlers.text.folder import FolderError, TextModelFolder, read_json
+from handlers.text.cache import CacheKey, RowCache, cache_key
+from handlers.text.folder import FolderError, TextModelFolder, read_json, read_served
+from handlers.text.kinds import kind_named
+from handlers.text.kinds.base import TextKind
 from handlers.text.model import build_module, read_model_files
-from handlers.text.requests.embedding import EmbeddingLimits
+from handlers.text.requests.common import RequestContext, TextLimits
+from handlers.text.rows import DEFAULT_OPTIONS, Row, RowOptions
 from handlers.text.shared_cache import (
     SHARED_CACHE_OPTION,
     Namespace,
@@ -44,10 +54,11 @@ from handlers.text.shared_cache import (
     open_shared_cache,
     record_shared_cache,
 )
+from handlers.text.tokenization import ServedTokenizer
 
 logger = logging.getLogger(__name__)
 
-Tokens = tuple[torch.Tensor, ...]  # (input_ids, attention_mask[, token_type_ids]), [rows, length]
+Tokens = tuple[torch.Tensor, ...]  # the model's arguments (TextModelFolder.model_inputs), [rows, length]
 
 
 def check_length_buckets(option: Option, key: str, value: Any) -> Any:
@@ -61,22 +72,25 @@ def check_length_buckets(option: Option, key: str, value: Any) -> Any:
 class LoadedTextModel(Loaded):
     """A text model and what serving it needs, as loaded from its folder and checked against the config."""
 
-    info: TextModelFolder  # what the folder says: kind, pooling, labels, prompts, limits
-    tokenizer: Any  # tokenizers.Tokenizer, truncating at max_tokens
-    pad_id: int
-    dimension: int  # floats per row: embedding dimension or number of labels
+    info: TextModelFolder  # what the folder says: kind, head, labels, prompts, limits
+    tokenizer: ServedTokenizer  # truncating at max_tokens
+    dimension: int  # floats per row: output size of the kind (embedding width, labels, vocabulary, token width)
     max_tokens: int  # the model's token limit (texts are truncated to it)
     buckets: list[int]  # token lengths rows are padded to
-    limits: EmbeddingLimits
+    limits: TextLimits
+
+    @property
+    def pad_id(self) -> int:
+        return self.info.pad_id
 
 
-def load_text_model(model_dir: str, config: dict[str, Any], kind: str) -> LoadedTextModel:
+def load_text_model(model_dir: str, config: dict[str, Any], kind: TextKind) -> LoadedTextModel:
     """Load the model and its tokenizer; refuse a folder or a ``handler:`` config that cannot serve it."""
     try:
-        files = read_model_files(model_dir, kind)
+        files = read_model_files(model_dir, kind.name)
     except FolderError as error:
         raise ConfigError(f"model folder: {error}") from None
-    info = files.info
+    info = kind.resolve(files.info, files.tokenizer)
     configured = config["length_buckets"]
     try:
         buckets = auto_buckets(info.max_tokens) if configured == "auto" else check_buckets(configured, info.max_tokens)
@@ -94,11 +108,10 @@ def load_text_model(model_dir: str, config: dict[str, Any], kind: str) -> Loaded
         model=build_module(model_dir, info),
         info=info,
         tokenizer=files.tokenizer,
-        pad_id=info.pad_id,
         dimension=info.output_size,
         max_tokens=info.max_tokens,
         buckets=buckets,
-        limits=EmbeddingLimits(config["max_inputs"], config["max_text_chars"], config["max_request_chars"]),
+        limits=TextLimits(config["max_inputs"], config["max_text_chars"], config["max_request_chars"]),
     )
 
 
@@ -148,17 +161,33 @@ TEXT_MODEL_OPTIONS: dict[str, Option] = {
 }
 
 
-class TextModelHandler(ServingHandler):
-    """The shared base; a subclass sets ``kind`` and supplies ``parse_request`` and ``postprocess``."""
+def kind_options(kind: TextKind) -> dict[str, Option]:
+    """The text engine's options with the kind's own defaults (a classifier's gate bound differs)."""
+    options = dict(TEXT_MODEL_OPTIONS)
+    for key, default in kind.options_defaults().items():
+        options[key] = replace(options[key], default=default)
+    return options
 
-    kind = "embedding"
+
+class TextModelHandler(ServingHandler):
+    """The shared base; ``kind_name`` pins a kind (None: the archive's text_model.json says it)."""
+
+    kind_name: str | None = None
     options = TEXT_MODEL_OPTIONS
     loaded: LoadedTextModel
 
     # ----------------------------------------------------------------------------------------------- load time
     def initialize(self, context: Any) -> None:
+        model_dir = context.system_properties.get("model_dir")
+        self.kind = self.archive_kind(model_dir)
+        self.options = kind_options(self.kind)
         super().initialize(context)
-        self.cache = EmbeddingCache(self.config["cache_size"])
+        self.cache = RowCache(self.config["cache_size"])
+        # The name the model is registered (and routed) under, which OpenAI clients send as 'model'.
+        served_name = str(getattr(context, "model_name", None) or self.model_name)
+        self.api = RequestContext(
+            self.loaded.info, self.loaded.tokenizer, self.loaded.limits, self.model_name, served_name
+        )
         # The shared tier's keys name everything that determines a row, so no other model, version, backend or
         # precision can read this worker's entries (handlers/text/shared_cache.py).
         namespace = Namespace(
@@ -168,15 +197,43 @@ class TextModelHandler(ServingHandler):
             self.precision,
             self.loaded.max_tokens,
             self.loaded.dimension,
+            self.kind.value_layout,
         )
-        self.shared_cache: SharedCache | None = open_shared_cache(self.config["shared_cache"], namespace)
+        info = self.loaded.info
+        self.shared_cache: SharedCache | None = open_shared_cache(
+            self.config["shared_cache"], namespace, lambda value: self.kind.check_value(info, value)
+        )
+
+    def archive_kind(self, model_dir: str) -> TextKind:
+        """The kind this worker serves: the archive's (text_model.json), which a pinned kind must match."""
+        try:
+            recorded = read_served(Path(model_dir)).get("kind")
+        except FolderError as error:
+            raise ConfigError(f"model folder: {error}") from None
+        name = recorded or self.kind_name
+        if name is None:
+            raise ConfigError(
+                "model folder: text_model.json is missing, so the model's kind is unknown; package the model with "
+                "python -m scripts.package"
+            )
+        if self.kind_name is not None and name != self.kind_name:
+            raise ConfigError(
+                f"model folder: the archive holds a {name} model, which {type(self).__name__} does not serve "
+                f"(it serves {self.kind_name}); package it with its own template (docs/your-model.md)"
+            )
+        return kind_named(name)
+
+    @property
+    def routes(self) -> tuple[str, ...]:  # type: ignore[override]
+        return self.kind.routes
 
     def load_model(self, model_dir: str) -> LoadedTextModel:
         return load_text_model(model_dir, self.config, self.kind)
 
-    def reference_rows(self, sentences: list[str]) -> list[Row]:
-        """The gate's inputs: the reference sentences (a classifier adds pairs of them)."""
-        return gate.reference_rows(self.kind, sentences)
+    def reference_rows(self, loaded: LoadedTextModel, sentences: list[str]) -> list[tuple[Row, RowOptions]]:
+        """The gate's inputs: the kind's reference cases as the served path computes them."""
+        cases = self.kind.reference_cases(loaded.info, sentences)
+        return [self.kind.served_row(loaded.info, loaded.tokenizer, case) for case in cases]
 
     def reference_batch(self, loaded: LoadedTextModel) -> list[Tokens]:
         """The reference sentences as served: one padded group per length bucket.
@@ -188,27 +245,30 @@ class TextModelHandler(ServingHandler):
             raise ConfigError(
                 f"handler.reference_sentences: {self.config['reference_sentences']} must be a list of strings"
             )
-        rows = self.reference_rows(sentences)
-        encodings = loaded.tokenizer.encode_batch(rows)
+        rows = self.reference_rows(loaded, sentences)
+        options = [option for _, option in rows]
+        encodings = encode_rows(loaded, [row for row, _ in rows], options)
         groups = plan_forward_groups(
             [len(encoding.ids) for encoding in encodings], loaded.buckets, self.config["max_forward_tokens"]
         )
-        types = loaded.info.token_types
         return [
-            pad_rows(
-                [encodings[row].ids for row in g.rows],
-                g.pad_length,
-                loaded.pad_id,
-                [encodings[row].type_ids for row in g.rows] if types else None,
+            model_inputs(
+                loaded.info, [encodings[row] for row in g.rows], [options[row] for row in g.rows], g.pad_length
             )
             for g in groups
         ]
 
-    def reference_output(self, model: Any, reference: list[Tokens]) -> torch.Tensor:
-        return torch.cat([self.forward(model, group).to("cpu", torch.float32) for group in reference])
+    def reference_output(self, model: Any, reference: list[Tokens]) -> Any:
+        """Per reference group: the model's output and the group's attention mask."""
+        return [(self.forward(model, group).to("cpu", torch.float32), group[1]) for group in reference]
 
-    def gate_similarity(self, loaded: LoadedTextModel, expected: torch.Tensor, got: torch.Tensor) -> float:
-        return gate.similarity(loaded.info, expected, got)
+    def gate_similarity(self, loaded: LoadedTextModel, expected: Any, got: Any) -> float:
+        """The kind's measure, the worst over the reference groups (with each group's attention mask: a multi-vector
+        model's padded positions are not answers)."""
+        return min(
+            self.kind.similarity(loaded.info, want, have, mask)
+            for (want, mask), (have, _) in zip(expected, got, strict=True)
+        )
 
     def warmup_batches(self, loaded: LoadedTextModel) -> list[Tokens]:
         """What the serving backend needs run once before the first request, and no more (load time counts).
@@ -219,11 +279,10 @@ class TextModelHandler(ServingHandler):
         call at a new length prepares buffers for it). eager: one small pass warms the kernels.
         """
         token = loaded.pad_id + 3 if loaded.pad_id + 3 < 100 else 5
-        types = loaded.info.token_types
 
         def rows(real: list[int], length: int) -> Tokens:
-            ids = [[token] * n for n in real]
-            return pad_rows(ids, length, loaded.pad_id, [[0] * n for n in real] if types else None)
+            encodings = [Encoded([token] * n, [0] * n) for n in real]
+            return model_inputs(loaded.info, encodings, [DEFAULT_OPTIONS] * len(real), length)
 
         if self.backend == "eager":
             return [rows([loaded.buckets[0]], loaded.buckets[0])]
@@ -237,7 +296,7 @@ class TextModelHandler(ServingHandler):
     def forward(self, model: Any, batch: Tokens) -> torch.Tensor:
         return model(*(tensor.to(self.device) for tensor in batch))
 
-    def encode_padded(self, texts: list[str]) -> Tokens:
+    def encode_padded(self, texts: list[Row]) -> Tokens:
         """Texts as one padded batch for :meth:`forward` (benchmarks time the bare forward pass with it)."""
         return encode_padded(self.loaded, texts)
 
@@ -304,7 +363,7 @@ class TextModelHandler(ServingHandler):
     def describe(self) -> dict[str, Any]:
         return {
             **super().describe(),
-            "model": self.loaded.info.describe(),
+            "model": self.kind.describe(self.loaded.info),
             "max_tokens": self.loaded.max_tokens,
             "length_buckets": self.loaded.buckets,
             "eager_lengths": sorted(getattr(self.loaded.model, "eager_lengths", ())),
@@ -319,10 +378,16 @@ class TextModelHandler(ServingHandler):
         }
 
     # ----------------------------------------------------------------------------------------------- per batch
-    def cache_key(self, row: Row) -> CacheKey:
-        return cache_key(row, self.model_version, self.precision, self.loaded.max_tokens)
+    def parse_request(self, body: Any, request: RequestView) -> Any:
+        return self.kind.parse_request(self.api, body, request)
 
-    def preprocess(self, payloads: list[Any]) -> EmbeddingBatch:
+    def error_value(self, payload: Any, error: RequestError) -> dict[str, Any]:
+        return self.kind.error_value(payload, error) or super().error_value(payload, error)
+
+    def cache_key(self, row: Row, options: RowOptions = DEFAULT_OPTIONS) -> CacheKey:
+        return cache_key(row, self.model_version, self.precision, self.loaded.max_tokens, options)
+
+    def preprocess(self, payloads: list[Any]) -> TextBatch:
         return assemble_batch(
             payloads,
             self.loaded,
@@ -333,15 +398,28 @@ class TextModelHandler(ServingHandler):
             self.shared_cache,
         )
 
-    def inference(self, batch: EmbeddingBatch, scope: BatchScope) -> ComputedBatch:
-        """One forward pass per length group; rows land at their own positions."""
-        outputs = torch.empty(len(batch.compute_keys), self.loaded.dimension, dtype=torch.float32)
+    def inference(self, batch: TextBatch, scope: BatchScope) -> ComputedRows:
+        """One forward pass per length group; each row's value lands at its own position."""
+        values: list[Any] = [None] * len(batch.compute_keys)
+        info = self.loaded.info
         for forward_pass in batch.passes:
-            output = self.forward(self.loaded.model, forward_pass.inputs)
-            outputs[torch.tensor(forward_pass.rows, dtype=torch.long)] = output.to("cpu", torch.float32)
-        return ComputedBatch(batch, outputs)
+            output = self.forward(self.loaded.model, forward_pass.inputs).to("cpu", torch.float32)
+            for position, row in enumerate(forward_pass.rows):
+                values[row] = self.kind.row_value(
+                    info, output, position, batch.compute_ids[row], batch.compute_options[row]
+                )
+        return ComputedRows(batch, values)
 
-    def after_batch(self, batch: EmbeddingBatch, metrics: HandlerMetrics) -> None:
+    def postprocess(self, computed: ComputedRows, payloads: list[Any]) -> list[Any]:
+        return answer_requests(
+            computed,
+            payloads,
+            self.cache,
+            lambda payload, rows: self.kind.answer(self.api, payload, rows),
+            self.shared_cache,
+        )
+
+    def after_batch(self, batch: TextBatch, metrics: HandlerMetrics) -> None:
         super().after_batch(batch, metrics)
         stats = batch.stats
         if stats is None:

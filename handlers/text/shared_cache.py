@@ -7,14 +7,18 @@ circuit breaker stops asking for ``breaker_cooldown_s`` after ``breaker_failures
 trial call decides: closed again, or open for another cool-down).
 
 Keys: ``emb:{model}:{version}:`` (readable, for operators' ``SCAN``/``UNLINK``) + a hash of model, version, backend,
-precision, token limit and the text's digest, so one model's or version's entries can never be looked up by another.
-Values (never pickle): a fixed header, then the raw little-endian float32 vector::
+precision, token limit and the row's digest, so one model's or version's entries can never be looked up by another.
+Values (never pickle): a fixed header, then raw little-endian numbers, laid out as the model's kind keeps a row
+(handlers/text/kinds: :data:`VECTOR` one float32 row, :data:`SPARSE` int32 token ids then their float32 weights,
+:data:`MATRIX` float32 token vectors)::
 
-    magic b"TSEm" | format u8 | flags u8 (bit 0: truncated) | dimension u16 | tokens u32 | key check 8 bytes
+    magic b"TSRw" | format u8 | flags u8 (bit 0: truncated) | count u32 | tokens u32 | key check 8 bytes
 
-The key check is the start of the key's own hash: a value copied from another key (another text, model or version)
-does not decode. A value is used only when its length, magic, format, dimension, token count, key check, finiteness
-and unit norm all hold; anything else is a miss, and the recomputed row overwrites it.
+``count`` is the row's floats (a vector), non-zero entries (sparse) or token vectors (a matrix). The key check is the
+start of the key's own hash: a value copied from another key (another text, model or version) does not decode. A
+value is used only when its length, magic, format, count, token count and key check hold and its kind accepts the
+numbers (finite; unit length where the model normalises; ids inside the vocabulary); anything else is a miss, and
+the recomputed row overwrites it.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import logging
 import os
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -35,7 +39,7 @@ import torch
 
 from handlers.core.config import Bounds, Option, check_bounds, with_defaults
 from handlers.core.metrics import HandlerMetrics
-from handlers.text.cache import CachedEmbedding, CacheKey
+from handlers.text.cache import CachedRow, CacheKey
 
 logger = logging.getLogger(__name__)
 
@@ -45,11 +49,11 @@ logger = logging.getLogger(__name__)
 URL_ENV = "TS_SHARED_CACHE_URL"
 PASSWORD_FILE_ENV = "TS_SHARED_CACHE_PASSWORD_FILE"
 
-MAGIC = b"TSEm"
-FORMAT_VERSION = 1
-HEADER = struct.Struct("<4sBBHI8s")  # magic, format, flags, dimension, tokens, key check
+MAGIC = b"TSRw"
+FORMAT_VERSION = 2
+HEADER = struct.Struct("<4sBBII8s")  # magic, format, flags, count, tokens, key check
 TRUNCATED_FLAG = 1
-NORM_TOLERANCE = 1e-3  # served vectors are unit length to ~1e-6 in fp32; bf16 rows are normalised in fp32 too
+VECTOR, SPARSE, MATRIX = "vector", "sparse", "matrix"  # how a kind keeps a row (TextKind.value_layout)
 
 DEFAULTS: dict[str, Any] = {
     "url": "",
@@ -126,14 +130,16 @@ def read_password() -> str | None:
 # ----------------------------------------------------------------------------------------------- keys and values
 @dataclass(frozen=True)
 class Namespace:
-    """What, besides the text, determines a vector: one worker's model, version, backend, precision and limit."""
+    """What, besides the row, determines its value: one worker's model, version, backend, precision and limit, and
+    how its kind lays a value out."""
 
     model: str
     version: str
     backend: str
     precision: str
     max_tokens: int
-    dimension: int
+    width: int  # floats per row (VECTOR) or per token vector (MATRIX); the vocabulary (SPARSE)
+    layout: str = VECTOR
 
     @property
     def prefix(self) -> bytes:
@@ -146,38 +152,67 @@ class Namespace:
         return b"".join(len(f.encode()).to_bytes(4, "little") + f.encode() for f in fields)
 
     def key_hash(self, key: CacheKey) -> bytes:
-        """The hash naming one text's entry (``key[0]`` is the text's digest, see cache.cache_key)."""
+        """The hash naming one row's entry (``key[0]`` is the row's digest, see cache.cache_key)."""
         return hashlib.blake2b(self.fingerprint + key[0], digest_size=16).digest()
 
     def server_key(self, key: CacheKey) -> bytes:
         return self.prefix + self.key_hash(key).hex().encode()
 
 
-def encode_value(namespace: Namespace, key: CacheKey, entry: CachedEmbedding) -> bytes:
-    vector = entry.embedding.detach().to("cpu", torch.float32).contiguous().numpy().astype("<f4", copy=False)
+def float32_bytes(values: torch.Tensor) -> bytes:
+    return values.detach().to("cpu", torch.float32).contiguous().numpy().astype("<f4", copy=False).tobytes()
+
+
+def encode_value(namespace: Namespace, key: CacheKey, entry: CachedRow) -> bytes:
+    if namespace.layout == SPARSE:
+        ids, weights = entry.value
+        count = int(ids.numel())
+        payload = ids.to(torch.int32).numpy().astype("<i4", copy=False).tobytes() + float32_bytes(weights)
+    else:
+        count = int(entry.value.shape[0])
+        payload = float32_bytes(entry.value)
     flags = TRUNCATED_FLAG if entry.truncated else 0
-    header = HEADER.pack(MAGIC, FORMAT_VERSION, flags, vector.shape[0], entry.tokens, namespace.key_hash(key)[:8])
-    return header + vector.tobytes()
+    return HEADER.pack(MAGIC, FORMAT_VERSION, flags, count, entry.tokens, namespace.key_hash(key)[:8]) + payload
 
 
-def decode_value(namespace: Namespace, key: CacheKey, value: bytes | None) -> CachedEmbedding | None:
-    """The entry a stored value holds for ``key``, or None when it is absent or fails any check."""
-    if value is None or len(value) != HEADER.size + 4 * namespace.dimension:
+def payload_size(namespace: Namespace, count: int) -> int:
+    if namespace.layout == SPARSE:
+        return 8 * count
+    return 4 * count * (namespace.width if namespace.layout == MATRIX else 1)
+
+
+def decode_value(
+    namespace: Namespace, key: CacheKey, value: bytes | None, accepts: Callable[[Any], bool]
+) -> CachedRow | None:
+    """The entry a stored value holds for ``key``, or None when it is absent or fails any check (``accepts``: the
+    kind's check of the numbers)."""
+    if value is None or len(value) < HEADER.size:
         return None
-    magic, version, flags, dimension, tokens, check = HEADER.unpack_from(value)
+    magic, version, flags, count, tokens, check = HEADER.unpack_from(value)
     if (
         magic != MAGIC
         or version != FORMAT_VERSION
         or flags & ~TRUNCATED_FLAG
-        or dimension != namespace.dimension
+        or (namespace.layout == VECTOR and count != namespace.width)
+        or count > (namespace.max_tokens if namespace.layout == MATRIX else namespace.width)
+        or len(value) != HEADER.size + payload_size(namespace, count)
         or not 1 <= tokens <= namespace.max_tokens
         or check != namespace.key_hash(key)[:8]
     ):
         return None
-    vector = np.frombuffer(value, dtype="<f4", offset=HEADER.size).astype(np.float32)
-    if not np.isfinite(vector).all() or abs(float(np.linalg.norm(vector)) - 1.0) > NORM_TOLERANCE:
+    numbers = value[HEADER.size :]
+    decoded: Any
+    if namespace.layout == SPARSE:
+        ids = torch.from_numpy(np.frombuffer(numbers, dtype="<i4", count=count).astype(np.int64))
+        weights = torch.from_numpy(np.frombuffer(numbers, dtype="<f4", offset=4 * count).astype(np.float32))
+        decoded = (ids, weights)
+    else:
+        decoded = torch.from_numpy(np.frombuffer(numbers, dtype="<f4").astype(np.float32))
+        if namespace.layout == MATRIX:
+            decoded = decoded.view(count, namespace.width)
+    if not accepts(decoded):
         return None
-    return CachedEmbedding(torch.from_numpy(vector), tokens, bool(flags & TRUNCATED_FLAG))
+    return CachedRow(decoded, tokens, bool(flags & TRUNCATED_FLAG))
 
 
 # ----------------------------------------------------------------------------------------------- the breaker
@@ -302,14 +337,22 @@ class RedisTier:
 
 
 class SharedCache(RedisTier):
-    """One worker's client of the shared embedding tier: ``get_many`` (one MGET) and ``put_many`` (one pipelined SET
-    EX)."""
+    """One worker's client of the shared tier of computed rows: ``get_many`` (one MGET) and ``put_many`` (one
+    pipelined SET EX). ``accepts`` is the model kind's check of a decoded value's numbers."""
 
-    def __init__(self, settings: dict[str, Any], namespace: Namespace, url: str, password: str | None = None) -> None:
+    def __init__(
+        self,
+        settings: dict[str, Any],
+        namespace: Namespace,
+        url: str,
+        password: str | None = None,
+        accepts: Callable[[Any], bool] = lambda value: True,
+    ) -> None:
         super().__init__(settings, url, password)
         self.namespace = namespace
+        self.accepts = accepts
 
-    def get_many(self, keys: Sequence[CacheKey]) -> dict[CacheKey, CachedEmbedding]:
+    def get_many(self, keys: Sequence[CacheKey]) -> dict[CacheKey, CachedRow]:
         """The decodable entries among ``keys`` (one MGET; nothing when the breaker is open or the call fails)."""
         if not keys:
             return {}
@@ -321,7 +364,7 @@ class SharedCache(RedisTier):
         for key, value in zip(keys, values, strict=True):
             entry = None
             if value is not None and len(value) <= self.settings["max_value_bytes"]:
-                entry = decode_value(self.namespace, key, value)
+                entry = decode_value(self.namespace, key, value, self.accepts)
                 if entry is None:
                     self.events.bad_values += 1
             if entry is None:
@@ -331,7 +374,7 @@ class SharedCache(RedisTier):
                 self.events.hits += 1
         return found
 
-    def put_many(self, entries: Sequence[tuple[CacheKey, CachedEmbedding]]) -> None:
+    def put_many(self, entries: Sequence[tuple[CacheKey, CachedRow]]) -> None:
         """Store computed rows with the TTL (one pipelined round trip; dropped when the breaker is open)."""
         values = [(self.namespace.server_key(key), encode_value(self.namespace, key, entry)) for key, entry in entries]
         values = [(key, value) for key, value in values if len(value) <= self.settings["max_value_bytes"]]
@@ -350,13 +393,15 @@ class SharedCache(RedisTier):
         return {**super().describe(), "prefix": self.namespace.prefix.decode()}
 
 
-def open_shared_cache(settings: dict[str, Any], namespace: Namespace) -> SharedCache | None:
+def open_shared_cache(
+    settings: dict[str, Any], namespace: Namespace, accepts: Callable[[Any], bool] = lambda value: True
+) -> SharedCache | None:
     """This worker's client of the shared tier, or None when the (effective) url is empty. Nothing is sent here: a
     server that is down at load costs the first batches a refused connection each, then the breaker opens."""
     url = effective_url(settings["url"])
     if not url:
         return None
-    shared = SharedCache(settings, namespace, url, read_password())
+    shared = SharedCache(settings, namespace, url, read_password(), accepts)
     logger.info("shared cache %s, keys %s*, ttl %ds", redacted(url), namespace.prefix.decode(), settings["ttl_s"])
     return shared
 

@@ -54,3 +54,44 @@ def sentence(rng: random.Random, count: int, vocabulary: Sequence[str] = WORDS) 
     """`count` words as a sentence: capitalised, ending with a full stop."""
     text = words(rng, count, vocabulary)
     return text[0].upper() + text[1:] + "."
+
+
+# The README mix of text lengths: (share of requests, fewest words, most words). Common English words are about one
+# WordPiece token each, so the last band (257-400 words of WORDS) exceeds MiniLM's 256-token window. The load tests
+# send it (loadtests/payloads.py) and the backend build weighs its ranking by it (scripts/build_backends.py).
+MINILM_LENGTH_MIX = (
+    (0.60, 3, 16),  # queries, titles, short sentences
+    (0.25, 17, 64),  # sentences and short paragraphs
+    (0.10, 65, 200),  # paragraphs
+    (0.05, 257, 400),  # documents longer than the model's window
+)
+MINILM_REPEAT_SHARE = 0.2  # share of requests drawn from the popular set
+MINILM_REPEAT_HEAVY_SHARE = 0.8  # the repeat-heavy mix (traffic "minilm-repeats")
+MINILM_POPULAR_COUNT = 50  # size of the popular set; picked with Zipf-like weights (a few sentences dominate)
+
+
+def mix_words(rng: random.Random) -> int:
+    """A sentence length, in words, drawn from MINILM_LENGTH_MIX."""
+    pick = rng.random()
+    for share, low, high in MINILM_LENGTH_MIX:
+        if pick < share:
+            return rng.randint(low, high)
+        pick -= share
+    return rng.randint(MINILM_LENGTH_MIX[-1][1], MINILM_LENGTH_MIX[-1][2])
+
+
+class ReadmeTextMix:
+    """Seeded stream of README-mix texts; the popular set depends only on the base seed (shared by load-test users)."""
+
+    repeat_share = MINILM_REPEAT_SHARE
+
+    def __init__(self, seed: int = 0, stream: int = 0) -> None:
+        popular_rng = random.Random(f"minilm-popular-{seed}")
+        self.popular = [sentence(popular_rng, mix_words(popular_rng)) for _ in range(MINILM_POPULAR_COUNT)]
+        self.popular_weights = [1.0 / (rank + 1) for rank in range(MINILM_POPULAR_COUNT)]
+        self.rng = random.Random(f"minilm-{seed}-{stream}")
+
+    def next_text(self) -> str:
+        if self.rng.random() < self.repeat_share:
+            return self.rng.choices(self.popular, weights=self.popular_weights)[0]
+        return sentence(self.rng, mix_words(self.rng))

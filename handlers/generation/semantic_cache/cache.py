@@ -182,8 +182,8 @@ class SemanticCache:
             elif row.truncated:
                 looked.append(Looked(skip="too_long"))
             else:
-                hit = self.store.lookup(query.group, row.embedding, query.threshold)
-                vector = None if hit is not None else row.embedding
+                hit = self.store.lookup(query.group, row.value, query.threshold)
+                vector = None if hit is not None else row.value
                 looked.append(Looked(hit=hit, vector=vector, group=query.group))
         for item in looked:
             if item.skip:

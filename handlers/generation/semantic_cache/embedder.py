@@ -19,7 +19,8 @@ import torch
 from handlers.core.config import ConfigError
 from handlers.core.errors import RequestError
 from handlers.text.batch import answer_requests
-from handlers.text.cache import CachedEmbedding
+from handlers.text.cache import CachedRow
+from handlers.text.kinds.embedding import text_preparation
 from handlers.text.requests.embedding import EmbeddingRequest
 
 
@@ -28,7 +29,8 @@ class Embedder:
 
     def __init__(self, handler: Any) -> None:
         self.handler = handler
-        self.default_prompt = handler.preparation.prompt({})  # the model's default prompt, if its folder names one
+        self.preparation = text_preparation(handler.loaded.info, handler.loaded.tokenizer)
+        self.default_prompt = self.preparation.prompt({})  # the model's default prompt, if its folder names one
 
     @property
     def dimension(self) -> int:
@@ -38,12 +40,13 @@ class Embedder:
     def max_tokens(self) -> int:
         return int(self.handler.loaded.max_tokens)
 
-    def embed(self, texts: list[str]) -> list[CachedEmbedding | RequestError]:
+    def embed(self, texts: list[str]) -> list[CachedRow | RequestError]:
         """One entry per text: its unit vector (normalised here: cosine similarity is a dot product, whatever the
         model's own Normalize module says) with its token count and whether it was truncated, or why it could not be
         embedded."""
-        prepared = self.handler.preparation.apply(texts, self.default_prompt)
-        payloads = [EmbeddingRequest([text], ["prompt"], "text", truncate=True) for text in prepared]
+        prepared = self.preparation.apply(texts, self.default_prompt)
+        options = self.preparation.options(1, self.default_prompt)
+        payloads = [EmbeddingRequest([text], ["prompt"], "text", truncate=True, options=options) for text in prepared]
         with torch.inference_mode():
             batch = self.handler.preprocess(payloads)
             computed = self.handler.inference(batch, None)
@@ -53,14 +56,16 @@ class Embedder:
         return [
             row
             if isinstance(row, RequestError)
-            else CachedEmbedding(torch.nn.functional.normalize(row.embedding, dim=0), row.tokens, row.truncated)
+            else CachedRow(torch.nn.functional.normalize(row.value, dim=0), row.tokens, row.truncated)
             for row in rows
         ]
 
     def describe(self) -> dict[str, Any]:
         handler = self.handler
         return {
-            "model": {key: handler.loaded.info.describe()[key] for key in ("architecture", "pooling", "prompts")},
+            "model": {
+                key: handler.kind.describe(handler.loaded.info)[key] for key in ("architecture", "pooling", "prompts")
+            },
             "backend": handler.backend,
             "precision": handler.precision,
             "backend_min_cosine": round(handler.min_cosine, 6),

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from handlers.generation.semantic_cache.store import FINISH_REASONS, StoredAnswer
-from handlers.text.shared_cache import NORM_TOLERANCE, RedisTier
+from handlers.text.shared_cache import RedisTier
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +38,8 @@ FORMAT_VERSION = 1
 HEADER = struct.Struct("<4sBBH16s8sQII")
 READ_COUNT = 512  # entries one XREAD may bring
 BACKLOG_SECONDS = 2.0  # how long a starting worker may spend reading the backlog
+
+NORM_TOLERANCE = 1e-3  # stored prompt vectors are unit length to ~1e-6; bf16 rows are normalised in fp32 too
 
 
 @dataclass(frozen=True)

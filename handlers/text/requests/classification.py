@@ -28,12 +28,20 @@ from typing import Any
 
 import torch
 
-from handlers.core.errors import RequestError, too_large
+from handlers.core.errors import RequestError
 from handlers.core.http import Float32
-from handlers.text.batch import Row
-from handlers.text.folder import MULTI_LABEL, TextModelFolder
-from handlers.text.gate import probabilities
-from handlers.text.requests.embedding import EmbeddingLimits, EmbeddingRow, check_count, check_text, decoded_body
+from handlers.text.folder import TextModelFolder
+from handlers.text.labels import MULTI_LABEL, probabilities
+from handlers.text.requests.common import (
+    TextLimits,
+    check_count,
+    check_request_chars,
+    check_text,
+    decoded_body,
+    positive_int,
+)
+from handlers.text.requests.embedding import EmbeddingRow
+from handlers.text.rows import Row, RowOptions
 
 SINGLE_FIELDS = {"text", "text_pair", "top_k", "truncate"}
 LIST_FIELDS = {"inputs", "top_k", "truncate"}
@@ -51,10 +59,11 @@ class ClassificationRequest:
     scores: bool = False  # the request asked for top_k
     top_n: int | None = None  # rerank: results kept
     documents: list[str] = field(default_factory=list)  # rerank with return_documents
+    options: list[RowOptions] | None = None  # every row computes with the defaults
 
 
 def parse_classification_request(
-    body: Any, content_type: str, limits: EmbeddingLimits, info: TextModelFolder
+    body: Any, content_type: str, limits: TextLimits, info: TextModelFolder
 ) -> ClassificationRequest:
     """Validate one request body (as TorchServe hands it over) into a :class:`ClassificationRequest`."""
     body = decoded_body(body, content_type)
@@ -81,22 +90,10 @@ def parse_classification_request(
     else:
         request = classify_request(body, shape, truncate, limits)
         request.top_k, request.scores = top_k(body, len(info.labels))
-    chars = sum(len(row) if isinstance(row, str) else len(row[0]) + len(row[1]) for row in request.texts)
-    if chars > limits.max_request_chars:
-        raise too_large(
-            f"the request's texts have {chars} characters together; handler.max_request_chars is "
-            f"{limits.max_request_chars}"
-        )
+    check_request_chars(
+        sum(len(row) if isinstance(row, str) else len(row[0]) + len(row[1]) for row in request.texts), limits
+    )
     return request
-
-
-def positive_int(body: dict[str, Any], name: str) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if type(value) is not int or value < 1:
-        raise RequestError(f"'{name}' must be a positive integer or null, got {value!r}")
-    return value
 
 
 def top_k(body: dict[str, Any], labels: int) -> tuple[int | None, bool]:
@@ -115,9 +112,7 @@ def pair_row(item: Any, where: str, max_chars: int) -> Row:
     return check_text(item, where, max_chars)
 
 
-def classify_request(
-    body: dict[str, Any], shape: str, truncate: bool, limits: EmbeddingLimits
-) -> ClassificationRequest:
+def classify_request(body: dict[str, Any], shape: str, truncate: bool, limits: TextLimits) -> ClassificationRequest:
     if shape == "text":
         text = check_text(body["text"], "'text'", limits.max_text_chars)
         if "text_pair" in body and body["text_pair"] is not None:
@@ -139,7 +134,7 @@ def classify_request(
 
 
 def rerank_request(
-    body: dict[str, Any], truncate: bool, limits: EmbeddingLimits, info: TextModelFolder
+    body: dict[str, Any], truncate: bool, limits: TextLimits, info: TextModelFolder
 ) -> ClassificationRequest:
     if len(info.labels) != 1:
         raise RequestError(
@@ -184,7 +179,7 @@ def format_answer(
     request: ClassificationRequest, rows: Sequence[EmbeddingRow], info: TextModelFolder, model_name: str
 ) -> dict[str, Any]:
     """The answer to one request from its rows' logits, in its own order."""
-    scores = probabilities(torch.stack([row.embedding for row in rows]), info.activation)
+    scores = probabilities(torch.stack([row.value for row in rows]), info.activation)
     if request.shape == "single":
         return row_answer(scores[0], info, request)
     tokens = sum(row.tokens for row in rows)

@@ -17,51 +17,49 @@ does; without it the model's default prompt applies, if it has one; ``null`` ask
 the answer and that we cannot honour are refused instead of silently ignored: another ``encoding_format``,
 ``dimensions`` other than the model's own, token-id arrays, and any field not listed above.
 
-Size limits (``handler:`` config, :class:`EmbeddingLimits`) are checked here, before any text reaches the tokenizer:
-the tokenizer reads a whole text even though only its first 256 tokens are kept, so its cost grows with characters.
-Each refusal is a 413 whose message names the limit key and its value.
+Size limits (``handler:`` config, :class:`handlers.text.requests.common.TextLimits`) are checked here, before any
+text reaches the tokenizer. Each refusal is a 413 whose message names the limit key and its value.
 """
 
 from __future__ import annotations
 
 import base64
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
-from handlers.core.errors import RequestError, ServerError, surrogate_at, too_large
-from handlers.core.http import decode_json, float32_list
+from handlers.core.errors import RequestError, ServerError
+from handlers.core.http import float32_list
+from handlers.text.requests.common import (
+    TOKEN_IDS,
+    TextLimits,
+    check_count,
+    check_request_chars,
+    check_text,
+    decoded_body,
+    token_ids,
+)
+from handlers.text.rows import RowOptions
 
 TEXT_FIELDS = {"text", "truncate", "prompt_name"}
 OPENAI_FIELDS = {"input", "model", "encoding_format", "dimensions", "user", "truncate", "prompt_name"}
 ENCODINGS = ("float", "base64")
 OPENAI_ROUTE = "v1/embeddings"  # /predictions/<model>/<version>/v1/embeddings: what the OpenAI client posts to
-# What a client that sends token ids instead of text has to change (LangChain's default, langchain-openai 1.7.4).
-TOKEN_IDS = (
-    "token-id arrays are not supported, send text (LangChain's OpenAIEmbeddings sends token ids unless it is "
-    "created with check_embedding_ctx_length=False)"
-)
-
-
-@dataclass(frozen=True)
-class EmbeddingLimits:
-    """What one request may cost before tokenizing (tokens after truncation are checked by the handler)."""
-
-    max_inputs: int  # texts in one 'input' list
-    max_text_chars: int  # characters (code points) of one text
-    max_request_chars: int  # characters of all the request's texts together
+EmbeddingLimits = TextLimits  # the name the request tests and the cost check use
 
 
 @dataclass(frozen=True)
 class TextPreparation:
     """How the model's own folder says a text becomes its input: a named prompt in front (sentence-transformers'
-    ``encode(prompt_name=...)``), lower-casing (sentence_bert_config.json ``do_lower_case``)."""
+    ``encode(prompt_name=...)``), lower-casing (sentence_bert_config.json ``do_lower_case``), and, where the pooling
+    leaves the prompt out (``include_prompt: false``), the prompt's token count (``prompt_tokens``)."""
 
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
     lowercase: bool = False
+    prompt_tokens: Callable[[str], int] | None = None
 
     def prompt(self, body: dict[str, Any]) -> str:
         """The prompt a request picked: 'prompt_name' (null: none), else the model's default prompt, else none."""
@@ -82,6 +80,13 @@ class TextPreparation:
         texts = [prompt + text for text in texts] if prompt else texts
         return [text.lower() for text in texts] if self.lowercase else texts
 
+    def options(self, count: int, prompt: str) -> list[RowOptions] | None:
+        """Each row's options: the prompt's token count where the pooling leaves it out, else the defaults."""
+        if self.prompt_tokens is None or not prompt:
+            return None
+        length = self.prompt_tokens(prompt.lower() if self.lowercase else prompt)
+        return [RowOptions(prompt_length=length)] * count
+
 
 NO_PROMPTS = TextPreparation()
 
@@ -94,27 +99,14 @@ class EmbeddingRequest:
     truncate: bool  # False: a text over the token limit is an error instead of being cut
     encoding: str = "float"  # OpenAI shape: "float" (a JSON array) or "base64" (little-endian float32 bytes)
     served_model: str | None = None  # set on the OpenAI route: the name its answer (and its errors' shape) gives
-
-
-def check_text(value: Any, where: str, max_chars: int) -> str:
-    if not isinstance(value, str):
-        hint = ": token-id arrays are not supported, send text" if isinstance(value, (int, list)) else ""
-        raise RequestError(f"{where} is {type(value).__name__}, not a string{hint}")
-    if len(value) > max_chars:  # first: the checks below copy or scan the whole text
-        raise too_large(f"{where} has {len(value)} characters; handler.max_text_chars is {max_chars}")
-    if not value.strip():
-        raise RequestError(f"{where} is empty (or only whitespace)")
-    surrogate = surrogate_at(value)
-    if surrogate is not None:
-        raise RequestError(f"{where} is not valid Unicode (unpaired surrogate at character {surrogate})")
-    return value
+    options: list[RowOptions] | None = None  # per text, where not the defaults (a prompt the pooling leaves out)
 
 
 def parse_embedding_request(
     body: Any,
     content_type: str,
     dimension: int,
-    limits: EmbeddingLimits,
+    limits: TextLimits,
     preparation: TextPreparation = NO_PROMPTS,
     served_model: str | None = None,
 ) -> EmbeddingRequest:
@@ -129,21 +121,17 @@ def parse_embedding_request(
             f"/predictions/{served_model}"
         )
     request = parse_body(body, dimension, limits, preparation, served_model)
-    chars = sum(len(text) for text in request.texts)
-    if chars > limits.max_request_chars:
-        raise too_large(
-            f"the request's texts have {chars} characters together; handler.max_request_chars is "
-            f"{limits.max_request_chars}"
-        )
+    check_request_chars(sum(len(text) for text in request.texts), limits)
     return request
 
 
 def parse_body(
-    body: Any, dimension: int, limits: EmbeddingLimits, preparation: TextPreparation, served_model: str | None
+    body: Any, dimension: int, limits: TextLimits, preparation: TextPreparation, served_model: str | None
 ) -> EmbeddingRequest:
     if isinstance(body, str):
-        texts = preparation.apply([check_text(body, "body", limits.max_text_chars)], preparation.prompt({}))
-        return EmbeddingRequest(texts, ["body"], "text", True)
+        prompt = preparation.prompt({})
+        texts = preparation.apply([check_text(body, "body", limits.max_text_chars)], prompt)
+        return EmbeddingRequest(texts, ["body"], "text", True, options=preparation.options(1, prompt))
     if not isinstance(body, dict):
         raise RequestError(f"body must be a JSON object with 'text' or 'input', got {type(body).__name__}")
     if "text" in body and "input" in body:
@@ -160,34 +148,17 @@ def parse_body(
     prompt = preparation.prompt(body)
     if shape == "text":
         texts = preparation.apply([check_text(body["text"], "'text'", limits.max_text_chars)], prompt)
-        return EmbeddingRequest(texts, ["'text'"], shape, truncate)
+        return EmbeddingRequest(texts, ["'text'"], shape, truncate, options=preparation.options(1, prompt))
     check_openai_options(body, dimension, served_model)
     request = openai_request(body["input"], truncate, limits)
     request.texts = preparation.apply(request.texts, prompt)
+    request.options = preparation.options(len(request.texts), prompt)
     request.encoding = body.get("encoding_format", "float")
     request.served_model = served_model
     return request
 
 
-def decoded_body(body: Any, content_type: str) -> Any:
-    """The body as text (a plain-text request) or a decoded JSON value, whichever form TorchServe handed over."""
-    if isinstance(body, (bytes, bytearray)):
-        if content_type.startswith("text/"):
-            try:
-                return bytes(body).decode("utf-8")
-            except UnicodeDecodeError as error:
-                raise RequestError(f"body is not valid UTF-8 (byte {error.start})") from None
-        body = decode_json(body)
-        if isinstance(body, str):
-            raise RequestError("body must be a JSON object with 'text' or 'input' (or send text/plain)")
-    if body is None:
-        raise RequestError("body is empty")
-    if isinstance(body, str) and content_type == "application/json":  # TorchServe parsed a bare JSON string
-        raise RequestError("body must be a JSON object with 'text' or 'input' (or send text/plain)")
-    return body
-
-
-def openai_request(inputs: Any, truncate: bool, limits: EmbeddingLimits) -> EmbeddingRequest:
+def openai_request(inputs: Any, truncate: bool, limits: TextLimits) -> EmbeddingRequest:
     """The texts of an OpenAI-style ``input``: one string or a list of them."""
     if isinstance(inputs, str):
         return EmbeddingRequest([check_text(inputs, "'input'", limits.max_text_chars)], ["'input'"], "openai", truncate)
@@ -199,21 +170,6 @@ def openai_request(inputs: Any, truncate: bool, limits: EmbeddingLimits) -> Embe
     names = [f"'input'[{i}]" for i in range(len(inputs))]
     texts = [check_text(item, name, limits.max_text_chars) for item, name in zip(inputs, names, strict=True)]
     return EmbeddingRequest(texts, names, "openai", truncate)
-
-
-def token_ids(inputs: list[Any]) -> bool:
-    """Whether an 'input' list is one token-id array or a list of them (what OpenAI's API also accepts)."""
-    if all(type(item) is int for item in inputs):
-        return True
-    return all(isinstance(item, list) and item and all(type(i) is int for i in item) for item in inputs)
-
-
-def check_count(count: int, where: str, limits: EmbeddingLimits) -> None:
-    """A list of texts over handler.max_inputs is a 413 naming the limit (every text-model request shape)."""
-    if count > limits.max_inputs:
-        raise too_large(
-            f"{where} has {count} items; at most {limits.max_inputs} are allowed per request (handler.max_inputs)"
-        )
 
 
 def check_openai_options(body: dict[str, Any], dimension: int, served_model: str | None = None) -> None:
@@ -241,7 +197,7 @@ class EmbeddingRow(Protocol):
     """One text's computed row as an answer needs it (a cache entry is one)."""
 
     @property
-    def embedding(self) -> torch.Tensor: ...
+    def value(self) -> torch.Tensor: ...
 
     @property
     def tokens(self) -> int: ...
@@ -253,17 +209,17 @@ class EmbeddingRow(Protocol):
 def format_response(
     request: EmbeddingRequest, rows: Sequence[EmbeddingRow], model_name: str
 ) -> dict[str, Any] | RequestError:
-    """The answer to one request (the base serializes it); ``rows`` are its CachedEmbedding-like entries in order.
+    """The answer to one request (the base serializes it); ``rows`` are its cached-row entries in order.
 
     Embeddings are float32 rows (printed with the shortest text that reads back as the same float32), or with
     ``encoding_format: "base64"`` the base64 of their little-endian float32 bytes."""
     if request.shape == "text":
         [row] = rows
-        return {"embedding": float32_list(row.embedding), "truncated": row.truncated}
+        return {"embedding": float32_list(row.value), "truncated": row.truncated}
     tokens = sum(row.tokens for row in rows)
     data = []
     for index, row in enumerate(rows):
-        embedding = float32_list(row.embedding) if request.encoding == "float" else float32_base64(row.embedding)
+        embedding = float32_list(row.value) if request.encoding == "float" else float32_base64(row.value)
         if embedding is None:  # what to_json refuses on the float path, refused here too: never NaN as bytes
             return ServerError("the model produced a non-finite number (NaN or Infinity); no answer was sent")
         data.append({"object": "embedding", "index": index, "embedding": embedding, "truncated": row.truncated})

@@ -1,0 +1,135 @@
+"""What every text model's requests share: the body as TorchServe hands it over, the checks of one text, the size
+limits, and what a request module may read of the served model (:class:`RequestContext`).
+
+Size limits (``handler:`` config, :class:`TextLimits`) are checked before any text reaches the tokenizer: the tokenizer
+reads a whole text even though only its first tokens are kept, so its cost grows with characters. Each refusal is a
+413 whose message names the limit key and its value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from handlers.core.errors import RequestError, surrogate_at, too_large
+from handlers.core.http import decode_json
+from handlers.text.folder import TextModelFolder
+from handlers.text.tokenization import ServedTokenizer
+
+
+@dataclass(frozen=True)
+class TextLimits:
+    """What one request may cost before tokenizing (tokens after truncation are checked by the batch step)."""
+
+    max_inputs: int  # texts in one list
+    max_text_chars: int  # characters (code points) of one text
+    max_request_chars: int  # characters of all the request's texts together
+
+
+@dataclass(frozen=True)
+class RequestContext:
+    """What parsing a request and shaping its answer may read of the served model."""
+
+    info: TextModelFolder
+    tokenizer: ServedTokenizer
+    limits: TextLimits
+    model_name: str  # the archive's model name (answers' "model" at /predictions/<model>)
+    served_name: str  # the name it is registered under (what OpenAI-style clients send as 'model')
+
+
+def check_text(value: Any, where: str, max_chars: int) -> str:
+    if not isinstance(value, str):
+        hint = ": token-id arrays are not supported, send text" if isinstance(value, (int, list)) else ""
+        raise RequestError(f"{where} is {type(value).__name__}, not a string{hint}")
+    if len(value) > max_chars:  # first: the checks below copy or scan the whole text
+        raise too_large(f"{where} has {len(value)} characters; handler.max_text_chars is {max_chars}")
+    if not value.strip():
+        raise RequestError(f"{where} is empty (or only whitespace)")
+    surrogate = surrogate_at(value)
+    if surrogate is not None:
+        raise RequestError(f"{where} is not valid Unicode (unpaired surrogate at character {surrogate})")
+    return value
+
+
+def check_count(count: int, where: str, limits: TextLimits) -> None:
+    """A list of texts over handler.max_inputs is a 413 naming the limit (every text-model request shape)."""
+    if count > limits.max_inputs:
+        raise too_large(
+            f"{where} has {count} items; at most {limits.max_inputs} are allowed per request (handler.max_inputs)"
+        )
+
+
+def check_request_chars(chars: int, limits: TextLimits) -> None:
+    if chars > limits.max_request_chars:
+        raise too_large(
+            f"the request's texts have {chars} characters together; handler.max_request_chars is "
+            f"{limits.max_request_chars}"
+        )
+
+
+def decoded_body(body: Any, content_type: str, wanted: str = "'text' or 'input'") -> Any:
+    """The body as text (a plain-text request) or a decoded JSON value, whichever form TorchServe handed over."""
+    if isinstance(body, (bytes, bytearray)):
+        if content_type.startswith("text/"):
+            try:
+                return bytes(body).decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise RequestError(f"body is not valid UTF-8 (byte {error.start})") from None
+        body = decode_json(body)
+        if isinstance(body, str):
+            raise RequestError(f"body must be a JSON object with {wanted} (or send text/plain)")
+    if body is None:
+        raise RequestError("body is empty")
+    if isinstance(body, str) and content_type == "application/json":  # TorchServe parsed a bare JSON string
+        raise RequestError(f"body must be a JSON object with {wanted} (or send text/plain)")
+    return body
+
+
+def check_fields(body: dict[str, Any], allowed: set[str], shape: str = "") -> None:
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        where = f" with {shape}" if shape else ""
+        raise RequestError(f"unknown field(s) {unknown}; accepted{where}: {sorted(allowed)}")
+
+
+def truncate_flag(body: dict[str, Any]) -> bool:
+    truncate = body.get("truncate", True)
+    if not isinstance(truncate, bool):
+        raise RequestError(f"'truncate' must be true or false, got {truncate!r}")
+    return truncate
+
+
+def positive_int(body: dict[str, Any], name: str) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if type(value) is not int or value < 1:
+        raise RequestError(f"'{name}' must be a positive integer or null, got {value!r}")
+    return value
+
+
+def text_list(inputs: Any, field: str, limits: TextLimits) -> tuple[list[str], list[str]]:
+    """(texts, names) of a field holding one text or a non-empty list of them."""
+    if isinstance(inputs, str):
+        return [check_text(inputs, f"'{field}'", limits.max_text_chars)], [f"'{field}'"]
+    if not isinstance(inputs, list) or not inputs:
+        raise RequestError(f"'{field}' must be a string or a non-empty list of strings")
+    if token_ids(inputs):  # before the count: one token array of 500 ids is not "500 inputs"
+        raise RequestError(f"'{field}' is token ids: {TOKEN_IDS}")
+    check_count(len(inputs), f"'{field}'", limits)
+    names = [f"'{field}'[{i}]" for i in range(len(inputs))]
+    return [check_text(item, name, limits.max_text_chars) for item, name in zip(inputs, names, strict=True)], names
+
+
+# What a client that sends token ids instead of text has to change (LangChain's default, langchain-openai 1.7.4).
+TOKEN_IDS = (
+    "token-id arrays are not supported, send text (LangChain's OpenAIEmbeddings sends token ids unless it is "
+    "created with check_embedding_ctx_length=False)"
+)
+
+
+def token_ids(inputs: list[Any]) -> bool:
+    """Whether an 'input' list is one token-id array or a list of them (what OpenAI's API also accepts)."""
+    if all(type(item) is int for item in inputs):
+        return True
+    return all(isinstance(item, list) and item and all(type(i) is int for i in item) for item in inputs)
