@@ -503,10 +503,15 @@ def build(
     """Build, gate and rank the backends of ``model_dir``; returns the manifest (also written to backends/)."""
     import torch
 
-    from handlers.text.folder import FolderError, inspect_folder
+    from handlers.text.folder import SERVED_FILE, FolderError, inspect_folder
     from handlers.text.kinds import kind_named
 
     model_dir = Path(model_dir)
+    staged = [name for name in (SERVED_FILE, "reference_sentences.json") if not (model_dir / name).is_file()]
+    if staged:
+        raise BuildError(
+            f"{model_dir} lacks {' and '.join(staged)}: stage the model first with python -m scripts.prepare_text_model"
+        )
     try:
         kind = inspect_folder(model_dir).kind
         min_cosine = min_cosine or kind_named(kind).default_min_cosine
@@ -514,10 +519,6 @@ def build(
         raise BuildError(
             f"{model_dir}: {error} (stage the model first: python -m scripts.prepare_text_model)"
         ) from None
-    if not (model_dir / "reference_sentences.json").is_file():
-        raise BuildError(
-            f"{model_dir} lacks reference_sentences.json: stage it with python -m scripts.prepare_text_model"
-        )
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     backends = default_backends(device) if backends is None else list(backends)
     precisions = list(precisions or machine_precisions(device))

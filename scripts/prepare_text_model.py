@@ -164,6 +164,27 @@ def served_record(out: Path, info: Any, reference: Any, sentences: list[str]) ->
     }
 
 
+def check_weights_load(out: Path, info: Any, body_class: str) -> None:
+    """Every parameter of the model is in the folder's weights: transformers initialises a missing one at random (and
+    says so in a log line), which would serve noise. A config.json and weights of different models are refused here."""
+    from handlers.text.folder import FolderError
+    from handlers.text.model import hf_load_options, transformers_class
+
+    model_class = transformers_class(body_class)
+    _, loading = model_class.from_pretrained(
+        str(out / info.transformer_dir), output_loading_info=True, **hf_load_options(info.remote_code)
+    )
+    missing = sorted(loading.get("missing_keys") or []) + sorted(str(k) for k in loading.get("mismatched_keys") or [])
+    if missing:
+        where = f"{info.transformer_dir}/" if info.transformer_dir else ""
+        raise FolderError(
+            f"{where}model.safetensors",
+            f"has no weights (or weights of another shape) for {len(missing)} of the {info.model_type} model's "
+            f"parameters ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): they would be random",
+            "save config.json and the weights of the same model together (save_pretrained)",
+        )
+
+
 def parity(out: Path, kind: Any, reference: Any, sentences: list[str]) -> float:
     """The project's fp32 module against the reference library on the kind's reference cases (1.0 = the same), one
     unpadded case at a time (so the comparison is about the model alone); then one row of the model's full token
@@ -217,6 +238,7 @@ def stage(
     sentences = json.loads((out / "reference_sentences.json").read_text(encoding="utf-8"))
     reference = kind.load_reference(out, info)
     served = served_record(out, info, reference, sentences)
+    check_weights_load(out, info, served["body"]["class"])
     (out / SERVED_FILE).write_text(json.dumps(served, indent=2) + "\n")
     agreement = parity(out, kind, reference, sentences)
     bound = PARITY_BOUND if min_parity is None else min_parity

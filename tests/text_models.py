@@ -36,6 +36,7 @@ INTERMEDIATE = 64
 # Real BERTs have more positions than the max_seq_length their sentence-transformers config uses; keep that shape.
 BERT_POSITIONS = 128
 CLASSIFIER_MAX_LENGTH = 128
+NLI_LABELS = ("entailment", "neutral", "contradiction")
 # transformers' default std of 0.02 leaves a 32-wide 2-layer encoder all but blind to its input: CLS embeddings of
 # different texts have cosine 1.000 and classifier logits agree to 1e-3, so a test could not tell whose answer it got.
 # With 0.5, different texts get clearly different embeddings (cosines ~0.7-0.9) and different top labels.
@@ -270,7 +271,8 @@ def _save_sentence_transformer(
 ) -> Path:
     """Save MODEL and TOKENIZER as Transformer -> Pooling [-> Normalize] the way sentence-transformers itself does."""
     from sentence_transformers import SentenceTransformer
-    from sentence_transformers.models import Normalize, Pooling, Transformer
+    from sentence_transformers.base.modules import Normalize, Transformer
+    from sentence_transformers.sentence_transformer.modules import Pooling
 
     # The Transformer module only loads from a folder, so the Hugging Face model goes through a scratch one.
     with tempfile.TemporaryDirectory() as scratch:
@@ -619,7 +621,7 @@ def _sentence_transformer_folder(modules: list, folder: Path, **model_kwargs) ->
 
 def _transformer_module(model: "PreTrainedModel", tokenizer: "PreTrainedTokenizerBase", max_seq_length: int, **kw):
     """sentence-transformers' Transformer module around MODEL (it loads only from a folder: a scratch one)."""
-    from sentence_transformers.models import Transformer
+    from sentence_transformers.base.modules import Transformer
 
     with tempfile.TemporaryDirectory() as scratch:
         model.save_pretrained(scratch)
@@ -630,7 +632,8 @@ def _transformer_module(model: "PreTrainedModel", tokenizer: "PreTrainedTokenize
 def make_mpnet_mean_normalize_embedder(folder: Path, max_seq_length: int = 64, *, size: str = "tiny") -> Path:
     """all-mpnet-base-v2's layout: MPNet -> Pooling(mean) -> Normalize. SIZE "base" is all-mpnet-base-v2's shape
     (768 wide, 12 layers, 110 M parameters) with random weights, for measurements."""
-    from sentence_transformers.models import Normalize, Pooling
+    from sentence_transformers.base.modules import Normalize
+    from sentence_transformers.sentence_transformer.modules import Pooling
     from transformers import MPNetConfig, MPNetModel, MPNetTokenizerFast
 
     base = bert_tokenizer(max_seq_length)
@@ -662,7 +665,8 @@ def make_mpnet_mean_normalize_embedder(folder: Path, max_seq_length: int = 64, *
 
 def make_bert_cls_dense_normalize_embedder(folder: Path, max_seq_length: int = 64, out_features: int = 16) -> Path:
     """LaBSE's layout: BERT -> Pooling(cls) -> Dense(tanh) -> Normalize; the Dense projects 32 -> OUT_FEATURES."""
-    from sentence_transformers.models import Dense, Normalize, Pooling
+    from sentence_transformers.base.modules import Dense, Normalize
+    from sentence_transformers.sentence_transformer.modules import Pooling
     from transformers import BertConfig, BertModel
 
     tokenizer = bert_tokenizer(max_seq_length)
@@ -677,7 +681,8 @@ def make_bert_cls_dense_normalize_embedder(folder: Path, max_seq_length: int = 6
 def make_qwen3_decoder_embedder(folder: Path, max_seq_length: int = 128) -> Path:
     """Qwen3-Embedding's layout: a Qwen3 decoder -> Pooling(lasttoken) -> Normalize, a tokenizer that appends
     <|endoftext|> and pads on the left, and an instruction prompt "query" (no default prompt)."""
-    from sentence_transformers.models import Normalize, Pooling
+    from sentence_transformers.base.modules import Normalize
+    from sentence_transformers.sentence_transformer.modules import Pooling
     from transformers import Qwen3Config, Qwen3Model
 
     tokenizer = _byte_level_tokenizer()
@@ -702,9 +707,7 @@ def make_qwen3_decoder_embedder(folder: Path, max_seq_length: int = 128) -> Path
     return _sentence_transformer_folder(modules, folder, prompts=prompts)
 
 
-def make_deberta_nli_classifier(
-    folder: Path, labels: Sequence[str] = ("entailment", "neutral", "contradiction")
-) -> Path:
+def make_deberta_nli_classifier(folder: Path, labels: Sequence[str] = NLI_LABELS) -> Path:
     """A DeBERTa-v2 (v3-style: no token type embeddings) NLI classifier over text pairs with a SentencePiece-style
     Unigram tokenizer ([CLS] a [SEP] b [SEP])."""
     from transformers import DebertaV2Config, DebertaV2ForSequenceClassification, DebertaV2TokenizerFast
@@ -798,7 +801,7 @@ def make_bert_pair_classifier_without_segments(folder: Path) -> Path:
         vocab_size=len(tokenizer),
         max_position_embeddings=CLASSIFIER_MAX_LENGTH,
         problem_type="single_label_classification",
-        **_label_maps(("entailment", "neutral", "contradiction")),
+        **_label_maps(NLI_LABELS),
         **_encoder_sizes(),
     )
     torch.manual_seed(SEED)

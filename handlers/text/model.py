@@ -142,3 +142,8 @@ def read_model_files(model_dir: str | os.PathLike[str], kind: str | None = None)
     info = inspect_folder(model_dir, kind)
     tokenizer = load_served_tokenizer(model_dir, info)
     return ModelFiles(replace(info, pad_id=tokenizer.pad_id), tokenizer)
+
+
+def load_sentence_encoder(model_dir: str | os.PathLike[str]) -> nn.Module:
+    """The fp32 model of a staged folder in eval mode (benchmarks and tests build backends from it)."""
+    return build_module(model_dir, read_model_files(model_dir).info)

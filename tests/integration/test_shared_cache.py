@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import requests
 
-from handlers.text.cache import CachedEmbedding, cache_key
+from handlers.text.cache import CachedRow, cache_key
 from handlers.text.shared_cache import URL_ENV, Namespace, decode_value, encode_value
 from loadtests.prometheus import parse
 from scripts import package
@@ -125,13 +125,13 @@ def test_planted_corrupt_and_foreign_values_are_misses_never_answers(server, cac
     keys = {
         text: cache_key(text, "1.0", namespace.precision, namespace.max_tokens) for text in (corrupt_text, foreign_text)
     }
-    planted_vector = np.zeros(namespace.dimension, dtype=np.float32)
+    planted_vector = np.zeros(namespace.width, dtype=np.float32)
     planted_vector[0] = 1.0
     import torch
 
-    planted = CachedEmbedding(torch.from_numpy(planted_vector), 3, False)
+    planted = CachedRow(torch.from_numpy(planted_vector), 3, False)
     foreign = Namespace(
-        "other-model", "1.0", namespace.backend, namespace.precision, namespace.max_tokens, namespace.dimension
+        "other-model", "1.0", namespace.backend, namespace.precision, namespace.max_tokens, namespace.width
     )
     raw = cache.client()
     raw.set(namespace.server_key(keys[corrupt_text]), b"\x80\x04\x95" + b"\0" * 64)
@@ -143,9 +143,9 @@ def test_planted_corrupt_and_foreign_values_are_misses_never_answers(server, cac
     assert delta(before, after, "CacheMisses") == 2  # computed, not taken from the planted values
     for text, answer in zip((corrupt_text, foreign_text), answers, strict=True):
         assert abs(answer[0] - 1.0) > 1e-3  # not the planted vector
-        stored = decode_value(namespace, keys[text], raw.get(namespace.server_key(keys[text])))
+        stored = decode_value(namespace, keys[text], raw.get(namespace.server_key(keys[text])), lambda value: True)
         assert stored is not None  # overwritten with the computed row
-        np.testing.assert_allclose(stored.embedding.numpy(), np.array(answer, dtype=np.float32), atol=1e-6)
+        np.testing.assert_allclose(stored.value.numpy(), np.array(answer, dtype=np.float32), atol=1e-6)
 
 
 def test_killing_the_cache_server_under_load_fails_no_request_and_a_restart_resumes_hits(server, cache):

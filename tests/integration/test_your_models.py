@@ -269,7 +269,7 @@ def test_register_adds_a_reranker_to_the_running_server_and_it_ranks_like_cross_
         (text_models.break_no_weights, "model.safetensors", "no weights"),
         (text_models.break_bin_only, "pytorch_model.bin", "pickled weights"),
         (text_models.break_pooling_mode, "1_Pooling/config.json", "is unknown"),
-        (text_models.break_architecture, "config.json", "is not supported"),
+        (text_models.break_architecture, "model.safetensors", "they would be random"),
         (text_models.break_tokenizer, "tokenizer.json", "every other tokenizer file"),
     ],
 )

@@ -115,7 +115,9 @@ def test_cli_refuses_an_unknown_backend(capsys):
 
 def test_cli_says_which_files_a_model_folder_lacks(tmp_path, capsys):
     assert build_backends.main(["--model-dir", str(tmp_path)]) == 1
-    assert "modules.json: is missing. Fix: save the model with sentence-transformers" in capsys.readouterr().err
+    error = capsys.readouterr().err
+    assert "lacks text_model.json and reference_sentences.json" in error
+    assert "stage the model first with python -m scripts.prepare_text_model" in error
 
 
 def test_lengths_where_eager_is_clearly_faster_are_routed_to_eager():

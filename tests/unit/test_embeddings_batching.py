@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from handlers.text.buckets import bucket_length, check_buckets, padding_ratio, plan_forward_groups
-from handlers.text.cache import CachedEmbedding, EmbeddingCache
+from handlers.text.cache import CachedRow, RowCache
 
 BUCKETS = [16, 32, 64, 128, 256]
 
@@ -60,11 +60,11 @@ def test_bad_bucket_lists_are_refused(buckets, fragment):
 
 
 def entry(value):
-    return CachedEmbedding(torch.full((2,), float(value)), value, False)
+    return CachedRow(torch.full((2,), float(value)), value, False)
 
 
 def test_cache_evicts_the_least_recently_used_entry():
-    cache = EmbeddingCache(2)
+    cache = RowCache(2)
     cache.put("a", entry(1))
     cache.put("b", entry(2))
     assert cache.get("a").tokens == 1  # a is now the most recently used
@@ -74,6 +74,6 @@ def test_cache_evicts_the_least_recently_used_entry():
 
 
 def test_cache_of_size_zero_stores_nothing():
-    cache = EmbeddingCache(0)
+    cache = RowCache(0)
     cache.put("a", entry(1))
     assert cache.get("a") is None and len(cache) == 0

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from handlers.core.errors import RequestError
-from handlers.text.cache import CachedEmbedding
+from handlers.text.cache import CachedRow
 from handlers.text.requests.embedding import EmbeddingLimits, format_response, parse_embedding_request
 
 JSON = "application/json"
@@ -124,7 +124,7 @@ def test_requests_at_every_size_limit_are_accepted():
 
 
 def row(values, tokens, truncated=False):
-    return CachedEmbedding(torch.tensor(values, dtype=torch.float32), tokens, truncated)
+    return CachedRow(torch.tensor(values, dtype=torch.float32), tokens, truncated)
 
 
 def test_text_response_has_the_embedding_and_the_truncation_flag():
@@ -139,7 +139,7 @@ def test_openai_response_lists_rows_in_order_and_counts_tokens():
     assert answer["object"] == "list" and answer["model"] == "minilm"
     assert [item["index"] for item in answer["data"]] == [0, 1, 2]
     assert all(item["object"] == "embedding" for item in answer["data"])
-    assert [item["embedding"] for item in answer["data"]] == [r.embedding.tolist() for r in rows]
+    assert [item["embedding"] for item in answer["data"]] == [r.value.tolist() for r in rows]
     assert [item["truncated"] for item in answer["data"]] == [False, True, False]
     assert answer["usage"] == {"prompt_tokens": 14, "total_tokens": 14}
 

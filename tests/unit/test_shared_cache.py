@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from handlers.core.config import ConfigError, Option
-from handlers.text.cache import CachedEmbedding, cache_key
+from handlers.text.cache import CachedRow, cache_key
 from handlers.text.shared_cache import (
     HEADER,
     MAGIC,
@@ -38,10 +38,21 @@ def unit_vector(seed=0, dim=DIM):
 
 
 def entry(seed=0, tokens=7, truncated=False):
-    return CachedEmbedding(unit_vector(seed), tokens, truncated)
+    return CachedRow(unit_vector(seed), tokens, truncated)
 
 
 KEY = cache_key("hello world", "1.0", "fp32", 256)
+
+
+def unit_length(vector):
+    """What the embedding kind accepts of a normalising model's vector (handlers/text/kinds/base.py check_value)."""
+    return bool(torch.isfinite(vector).all()) and abs(float(vector.norm()) - 1.0) <= 1e-3
+
+
+def decode(namespace, key, value):
+    return decode_value(namespace, key, value, unit_length)
+
+
 OTHER_KEY = cache_key("another text", "1.0", "fp32", 256)
 
 
@@ -50,9 +61,9 @@ def test_a_value_round_trips_exactly_with_its_flags():
     original = entry(seed=3, tokens=256, truncated=True)
     value = encode_value(NAMESPACE, KEY, original)
     assert len(value) == HEADER.size + 4 * DIM and value[:4] == MAGIC
-    decoded = decode_value(NAMESPACE, KEY, value)
+    decoded = decode(NAMESPACE, KEY, value)
     assert decoded is not None
-    assert torch.equal(decoded.embedding, original.embedding)
+    assert torch.equal(decoded.value, original.value)
     assert (decoded.tokens, decoded.truncated) == (256, True)
 
 
@@ -70,12 +81,12 @@ def float_bytes(*numbers):
         pytest.param(lambda v: v[:-1], id="truncated"),
         pytest.param(lambda v: v + b"\0\0\0\0", id="one float too many"),
         pytest.param(lambda v: corrupted(v, 0, b"XXXX"), id="magic"),
-        pytest.param(lambda v: corrupted(v, 4, b"\x02"), id="format version"),
+        pytest.param(lambda v: corrupted(v, 4, b"\x01"), id="format version"),
         pytest.param(lambda v: corrupted(v, 5, b"\x04"), id="unknown flag"),
-        pytest.param(lambda v: corrupted(v, 6, struct.pack("<H", DIM + 1)), id="dimension"),
-        pytest.param(lambda v: corrupted(v, 8, struct.pack("<I", 0)), id="zero tokens"),
-        pytest.param(lambda v: corrupted(v, 8, struct.pack("<I", 257)), id="tokens over the limit"),
-        pytest.param(lambda v: corrupted(v, 12, b"\0" * 8), id="key check"),
+        pytest.param(lambda v: corrupted(v, 6, struct.pack("<I", DIM + 1)), id="dimension"),
+        pytest.param(lambda v: corrupted(v, 10, struct.pack("<I", 0)), id="zero tokens"),
+        pytest.param(lambda v: corrupted(v, 10, struct.pack("<I", 257)), id="tokens over the limit"),
+        pytest.param(lambda v: corrupted(v, 14, b"\0" * 8), id="key check"),
         pytest.param(lambda v: corrupted(v, HEADER.size, float_bytes(math.nan)), id="NaN"),
         pytest.param(lambda v: corrupted(v, HEADER.size, float_bytes(math.inf)), id="infinity"),
         pytest.param(lambda v: v[: HEADER.size] + float_bytes(*([0.5] * DIM)), id="not unit length"),
@@ -85,8 +96,8 @@ def float_bytes(*numbers):
 )
 def test_a_damaged_value_is_a_miss(damage):
     value = encode_value(NAMESPACE, KEY, entry())
-    assert decode_value(NAMESPACE, KEY, value) is not None
-    assert decode_value(NAMESPACE, KEY, damage(value)) is None
+    assert decode(NAMESPACE, KEY, value) is not None
+    assert decode(NAMESPACE, KEY, damage(value)) is None
 
 
 @pytest.mark.parametrize(
@@ -104,8 +115,8 @@ def test_another_namespace_has_other_keys_and_refuses_this_ones_values(other):
     assert other.server_key(KEY) != NAMESPACE.server_key(KEY)
     assert other.server_key(KEY).startswith(other.prefix)
     # a value copied under the other namespace's key (or another text's key) does not decode there
-    assert decode_value(other, KEY, encode_value(NAMESPACE, KEY, entry())) is None
-    assert decode_value(NAMESPACE, OTHER_KEY, encode_value(NAMESPACE, KEY, entry())) is None
+    assert decode(other, KEY, encode_value(NAMESPACE, KEY, entry())) is None
+    assert decode(NAMESPACE, OTHER_KEY, encode_value(NAMESPACE, KEY, entry())) is None
 
 
 def test_fields_cannot_run_into_each_other():
@@ -202,7 +213,7 @@ def own_cache(start_cache_server):
 
 def client(server, namespace=NAMESPACE, **settings):
     values = check_settings(SHARED_CACHE_OPTION, "shared_cache", {"url": server.url, **settings})
-    return SharedCache(values, namespace, server.url, server.password())
+    return SharedCache(values, namespace, server.url, server.password(), unit_length)
 
 
 def command_calls(server, command):
@@ -218,7 +229,7 @@ def test_one_mget_and_one_pipelined_set_per_batch(own_cache):
     shared.put_many([(key, entry(seed=i)) for i, key in enumerate(keys)])
     found = shared.get_many(keys)
     assert set(found) == set(keys)
-    assert torch.equal(found[keys[5]].embedding, entry(seed=5).embedding)
+    assert torch.equal(found[keys[5]].value, entry(seed=5).value)
     assert command_calls(own_cache, "mget") == 2 and command_calls(own_cache, "get") == 0
     events = shared.drain()
     assert [operation for operation, _ in events.round_trips] == ["get", "set", "get"]
@@ -250,14 +261,14 @@ def test_planted_corrupt_and_foreign_values_are_misses_and_get_overwritten(own_c
     assert shared.drain().bad_values == 2
     shared.put_many([(KEY, entry(seed=1)), (OTHER_KEY, entry(seed=2))])
     found = shared.get_many([KEY, OTHER_KEY])
-    assert torch.equal(found[OTHER_KEY].embedding, entry(seed=2).embedding)
+    assert torch.equal(found[OTHER_KEY].value, entry(seed=2).value)
 
 
 def test_a_value_over_max_value_bytes_is_neither_written_nor_read(own_cache):
-    shared = client(own_cache, max_value_bytes=64)  # an 8-float entry is 52 bytes: fits
+    shared = client(own_cache, max_value_bytes=64)  # an 8-float entry is 54 bytes: fits
     wide = Namespace("minilm", "1.0", "eager", "fp32", 256, 32)
-    wide_client = client(own_cache, wide, max_value_bytes=64)  # 32 floats: 148 bytes
-    wide_client.put_many([(KEY, CachedEmbedding(unit_vector(dim=32), 5, False))])
+    wide_client = client(own_cache, wide, max_value_bytes=64)  # 32 floats: 150 bytes
+    wide_client.put_many([(KEY, CachedRow(unit_vector(dim=32), 5, False))])
     assert own_cache.client().exists(wide.server_key(KEY)) == 0
     shared.put_many([(KEY, entry())])
     assert set(shared.get_many([KEY])) == {KEY}

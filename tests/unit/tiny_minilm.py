@@ -19,6 +19,8 @@ COPIED = [
     "modules.json",
     "reference_sentences.json",
     "model-config.yaml",
+    "text_model.json",  # what the packaging step recorded (kind, model class, served tokenizer)
+    "served_tokenizer.json",
 ]
 
 
