@@ -17,6 +17,7 @@ Examples:
     python -m scripts.package classifier --version 2.0 --var seed=1   # a retrained 2.0 -> classifier-2.0.mar
     python -m scripts.package --list
     python -m scripts.package minilm --cpu-kind avx2   # per_cpu_kind values of another CPU kind (for an image)
+    python -m scripts.package text-model --name my-model --var model_dir=/path --config maxWorkers=4
     python -m scripts.package --metrics            # regenerate config/metrics.yaml only
 Exit codes: 0 built or up to date, 1 a build or validation failed, 2 bad arguments.
 """
@@ -121,9 +122,9 @@ def handler_class(handler_path):
         raise PackagingError(str(error)) from None
 
 
-def validate_model_config(spec, cpu_kind=None):
-    """Check the model-config.yaml that will be packed (for ``cpu_kind``, default this machine's): TorchServe keys,
-    types, our handler section, timeouts. Returns the config as packed."""
+def validate_model_config(spec, cpu_kind=None, overrides=None):
+    """Check the model-config.yaml that will be packed (for ``cpu_kind``, default this machine's; with ``overrides``
+    of --config): TorchServe keys, types, our handler section, timeouts. Returns the config as packed."""
     from handlers.core.config import ConfigError, validate
 
     path = spec["dir"] / spec["config"]
@@ -131,6 +132,7 @@ def validate_model_config(spec, cpu_kind=None):
     config = yaml.safe_load(path.read_text()) or {}
     if not isinstance(config, dict):
         raise PackagingError(f"{where}: must be a mapping")
+    config = with_overrides(config, overrides or {}, where)
     config = packed_config(config, cpu_kind or machine.cpu_kind(), where)
     try:
         handler_config = validate(config.get("handler"), handler_class(spec["handler"]).options)
@@ -143,6 +145,34 @@ def validate_model_config(spec, cpu_kind=None):
             f"with backend={handler_config['backend']} (needs >= {needed}s)"
         )
     return config
+
+
+def with_overrides(config, overrides, where):
+    """The config with --config KEY=VALUE values set: a TorchServe key (minWorkers=1) or a handler option
+    (handler.max_inputs=32); values are YAML (numbers, true/false, lists). Unknown keys are refused by the checks."""
+    config = {**config, "handler": dict(config.get("handler") or {})}
+    for key, value in overrides.items():
+        if key.startswith("handler."):
+            config["handler"][key.removeprefix("handler.")] = value
+        elif key in OUR_SECTIONS:
+            raise PackagingError(f"--config {key}: set one of its keys (handler.KEY=VALUE), not the whole section")
+        else:
+            config[key] = value
+    return config
+
+
+def parse_overrides(items):
+    """--config KEY=VALUE items -> {key: value parsed as YAML}."""
+    overrides = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise PackagingError(f"--config wants KEY=VALUE, got {item!r}")
+        try:
+            overrides[key] = yaml.safe_load(text)
+        except yaml.YAMLError as error:
+            raise PackagingError(f"--config {key}: {text!r} is not a value ({error})") from None
+    return overrides
 
 
 def packed_config(config, cpu_kind, where):
@@ -399,8 +429,12 @@ def run_archiver(model_name, version, handler, extra_files, config, export_path)
         raise PackagingError(f"{model_name}: torch-model-archiver failed:\n{result.stdout}{result.stderr}")
 
 
-def build(name, store, version=None, variables=None, force=False, log=print, cpu_kind=None, model_name=None):
+def build(
+    name, store, version=None, variables=None, force=False, log=print, cpu_kind=None, model_name=None, overrides=None
+):
     """Build one archive if its inputs changed; returns its manifest entry (with 'rebuilt': bool).
+
+    ``overrides``: {key: value} of --config (TorchServe keys, handler.KEY options) set in the packed config.
 
     ``cpu_kind`` picks the model-config's ``per_cpu_kind`` overrides (default: $TS_CPU_KIND, else this machine's).
     ``model_name`` builds the spec under another name (a template spec such as ``embedding`` needs one): the archive
@@ -432,15 +466,14 @@ def build(name, store, version=None, variables=None, force=False, log=print, cpu
     build_dir = REPO / "build" / f"{spec['name']}{suffix}"
     values.update(python=sys.executable, build=build_dir, repo=REPO, version=version)
 
-    config = validate_model_config(spec, cpu_kind)
+    config = validate_model_config(spec, cpu_kind, overrides)
     run_prepare(spec, build_dir, values, force, log)
     files = archive_entries(spec, build_dir)
     # The whole package folder (every file of every subpackage, as make_archive packs it), not only its top level.
     inputs = [spec["spec_path"], spec["dir"] / spec["config"], REPO / "requirements.txt", HANDLERS_DIR]
     inputs += [source for source, _ in files]
-    input_hash = digest(
-        inputs, extra=json.dumps({"version": version, "vars": variables or {}, "cpu_kind": cpu_kind}, sort_keys=True)
-    )
+    described = {"version": version, "vars": variables or {}, "cpu_kind": cpu_kind, "config": overrides or {}}
+    input_hash = digest(inputs, extra=json.dumps(described, sort_keys=True, default=str))
 
     store.mkdir(parents=True, exist_ok=True)
     manifest = read_manifest(store)
@@ -451,12 +484,13 @@ def build(name, store, version=None, variables=None, force=False, log=print, cpu
 
     log(f"{spec['name']} {version}: building {archive_name}")
     config_file = spec["dir"] / spec["config"]
-    if "per_cpu_kind" in (yaml.safe_load(config_file.read_text()) or {}):
+    if overrides or "per_cpu_kind" in (yaml.safe_load(config_file.read_text()) or {}):
         # The packed config is the resolved one; TorchServe reads no section it does not know anyway.
         config_file = build_dir / f"config-{cpu_kind}" / spec["config"]  # the same file name inside the archive
         config_file.parent.mkdir(parents=True, exist_ok=True)
+        set_here = f", with --config {overrides}" if overrides else ""
         config_file.write_text(
-            f"# models/{spec['name']}/{spec['config']} for CPU kind {cpu_kind}, resolved by scripts/package.py\n"
+            f"# models/{name}/{spec['config']} for CPU kind {cpu_kind}{set_here}, resolved by scripts/package.py\n"
             + yaml.safe_dump(config, sort_keys=False)
         )
         log(
@@ -502,6 +536,14 @@ def main(argv=None):
         help="value for a {KEY} in the prepare command, e.g. seed=1",
     )
     parser.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set a value of the packed model-config.yaml: a TorchServe key (minWorkers=1, batchSize=16) or a handler "
+        "option (handler.max_inputs=32); checked like the file's own values",
+    )
+    parser.add_argument(
         "--cpu-kind",
         choices=machine.CPU_KINDS,
         help="pack model-config's per_cpu_kind values for this kind of CPU (default $TS_CPU_KIND, else this machine's;"
@@ -537,6 +579,7 @@ def main(argv=None):
     write_metrics_config(log)
     results = []
     try:
+        overrides = parse_overrides(args.config)
         for name in names:
             results.append(
                 build(
@@ -548,6 +591,7 @@ def main(argv=None):
                     log=log,
                     cpu_kind=args.cpu_kind,
                     model_name=args.name,
+                    overrides=overrides,
                 )
             )
     except PackagingError as error:

@@ -678,6 +678,25 @@ def make_bert_cls_dense_normalize_embedder(folder: Path, max_seq_length: int = 6
     return _sentence_transformer_folder([transformer, Pooling(HIDDEN, "cls"), dense, Normalize()], folder)
 
 
+def make_bert_prompt_layernorm_embedder(folder: Path, max_seq_length: int = 64, truncate_dim: int = 16) -> Path:
+    """INSTRUCTOR/E5-style details in one folder: BERT -> Pooling(mean, include_prompt false: the prompt's tokens are
+    left out of the mean) -> LayerNorm, a "query: " prompt, and a truncate_dim (Matryoshka-style) that cuts every
+    vector to its first TRUNCATE_DIM floats in encode()."""
+    from sentence_transformers.sentence_transformer.modules import LayerNorm, Pooling
+    from transformers import BertConfig, BertModel
+
+    tokenizer = bert_tokenizer(max_seq_length)
+    config = BertConfig(vocab_size=len(tokenizer), max_position_embeddings=BERT_POSITIONS, **_encoder_sizes())
+    torch.manual_seed(SEED)
+    transformer = _transformer_module(BertModel(config), tokenizer, max_seq_length)
+    norm = LayerNorm(HIDDEN)
+    torch.nn.init.normal_(norm.norm.weight, mean=1.0, std=0.3)
+    modules = [transformer, Pooling(HIDDEN, "mean", include_prompt=False), norm]
+    return _sentence_transformer_folder(
+        modules, folder, prompts={"query": "query: ", "passage": "passage: "}, truncate_dim=truncate_dim
+    )
+
+
 def make_qwen3_decoder_embedder(folder: Path, max_seq_length: int = 128) -> Path:
     """Qwen3-Embedding's layout: a Qwen3 decoder -> Pooling(lasttoken) -> Normalize, a tokenizer that appends
     <|endoftext|> and pads on the left, and an instruction prompt "query" (no default prompt)."""
@@ -862,3 +881,53 @@ def with_remote_code(folder: Path, source: Path | None = None) -> Path:
         f"class CustomModel({base}Model):\n    config_class = CustomConfig\n"
     )
     return folder
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# What the reference libraries answer for a folder: what the served answers are compared with, in and out of process.
+
+
+def reference_embeddings(folder: Path, texts: Sequence[str], prompt_name: str | None = None) -> torch.Tensor:
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(folder), device="cpu")
+    return model.encode(list(texts), prompt_name=prompt_name, convert_to_tensor=True).float()
+
+
+def reference_probabilities(folder: Path, rows: Sequence) -> tuple[list[torch.Tensor], dict[int, str]]:
+    """Per row (a text or a [text, pair]), transformers' probabilities by label index, and id2label."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    model = AutoModelForSequenceClassification.from_pretrained(str(folder), local_files_only=True).eval()
+    multi_label = model.config.problem_type == "multi_label_classification"
+    out = []
+    with torch.inference_mode():
+        for row in rows:
+            first, second = (row, None) if isinstance(row, str) else row
+            logits = model(**tokenizer(first, second, truncation=True, return_tensors="pt")).logits[0]
+            out.append(torch.sigmoid(logits) if multi_label else torch.softmax(logits, -1))
+    return out, model.config.id2label
+
+
+def reference_sparse(folder: Path, texts: Sequence[str]) -> torch.Tensor:
+    """SparseEncoder.encode()'s weights as dense [texts, vocabulary] rows."""
+    from sentence_transformers import SparseEncoder
+
+    return SparseEncoder(str(folder), device="cpu").encode(list(texts), convert_to_tensor=True).to_dense().float()
+
+
+def dense_sparse(entries: Sequence[dict], size: int) -> torch.Tensor:
+    """A served sparse answer ([{"index", "value"}, ...]) as a dense row."""
+    row = torch.zeros(size)
+    for entry in entries:
+        row[entry["index"]] = entry["value"]
+    return row
+
+
+def reference_multi_vector(folder: Path, texts: Sequence[str], task: str = "document") -> list[torch.Tensor]:
+    from sentence_transformers import MultiVectorEncoder
+
+    model = MultiVectorEncoder(str(folder), device="cpu")
+    encode = model.encode_query if task == "query" else model.encode_document
+    return [vectors.float() for vectors in encode(list(texts))]

@@ -1,14 +1,19 @@
 """A user's own models, from folder to served answer: the documented commands against a real TorchServe.
 
-Small random models are made offline (tests/text_models.py): a BERT embedder with CLS pooling and Normalize, an
-XLM-RoBERTa embedder with mean pooling, no Normalize and named prompts, a DistilBERT single-label classifier, a BERT
-multi-label classifier and a BERT cross-encoder reranker. Each is packaged with `python -m scripts.package <kind>
---name ... --var model_dir=...` into a private model store; four are served by a TorchServe started from the
-project's config.properties, the reranker is added to the running server with `modelctl register`. Answers are
-compared with sentence-transformers / transformers computed here. Bad folders are refused by the same command,
-with the file and the fix named and nothing written to the store.
+Small random models are made offline (tests/text_models.py). Through the kind templates: a BERT embedder with CLS
+pooling and Normalize, an XLM-RoBERTa embedder with mean pooling, no Normalize and named prompts, a DistilBERT
+single-label classifier, a BERT multi-label classifier and a BERT cross-encoder reranker. Through the generic
+template (whatever architecture and kind the folder is, `python -m scripts.package text-model`): all-mpnet-base-v2's
+layout, LaBSE's (a Dense after pooling), a Qwen3 decoder embedder with an instruction prompt, DeBERTa-v2 NLI,
+ModernBERT and ELECTRA classifiers, a SPLADE sparse encoder and a multi-vector encoder. Each is packaged with `python
+-m scripts.package <template> --name ... --var model_dir=...` into a private model store and served by a TorchServe
+started from the project's config.properties (the reranker is added to the running server with `modelctl
+register`); answers are compared with sentence-transformers / transformers computed here. Bad folders (and one that
+ships its own code) are refused by the same command, with the file and the fix named and nothing written to the
+store.
 """
 
+import concurrent.futures
 import json
 import math
 import subprocess
@@ -25,38 +30,53 @@ from tests import text_models
 REPO = Path(__file__).resolve().parents[2]
 TEXTS = ["How do I reset my password?", "Le café est très chaud ce matin.", "the quick brown fox", "ok"]
 PAIRS = [("the cat sleeps", "a cat is sleeping"), ("How do I reset my password?", "stock markets fell")]
-# (archive name, package kind, builder, prepare vars): only the XLM-R embedder builds compiled backends (a short
+ONE_WORKER = ["--config", "minWorkers=1", "--config", "maxWorkers=1"]  # keeps the test server small
+# (package spec, builder, prepare vars, extra arguments): only the XLM-R embedder builds compiled backends (a short
 # ranking), so that a transformers-engine model is served through the compiled path too; the others serve eager.
 MODELS = {
-    "t-bert-cls": ("embedding", text_models.make_bert_cls_normalize_embedder, ["backends=none"]),
-    "t-xlmr-mean": ("embedding", text_models.make_xlmr_mean_prompts_embedder, ["rank_seconds=2"]),
-    "t-distil": ("text-classifier", text_models.make_distilbert_classifier, ["backends=none"]),
-    "t-multilabel": ("text-classifier", text_models.make_bert_multilabel_classifier, ["backends=none"]),
-    "t-rerank": ("text-classifier", text_models.make_cross_encoder, ["backends=none"]),
+    "t-bert-cls": ("embedding", text_models.make_bert_cls_normalize_embedder, ["backends=none"], []),
+    "t-xlmr-mean": ("embedding", text_models.make_xlmr_mean_prompts_embedder, ["rank_seconds=2"], []),
+    "t-distil": ("text-classifier", text_models.make_distilbert_classifier, ["backends=none"], []),
+    "t-multilabel": ("text-classifier", text_models.make_bert_multilabel_classifier, ["backends=none"], []),
+    "t-rerank": ("text-classifier", text_models.make_cross_encoder, ["backends=none"], []),
+    "t-mpnet": ("text-model", text_models.make_mpnet_mean_normalize_embedder, ["backends=none"], ONE_WORKER),
+    "t-dense": ("text-model", text_models.make_bert_cls_dense_normalize_embedder, ["backends=none"], ONE_WORKER),
+    "t-qwen3": ("text-model", text_models.make_qwen3_decoder_embedder, ["backends=none"], ONE_WORKER),
+    "t-deberta": ("text-model", text_models.make_deberta_nli_classifier, ["backends=none"], ONE_WORKER),
+    "t-modernbert": ("text-model", text_models.make_modernbert_classifier, ["backends=none"], ONE_WORKER),
+    "t-electra": ("text-model", text_models.make_electra_classifier, ["backends=none"], ONE_WORKER),
+    "t-splade": ("text-model", text_models.make_splade_encoder, ["backends=none"], ONE_WORKER),
+    "t-colbert": ("text-model", text_models.make_multi_vector_encoder, ["backends=none"], ONE_WORKER),
 }
-SERVED_AT_START = ["t-bert-cls", "t-xlmr-mean", "t-distil", "t-multilabel"]
+SERVED_AT_START = [name for name in MODELS if name != "t-rerank"]
 
 
-def package(kind, name, folder, store, *variables):
-    command = [sys.executable, "-m", "scripts.package", kind, "--name", name, "--var", f"model_dir={folder}"]
+def package(template, name, folder, store, *variables, extra=()):
+    command = [sys.executable, "-m", "scripts.package", template, "--name", name, "--var", f"model_dir={folder}"]
     for variable in variables:
         command += ["--var", variable]
-    command += ["--store", str(store)]
+    command += ["--store", str(store), *extra]
     return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900)
 
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("user-models")
-    return {name: builder(root / name) for name, (_, builder, _) in MODELS.items()}
+    return {name: builder(root / name) for name, (_, builder, _, _) in MODELS.items()}
 
 
 @pytest.fixture(scope="module")
 def store(folders, tmp_path_factory):
+    """Every folder packaged by the documented command, two at a time (each is its own process on 2 cores)."""
     store = tmp_path_factory.mktemp("user-store")
-    for name, (kind, _, variables) in MODELS.items():
-        result = package(kind, name, folders[name], store, *variables)
-        assert result.returncode == 0, result.stdout + result.stderr
+
+    def build(name):
+        template, _, variables, extra = MODELS[name]
+        return name, package(template, name, folders[name], store, *variables, extra=extra)
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        for name, result in pool.map(build, MODELS):
+            assert result.returncode == 0, (name, result.stdout + result.stderr)
     return store
 
 
@@ -87,10 +107,79 @@ def cosine(a, b):
 
 
 def test_each_archive_records_parity_with_the_reference_library_in_fp32(store):
+    kinds = {}
     for name in MODELS:
         with zipfile.ZipFile(store / f"{name}.mar") as archive:
             source = json.loads(archive.read("model_source.json"))
         assert source["parity"]["fp32_agreement"] >= 0.9999, (name, source["parity"])
+        kinds[name] = source["kind"]
+    # The generic template took each folder's kind from the folder itself.
+    assert [kinds[name] for name in ("t-mpnet", "t-deberta", "t-splade", "t-colbert")] == [
+        "embedding",
+        "classification",
+        "sparse",
+        "multi-vector",
+    ]
+
+
+@pytest.mark.parametrize("name", ["t-mpnet", "t-dense", "t-qwen3"])
+def test_any_embedder_architecture_answers_as_sentence_transformers(server, post, folders, name):
+    expected = text_models.reference_embeddings(folders[name], TEXTS)
+    response = post(name, {"input": TEXTS})
+    assert response.status_code == 200, response.text
+    got = torch.tensor([row["embedding"] for row in response.json()["data"]])
+    assert torch.nn.functional.cosine_similarity(got, expected).min() >= 0.999
+    if name == "t-qwen3":  # the decoder's instruction prompt, as encode(prompt_name="query") applies it
+        prompted = post(name, {"input": TEXTS, "prompt_name": "query"}).json()["data"]
+        reference = text_models.reference_embeddings(folders[name], TEXTS, "query")
+        got = torch.tensor([row["embedding"] for row in prompted])
+        assert torch.nn.functional.cosine_similarity(got, reference).min() >= 0.999
+    described = describe(server, name)["model"]
+    assert described["kind"] == "embedding" and described["remote_code"] is False
+
+
+@pytest.mark.parametrize("name", ["t-deberta", "t-modernbert", "t-electra"])
+def test_any_classifier_architecture_answers_as_transformers_on_texts_and_pairs(post, folders, name):
+    rows = [*TEXTS, *[list(pair) for pair in PAIRS]]
+    expected, id2label = text_models.reference_probabilities(folders[name], rows)
+    response = post(name, {"inputs": rows, "top_k": None})
+    assert response.status_code == 200, response.text
+    for result, probabilities in zip(response.json()["results"], expected, strict=True):
+        scores = {entry["label"]: entry["score"] for entry in result["scores"]}
+        assert all(math.isclose(scores[id2label[i]], float(p), abs_tol=0.01) for i, p in enumerate(probabilities))
+
+
+def test_a_sparse_encoder_serves_the_sparse_encoders_weights(server, post, folders):
+    expected = text_models.reference_sparse(folders["t-splade"], TEXTS)
+    response = post("t-splade", {"input": TEXTS})
+    assert response.status_code == 200, response.text
+    for item, reference in zip(response.json()["data"], expected, strict=True):
+        got = text_models.dense_sparse(item["sparse"], reference.shape[0])
+        assert float(torch.nn.functional.cosine_similarity(got, reference, dim=0)) >= 0.999
+    top = post("t-splade", {"text": TEXTS[0], "top_k": 5, "decode": True}).json()
+    assert len(top["sparse"]) == 5 and len(top["tokens"]) == 5
+    assert describe(server, "t-splade")["model"]["vocabulary"] == expected.shape[1]
+
+
+def test_a_multi_vector_encoder_serves_one_vector_per_scored_token(post, folders):
+    for task in ("document", "query"):
+        expected = text_models.reference_multi_vector(folders["t-colbert"], TEXTS, task)
+        response = post("t-colbert", {"input": TEXTS, "input_type": task})
+        assert response.status_code == 200, response.text
+        for item, reference in zip(response.json()["data"], expected, strict=True):
+            got = torch.tensor(item["embeddings"])
+            assert got.shape == reference.shape
+            assert torch.nn.functional.cosine_similarity(got, reference).min() >= 0.999
+
+
+def test_a_folder_that_ships_its_own_code_is_refused_unless_the_packager_opts_in(folders, tmp_path):
+    folder = text_models.with_remote_code(tmp_path / "remote", folders["t-mpnet"])
+    store = tmp_path / "store"
+    result = package("text-model", "remote", folder, store, "backends=none")
+    assert result.returncode == 1
+    assert "config.json: auto_map (AutoConfig -> custom_model.CustomConfig" in result.stderr
+    assert "--var trust_remote_code=true" in result.stderr
+    assert not store.exists() or not any(store.glob("*.mar"))
 
 
 def test_bert_cls_normalize_embeddings_match_sentence_transformers(server, post, folders):
@@ -164,22 +253,8 @@ def test_an_unknown_prompt_name_is_a_400_naming_the_prompts_and_the_batch_goes_o
     assert empty.json()["embedding"] == post("t-bert-cls", {"text": "hello"}).json()["embedding"]
 
 
-def hf_probabilities(folder, rows, multi_label=False):
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-    model = AutoModelForSequenceClassification.from_pretrained(str(folder), local_files_only=True).eval()
-    out = []
-    with torch.inference_mode():
-        for row in rows:
-            first, second = (row, None) if isinstance(row, str) else row
-            logits = model(**tokenizer(first, second, truncation=True, return_tensors="pt")).logits[0]
-            out.append(torch.sigmoid(logits) if multi_label else torch.softmax(logits, -1))
-    return out, model.config.id2label
-
-
 def test_distilbert_classifier_labels_and_probabilities_match_transformers(post, folders):
-    expected, id2label = hf_probabilities(folders["t-distil"], TEXTS)
+    expected, id2label = text_models.reference_probabilities(folders["t-distil"], TEXTS)
     response = post("t-distil", {"inputs": TEXTS, "top_k": None})
     assert response.status_code == 200, response.text
     results = response.json()["results"]
@@ -196,7 +271,7 @@ def test_distilbert_classifier_labels_and_probabilities_match_transformers(post,
 
 
 def test_multilabel_classifier_answers_a_sigmoid_per_label(post, folders):
-    expected, id2label = hf_probabilities(folders["t-multilabel"], TEXTS, multi_label=True)
+    expected, id2label = text_models.reference_probabilities(folders["t-multilabel"], TEXTS)
     results = post("t-multilabel", {"inputs": TEXTS, "top_k": None}).json()["results"]
     for result, probabilities in zip(results, expected, strict=True):
         by_label = {s["label"]: s["score"] for s in result["scores"]}
@@ -206,7 +281,7 @@ def test_multilabel_classifier_answers_a_sigmoid_per_label(post, folders):
 
 
 def test_pairs_are_classified_as_pairs(post, folders):
-    expected, id2label = hf_probabilities(folders["t-multilabel"], PAIRS, multi_label=True)
+    expected, id2label = text_models.reference_probabilities(folders["t-multilabel"], PAIRS)
     results = post("t-multilabel", {"inputs": [list(pair) for pair in PAIRS], "top_k": None}).json()["results"]
     for result, probabilities in zip(results, expected, strict=True):
         by_label = {s["label"]: s["score"] for s in result["scores"]}
@@ -214,8 +289,6 @@ def test_pairs_are_classified_as_pairs(post, folders):
 
 
 def test_a_bad_row_in_a_batch_fails_alone(server, post):
-    import concurrent.futures
-
     bodies = [{"inputs": ["fine text"]}, {"inputs": [["only one"]]}, {"text": "x", "top_k": 0}, {"inputs": ["also"]}]
     with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
         responses = list(pool.map(lambda body: post("t-distil", body), bodies))

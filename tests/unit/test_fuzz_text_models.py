@@ -1,7 +1,8 @@
-"""Property-based fuzzing of the text classifier / reranker and the embedding prompts, in process on tiny random
-models (tests/text_models.py) packaged by the project's own prepare step: whatever a body says, parsing raises only
-a 4xx RequestError, and in a batch of hostile and valid bodies each hostile one gets its own 4xx while every valid one
-is answered with its own result."""
+"""Property-based fuzzing of every text-model kind, in process on tiny random models (tests/text_models.py) packaged by
+the project's own prepare step: a cross-encoder reranker, a multi-label classifier, a DeBERTa NLI model, embedders
+with prompts (XLM-R, and a Qwen3 decoder whose pooling leaves no prompt out), a SPLADE sparse encoder and a
+multi-vector encoder. Whatever a body says, parsing raises only a 4xx RequestError, and in a batch of hostile and
+valid bodies each hostile one gets its own 4xx while every valid one is answered with its own result."""
 
 import json
 
@@ -35,6 +36,15 @@ near_valid = (
         optional={"top_n": json_scalars, "return_documents": json_scalars},
     )
     | st.fixed_dictionaries({"input": texts | st.lists(texts, max_size=3)}, optional={"prompt_name": json_values})
+    | st.fixed_dictionaries(
+        {"input": texts | st.lists(texts, max_size=3)},
+        optional={
+            "top_k": json_scalars | st.integers(min_value=-(10**30), max_value=10**30),
+            "decode": json_scalars,
+            "input_type": texts,
+            "truncate": json_scalars,
+        },
+    )
 )
 
 
@@ -45,30 +55,38 @@ class Request:
         self.content_type = content_type
 
 
-def staged(tmp_path_factory, name, builder, kind):
+def staged(tmp_path_factory, name, builder):
     source = builder(tmp_path_factory.mktemp(f"src-{name}") / name)
     out = tmp_path_factory.mktemp(f"staged-{name}") / "model"
-    prepare_text_model.stage(str(source), out, kind, None)
-    spec = "embedding" if kind == "embedding" else "text-classifier"
+    prepare_text_model.stage(str(source), out, None, None)
     (out / "model-config.yaml").write_text(
-        (prepare_text_model.REPO / "models" / spec / "model-config.yaml").read_text()
+        (prepare_text_model.REPO / "models" / "text-model" / "model-config.yaml").read_text()
     )
     return out
+
+
+# name -> (builder, a valid body for it)
+MODELS = {
+    "reranker": (text_models.make_cross_encoder, {"query": "the cat", "documents": ["a cat", "markets"]}),
+    "multilabel": (
+        text_models.make_bert_multilabel_classifier,
+        {"inputs": ["fine text", ["a", "pair"]], "top_k": None},
+    ),
+    "nli": (text_models.make_deberta_nli_classifier, {"inputs": [["a cat sleeps", "a cat is awake"]]}),
+    "prompts": (text_models.make_xlmr_mean_prompts_embedder, {"input": ["hello"], "prompt_name": "query"}),
+    "decoder": (text_models.make_qwen3_decoder_embedder, {"input": ["hello"], "prompt_name": "query"}),
+    "sparse": (text_models.make_splade_encoder, {"input": ["hello world"], "top_k": 4, "decode": True}),
+    "multi-vector": (text_models.make_multi_vector_encoder, {"input": ["hello"], "input_type": "query"}),
+}
 
 
 @pytest.fixture(scope="module")
 def handlers(tmp_path_factory):
     overrides = {"backend": "eager", "precision": "fp32", "shared_cache": {"url": ""}}
-    models = {
-        "reranker": (text_models.make_cross_encoder, "classification", "text-classifier"),
-        "multilabel": (text_models.make_bert_multilabel_classifier, "classification", "text-classifier"),
-        "prompts": (text_models.make_xlmr_mean_prompts_embedder, "embedding", "embedding"),
+    return {
+        name: load_handler(staged(tmp_path_factory, name, builder), "text-model", overrides)
+        for name, (builder, _) in MODELS.items()
     }
-    loaded = {}
-    for name, (builder, kind, spec) in models.items():
-        model_dir = staged(tmp_path_factory, name, builder, kind)
-        loaded[name] = load_handler(model_dir, spec, overrides)
-    return loaded
 
 
 def parse_or_reject(handler, body, content_type="application/json"):
@@ -91,13 +109,9 @@ def test_any_json_body_is_parsed_or_refused_with_a_4xx(handlers, body):
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(hostile=st.lists(near_valid, min_size=1, max_size=4))
 def test_hostile_bodies_in_a_batch_fail_alone(handlers, hostile):
-    valid = {
-        "reranker": {"query": "the cat", "documents": ["a cat", "markets"]},
-        "multilabel": {"inputs": ["fine text", ["a", "pair"]], "top_k": None},
-        "prompts": {"input": ["hello"], "prompt_name": "query"},
-    }
     for name, (handler, context) in handlers.items():
-        bodies = [valid[name], *hostile, valid[name]]
+        valid = MODELS[name][1]
+        bodies = [valid, *hostile, valid]
         set_requests(context, [{"Content-Type": "application/json"}] * len(bodies))
         answers = handler.handle([{"body": body} for body in bodies], context)
         codes = statuses(context, len(bodies))

@@ -31,6 +31,7 @@ FOLDERS = {
     "mpnet": (text_models.make_mpnet_mean_normalize_embedder, "embedding", "MPNetModel"),
     "bert-dense": (text_models.make_bert_cls_dense_normalize_embedder, "embedding", "BertModel"),
     "qwen3": (text_models.make_qwen3_decoder_embedder, "embedding", "Qwen3Model"),
+    "prompt-layernorm": (text_models.make_bert_prompt_layernorm_embedder, "embedding", "BertModel"),
     "deberta-nli": (text_models.make_deberta_nli_classifier, "classification", "DebertaV2ForSequenceClassification"),
     "modernbert": (text_models.make_modernbert_classifier, "classification", "ModernBertForSequenceClassification"),
     "electra": (text_models.make_electra_classifier, "classification", "ElectraForSequenceClassification"),
@@ -102,76 +103,73 @@ def test_the_served_inputs_are_what_transformers_feeds_the_model(staged):
 
 @pytest.mark.parametrize("name", ["mpnet", "bert-dense", "qwen3"])
 def test_embeddings_equal_sentence_transformers_in_a_padded_batch(staged, served, name):
-    from sentence_transformers import SentenceTransformer
-
-    model = SentenceTransformer(str(staged[name][1]), device="cpu")
     status, [answer] = served[name]({"input": TEXTS})
     assert status == [200]
     got = torch.tensor([item["embedding"] for item in answer["data"]])
-    assert cosines(got, model.encode(TEXTS, convert_to_tensor=True)).min() >= 0.9999
+    assert cosines(got, text_models.reference_embeddings(staged[name][1], TEXTS)).min() >= 0.9999
     if name == "bert-dense":  # the Dense projection and the Normalize after it are computed
         assert got.shape[1] == 16 and torch.allclose(got.norm(dim=-1), torch.ones(len(TEXTS)), atol=1e-4)
 
 
-def test_a_decoder_embedders_instruction_prompt_is_applied_as_sentence_transformers_does(staged, served):
-    from sentence_transformers import SentenceTransformer
+def test_a_prompt_left_out_of_the_pooling_a_layer_norm_and_truncate_dim_are_computed_as_encode_does(staged, served):
+    folder = staged["prompt-layernorm"][1]
+    status, [plain, query] = served["prompt-layernorm"]({"input": TEXTS}, {"input": TEXTS, "prompt_name": "query"})
+    assert status == [200, 200]
+    for answer, prompt in ((plain, None), (query, "query")):
+        got = torch.tensor([item["embedding"] for item in answer["data"]])
+        assert got.shape == (len(TEXTS), 16)  # truncate_dim
+        assert cosines(got, text_models.reference_embeddings(folder, TEXTS, prompt)).min() >= 0.9999
+    # The same text with the prompt written into it (no prompt_name) is pooled over every token: another vector,
+    # and another cache entry.
+    status, [inline] = served["prompt-layernorm"]({"input": ["query: " + text for text in TEXTS]})
+    inline_rows = torch.tensor([item["embedding"] for item in inline["data"]])
+    query_rows = torch.tensor([item["embedding"] for item in query["data"]])
+    assert cosines(inline_rows, query_rows).max() < 0.9999
 
-    model = SentenceTransformer(str(staged["qwen3"][1]), device="cpu")
+
+def test_a_decoder_embedders_instruction_prompt_is_applied_as_sentence_transformers_does(staged, served):
+    folder = staged["qwen3"][1]
     status, [plain, query] = served["qwen3"]({"input": TEXTS}, {"input": TEXTS, "prompt_name": "query"})
     assert status == [200, 200]
     with_prompt = torch.tensor([item["embedding"] for item in query["data"]])
     without = torch.tensor([item["embedding"] for item in plain["data"]])
-    assert cosines(with_prompt, model.encode(TEXTS, prompt_name="query", convert_to_tensor=True)).min() >= 0.9999
+    assert cosines(with_prompt, text_models.reference_embeddings(folder, TEXTS, "query")).min() >= 0.9999
     assert cosines(with_prompt, without).max() < 0.999  # the prompt changes the vector
 
 
 @pytest.mark.parametrize("name", ["deberta-nli", "modernbert", "electra", "bert-no-segments"])
 def test_classifier_probabilities_equal_transformers_on_texts_and_pairs(staged, served, name):
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    folder = str(staged[name][1])
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
     rows = [*TEXTS, *PAIRS]
+    expected, id2label = text_models.reference_probabilities(staged[name][1], rows)
     status, [answer] = served[name]({"inputs": rows, "top_k": None})
     assert status == [200]
-    labels = [model.config.id2label[i] for i in range(model.config.num_labels)]
-    for row, result in zip(rows, answer["results"], strict=True):
-        first, second = (row, None) if isinstance(row, str) else row
-        with torch.inference_mode():
-            expected = torch.softmax(model(**tokenizer(first, second, return_tensors="pt")).logits[0], dim=-1)
+    for row, result, probabilities in zip(rows, answer["results"], expected, strict=True):
         got = {entry["label"]: entry["score"] for entry in result["scores"]}
-        assert max(abs(got[label] - float(expected[i])) for i, label in enumerate(labels)) < 1e-4, row
+        assert max(abs(got[id2label[i]] - float(p)) for i, p in enumerate(probabilities)) < 1e-4, row
 
 
 def test_sparse_weights_equal_the_sparse_encoders_and_top_k_and_decode_shape_the_answer(staged, served):
     from sentence_transformers import SparseEncoder
 
-    model = SparseEncoder(str(staged["splade"][1]), device="cpu")
-    reference = model.encode(TEXTS, convert_to_tensor=True).to_dense()
+    folder = staged["splade"][1]
+    reference = text_models.reference_sparse(folder, TEXTS)
     status, [answer, top] = served["splade"]({"input": TEXTS}, {"text": TEXTS[0], "top_k": 3, "decode": True})
     assert status == [200, 200]
     for item, expected in zip(answer["data"], reference, strict=True):
-        dense = torch.zeros(expected.shape[0])
-        for entry in item["sparse"]:
-            dense[entry["index"]] = entry["value"]
-        assert float(cosines(dense, expected)) >= 0.9999
+        assert float(cosines(text_models.dense_sparse(item["sparse"], expected.shape[0]), expected)) >= 0.9999
         values = [entry["value"] for entry in item["sparse"]]
         assert values == sorted(values, reverse=True)  # largest first
-    assert len(top["sparse"]) == 3 and [e["index"] for e in top["sparse"]] == [
-        e["index"] for e in answer["data"][0]["sparse"][:3]
-    ]
-    decoded = model.decode(reference[0], top_k=3)
+    assert [e["index"] for e in top["sparse"]] == [e["index"] for e in answer["data"][0]["sparse"][:3]]
+    decoded = SparseEncoder(str(folder), device="cpu").decode(reference[0], top_k=3)
     assert list(top["tokens"]) == [token for token, _ in decoded]
 
 
 def test_multi_vector_tokens_equal_the_encoders_for_queries_and_documents(staged, served):
-    from sentence_transformers import MultiVectorEncoder
-
-    model = MultiVectorEncoder(str(staged["multi-vector"][1]), device="cpu")
+    folder = staged["multi-vector"][1]
     status, [documents, queries] = served["multi-vector"]({"input": TEXTS}, {"input": TEXTS, "input_type": "query"})
     assert status == [200, 200]
-    for answer, expected in ((documents, model.encode_document(TEXTS)), (queries, model.encode_query(TEXTS))):
+    for answer, task in ((documents, "document"), (queries, "query")):
+        expected = text_models.reference_multi_vector(folder, TEXTS, task)
         for item, reference in zip(answer["data"], expected, strict=True):
             got = torch.tensor(item["embeddings"])
             assert got.shape == reference.shape
