@@ -445,7 +445,11 @@ def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="python -m loadtests.capacity", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model", required=True, choices=sorted(loadtest.MODELS))
+    parser.add_argument(
+        "--model",
+        required=True,
+        help=f"{', '.join(sorted(loadtest.MODELS))}, or the name of an embedding model packaged from its folder",
+    )
     add_search_arguments(parser)
     loadtest.add_server_arguments(parser, "capacity-<model>")
     args = parser.parse_args(argv)

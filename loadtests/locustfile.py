@@ -41,7 +41,11 @@ ENVIRONMENT = []  # the Locust environment, kept at init for the quit hook (whic
 @events.init_command_line_parser.add_listener
 def add_arguments(parser):
     group = parser.add_argument_group("project load test", "Options of loadtests/locustfile.py")
-    group.add_argument("--model", default="classifier", choices=sorted(MODELS), help="model OpenLoopUser targets")
+    group.add_argument(
+        "--model",
+        default="classifier",
+        help=f"model OpenLoopUser targets: {', '.join(sorted(MODELS))}, or an embedding model's name",
+    )
     group.add_argument("--payload-seed", type=int, default=0, help="seed of the payload streams (same mix each run)")
     group.add_argument("--think-ms", type=float, default=0.0, help="closed-loop users: mean pause between requests")
     group.add_argument("--max-retries", type=int, default=3, help="retries after a 503 (queue full)")
@@ -162,6 +166,15 @@ class MinilmUser(ModelUser):
     """The seeded sentence mix to /predictions/minilm; expects a 384-float embedding."""
 
     model = "minilm"
+
+
+class EmbeddingUser(ModelUser):
+    """The seeded sentence mix to /predictions/<--model>, an embedding model packaged from its folder; expects an
+    embedding of any width."""
+
+    def on_start(self):
+        self.model = self.environment.parsed_options.model
+        super().on_start()
 
 
 class OpenLoopUser(FastHttpUser):

@@ -3,6 +3,7 @@
 The payloads are seeded streams, so two runs (and the side-by-side systems) see the same mix:
 
 - ``classifier``: one random 128-d row per request (standard normal, the scale the model was trained on).
+- any other name: an embedding model packaged from a user's folder, sent the minilm mix (``embedding_traffic``).
 - ``minilm``: the README mix (scripts/ops/payloads.py ``ReadmeTextMix``): English-like sentences, mostly short with a
   tail of long ones (some longer than the model's 256-token window, which the server must truncate), and a share of
   requests repeating a small set of popular sentences, so that a response cache sees a realistic hit rate instead of
@@ -84,18 +85,39 @@ def check_classifier(body) -> str | None:
 
 class OpenAIEmbeddingPayloads(MinilmPayloads):
     """The minilm mix (same seeds, same texts) as OpenAI-style embedding requests, for servers with that API (the
-    Infinity baseline): ``{"model": "minilm", "input": text}``."""
+    Infinity baseline): ``{"model": <served name>, "input": text}``."""
+
+    served_name = "minilm"
 
     def next(self):
-        return {"model": "minilm", "input": self.next_text()}
+        return {"model": self.served_name, "input": self.next_text()}
 
 
-def check_openai_embedding(body) -> str | None:
+def check_openai_embedding(body, check=check_minilm) -> str | None:
     """An OpenAI-style answer to one input: ``{"data": [{"embedding": [384 finite floats]}]}``."""
     data = body.get("data") if isinstance(body, dict) else None
     if not isinstance(data, list) or len(data) != 1 or not isinstance(data[0], dict):
         return f"expected an object with 'data': [one embedding], got {str(body)[:80]!r}"
-    return check_minilm(data[0])
+    return check(data[0])
+
+
+def check_embedding(body) -> str | None:
+    """A single-text answer of any embedding model: ``{"embedding": [finite floats]}``, of the model's width."""
+    if not isinstance(body, dict) or not isinstance(body.get("embedding"), list) or not body["embedding"]:
+        return f"expected an object with 'embedding', got {str(body)[:80]!r}"
+    if not _numbers(body["embedding"], len(body["embedding"])):
+        return "'embedding' must be finite numbers"
+    return None
+
+
+def embedding_traffic(model):
+    """The README mix for any embedding model served at /predictions/<model> (an archive packaged from a user's
+    folder), and with the suffix -openai the same texts in OpenAI's /embeddings shape (the Infinity baseline)."""
+    if model.endswith("-openai"):
+        served = model.removesuffix("-openai")
+        payloads = type(f"OpenAI{served}", (OpenAIEmbeddingPayloads,), {"served_name": served})
+        return ModelTraffic(model, "/embeddings", payloads, lambda body: check_openai_embedding(body, check_embedding))
+    return ModelTraffic(model, f"/predictions/{model}", MinilmPayloads, check_embedding)
 
 
 @dataclass(frozen=True)
@@ -118,7 +140,9 @@ MODELS = {
 
 
 def traffic(model):
-    try:
+    """The traffic of a bundled model (MODELS), else the README mix for an embedding model of that name."""
+    if model in MODELS:
         return MODELS[model]
-    except KeyError:
-        raise ValueError(f"no load-test traffic defined for model {model!r}; known: {sorted(MODELS)}") from None
+    if not model or not all(char.isalnum() or char in "-_." for char in model):
+        raise ValueError(f"{model!r} is not a model name; the bundled ones are {sorted(MODELS)}")
+    return embedding_traffic(model)

@@ -152,7 +152,7 @@ def locust_commands(settings, host, prefix, html, open_loop_report, final_stats)
     ]
     if open_loop_report:
         custom += ["--open-loop-report", str(open_loop_report)]
-    user_class = "OpenLoopUser" if settings.open_loop else USER_CLASSES[settings.model]
+    user_class = "OpenLoopUser" if settings.open_loop else USER_CLASSES.get(settings.model, "EmbeddingUser")
     master = [
         locust,
         "-f",
@@ -393,7 +393,12 @@ def headline(summary):
 
 
 def add_settings_arguments(parser, profile_default="steady"):
-    parser.add_argument("--model", required=True, choices=sorted(MODELS), help="model to load-test")
+    parser.add_argument(
+        "--model",
+        required=True,
+        help=f"model to load-test: {', '.join(sorted(MODELS))}, or an embedding model packaged from its folder (open "
+        "loop: --profile open)",
+    )
     parser.add_argument("--profile", default=profile_default, choices=sorted(PROFILES), help="load profile")
     parser.add_argument(
         "--users", type=int, help="users (closed loop; the peak for step/spike); open loop: ignored with --workers"

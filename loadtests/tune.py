@@ -199,7 +199,11 @@ def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="python -m loadtests.tune", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model", required=True, choices=sorted(loadtest.MODELS))
+    parser.add_argument(
+        "--model",
+        required=True,
+        help=f"{', '.join(sorted(loadtest.MODELS))}, or the name of an embedding model packaged from its folder",
+    )
     parser.add_argument(
         "--batch-sizes",
         type=parse_list,

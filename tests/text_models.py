@@ -568,17 +568,33 @@ def break_tokenizer(folder: Path, source: Path | None = None) -> Path:
     return folder
 
 
+# --architecture of the command line: a random model folder of the layout teams bring, for measurements.
+ARCHITECTURES = {
+    "xlm-roberta": lambda out, tokens, size: make_xlmr_mean_prompts_embedder(out, tokens, size=size),
+    "mpnet": lambda out, tokens, size: make_mpnet_mean_normalize_embedder(out, tokens, size=size),
+    "bert-dense": lambda out, tokens, size: make_bert_cls_dense_normalize_embedder(out, tokens, 256, size=size),
+    "qwen3": lambda out, tokens, size: make_qwen3_decoder_embedder(out, tokens, size=size),
+    "deberta-v2": lambda out, tokens, size: make_deberta_nli_classifier(out, size=size, max_length=tokens),
+    "modernbert": lambda out, tokens, size: make_modernbert_classifier(out, size=size, max_length=tokens),
+    "electra": lambda out, tokens, size: make_electra_classifier(out, size=size, max_length=tokens),
+    "splade": lambda out, tokens, size: make_splade_encoder(out, tokens, size=size),
+    "multi-vector": lambda out, tokens, size: make_multi_vector_encoder(out, tokens, size=size),
+}
+
+
 def main(argv: list[str] | None = None) -> int:
-    """A random model folder for benchmarks: python -m tests.text_models --out DIR [--size minilm] [--tokens 256]."""
+    """A random model folder for measurements:
+    python -m tests.text_models --out DIR [--architecture mpnet] [--size base] [--tokens 256]."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m tests.text_models", description=main.__doc__)
-    parser.add_argument("--out", type=Path, required=True, help="folder to write the XLM-RoBERTa embedder to")
+    parser.add_argument("--out", type=Path, required=True, help="folder to write the model to")
+    parser.add_argument("--architecture", choices=sorted(ARCHITECTURES), default="xlm-roberta")
     parser.add_argument("--size", choices=sorted(SIZES), default="minilm")
-    parser.add_argument("--tokens", type=int, default=256, help="max_seq_length (default 256, as minilm)")
+    parser.add_argument("--tokens", type=int, default=256, help="the token limit (default 256, as minilm)")
     args = parser.parse_args(argv)
-    make_xlmr_mean_prompts_embedder(args.out, args.tokens, size=args.size)
-    print(f"wrote a random {args.size}-sized XLM-RoBERTa embedder to {args.out}")
+    ARCHITECTURES[args.architecture](args.out, args.tokens, args.size)
+    print(f"wrote a random {args.size}-sized {args.architecture} model to {args.out}")
     return 0
 
 
@@ -609,6 +625,10 @@ def _byte_level_tokenizer(padding_side: str = "left") -> "PreTrainedTokenizerBas
         ]
     )
     return tokenizer
+
+
+def _positions(max_seq_length: int) -> int:
+    return max(BERT_POSITIONS, max_seq_length)
 
 
 def _sentence_transformer_folder(modules: list, folder: Path, **model_kwargs) -> Path:
@@ -649,7 +669,7 @@ def make_mpnet_mean_normalize_embedder(folder: Path, max_seq_length: int = 64, *
         mask_token="[MASK]",
         model_max_length=max_seq_length,
     )
-    sizes = SIZES["base"] if size == "base" else _encoder_sizes()
+    sizes = SIZES[size]
     config = MPNetConfig(
         vocab_size=len(tokenizer),
         # MPNet numbers positions from pad_token_id + 1, as RoBERTa does.
@@ -663,19 +683,22 @@ def make_mpnet_mean_normalize_embedder(folder: Path, max_seq_length: int = 64, *
     return _sentence_transformer_folder([transformer, Pooling(dimension, "mean"), Normalize()], folder)
 
 
-def make_bert_cls_dense_normalize_embedder(folder: Path, max_seq_length: int = 64, out_features: int = 16) -> Path:
+def make_bert_cls_dense_normalize_embedder(
+    folder: Path, max_seq_length: int = 64, out_features: int = 16, *, size: str = "tiny"
+) -> Path:
     """LaBSE's layout: BERT -> Pooling(cls) -> Dense(tanh) -> Normalize; the Dense projects 32 -> OUT_FEATURES."""
     from sentence_transformers.base.modules import Dense, Normalize
     from sentence_transformers.sentence_transformer.modules import Pooling
     from transformers import BertConfig, BertModel
 
     tokenizer = bert_tokenizer(max_seq_length)
-    config = BertConfig(vocab_size=len(tokenizer), max_position_embeddings=BERT_POSITIONS, **_encoder_sizes())
+    config = BertConfig(vocab_size=len(tokenizer), max_position_embeddings=_positions(max_seq_length), **SIZES[size])
     torch.manual_seed(SEED)
     transformer = _transformer_module(BertModel(config), tokenizer, max_seq_length)
-    dense = Dense(HIDDEN, out_features, activation_function=torch.nn.Tanh())
-    torch.nn.init.normal_(dense.linear.weight, std=INITIALIZER_RANGE)
-    return _sentence_transformer_folder([transformer, Pooling(HIDDEN, "cls"), dense, Normalize()], folder)
+    width = config.hidden_size
+    dense = Dense(width, out_features, activation_function=torch.nn.Tanh())
+    torch.nn.init.normal_(dense.linear.weight, std=INITIALIZER_RANGE if size == "tiny" else width**-0.5)
+    return _sentence_transformer_folder([transformer, Pooling(width, "cls"), dense, Normalize()], folder)
 
 
 def make_bert_prompt_layernorm_embedder(folder: Path, max_seq_length: int = 64, truncate_dim: int = 16) -> Path:
@@ -697,7 +720,7 @@ def make_bert_prompt_layernorm_embedder(folder: Path, max_seq_length: int = 64, 
     )
 
 
-def make_qwen3_decoder_embedder(folder: Path, max_seq_length: int = 128) -> Path:
+def make_qwen3_decoder_embedder(folder: Path, max_seq_length: int = 128, *, size: str = "tiny") -> Path:
     """Qwen3-Embedding's layout: a Qwen3 decoder -> Pooling(lasttoken) -> Normalize, a tokenizer that appends
     <|endoftext|> and pads on the left, and an instruction prompt "query" (no default prompt)."""
     from sentence_transformers.base.modules import Normalize
@@ -705,16 +728,17 @@ def make_qwen3_decoder_embedder(folder: Path, max_seq_length: int = 128) -> Path
     from transformers import Qwen3Config, Qwen3Model
 
     tokenizer = _byte_level_tokenizer()
+    sizes = SIZES[size]
     config = Qwen3Config(
         vocab_size=len(tokenizer),
-        hidden_size=HIDDEN,
-        intermediate_size=INTERMEDIATE,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS,
-        num_key_value_heads=2,
-        head_dim=HIDDEN // HEADS,
-        max_position_embeddings=512,
-        initializer_range=INITIALIZER_RANGE,
+        hidden_size=sizes["hidden_size"],
+        intermediate_size=sizes["intermediate_size"],
+        num_hidden_layers=sizes["num_hidden_layers"],
+        num_attention_heads=sizes["num_attention_heads"],
+        num_key_value_heads=sizes["num_attention_heads"] // 2,
+        head_dim=sizes["hidden_size"] // sizes["num_attention_heads"],
+        max_position_embeddings=max(512, max_seq_length),
+        initializer_range=sizes["initializer_range"],
         tie_word_embeddings=False,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -722,11 +746,13 @@ def make_qwen3_decoder_embedder(folder: Path, max_seq_length: int = 128) -> Path
     torch.manual_seed(SEED)
     transformer = _transformer_module(Qwen3Model(config), tokenizer, max_seq_length)
     prompts = {"query": "Instruct: Given a web search query, retrieve relevant passages\nQuery:", "document": ""}
-    modules = [transformer, Pooling(HIDDEN, "lasttoken"), Normalize()]
+    modules = [transformer, Pooling(sizes["hidden_size"], "lasttoken"), Normalize()]
     return _sentence_transformer_folder(modules, folder, prompts=prompts)
 
 
-def make_deberta_nli_classifier(folder: Path, labels: Sequence[str] = NLI_LABELS) -> Path:
+def make_deberta_nli_classifier(
+    folder: Path, labels: Sequence[str] = NLI_LABELS, *, size: str = "tiny", max_length: int = CLASSIFIER_MAX_LENGTH
+) -> Path:
     """A DeBERTa-v2 (v3-style: no token type embeddings) NLI classifier over text pairs with a SentencePiece-style
     Unigram tokenizer ([CLS] a [SEP] b [SEP])."""
     from transformers import DebertaV2Config, DebertaV2ForSequenceClassification, DebertaV2TokenizerFast
@@ -734,10 +760,10 @@ def make_deberta_nli_classifier(folder: Path, labels: Sequence[str] = NLI_LABELS
     pieces = _unigram_pieces()
     specials = ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"]
     vocab = [(token, 0.0) for token in specials] + [p for p in pieces if p[0] not in specials]
-    tokenizer = DebertaV2TokenizerFast(vocab=vocab, unk_id=3, model_max_length=CLASSIFIER_MAX_LENGTH)
+    tokenizer = DebertaV2TokenizerFast(vocab=vocab, unk_id=3, model_max_length=max_length)
     config = DebertaV2Config(
         vocab_size=len(tokenizer),
-        max_position_embeddings=CLASSIFIER_MAX_LENGTH,
+        max_position_embeddings=max_length,
         type_vocab_size=0,
         relative_attention=True,
         position_buckets=32,
@@ -747,20 +773,22 @@ def make_deberta_nli_classifier(folder: Path, labels: Sequence[str] = NLI_LABELS
         pad_token_id=tokenizer.pad_token_id,
         problem_type="single_label_classification",
         **_label_maps(labels),
-        **_encoder_sizes(),
+        **SIZES[size],
     )
     torch.manual_seed(SEED)
     return _save_hf(DebertaV2ForSequenceClassification(config), tokenizer, folder)
 
 
-def make_modernbert_classifier(folder: Path, labels: Sequence[str] = ("negative", "positive")) -> Path:
+def make_modernbert_classifier(
+    folder: Path, labels: Sequence[str] = ("negative", "positive"), *, size: str = "tiny", max_length: int = 128
+) -> Path:
     """A ModernBERT sequence classifier (rotary positions, alternating local/global attention); its tokenizer class is
     the generic fast one, which sends no token_type_ids."""
     from transformers import ModernBertConfig, ModernBertForSequenceClassification, PreTrainedTokenizerFast
 
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=_wordpiece_tokenizer(),
-        model_max_length=CLASSIFIER_MAX_LENGTH,
+        model_max_length=max_length,
         unk_token="[UNK]",
         sep_token="[SEP]",
         pad_token="[PAD]",
@@ -768,16 +796,17 @@ def make_modernbert_classifier(folder: Path, labels: Sequence[str] = ("negative"
         mask_token="[MASK]",
         model_input_names=["input_ids", "attention_mask"],
     )
+    sizes = SIZES[size]
     config = ModernBertConfig(
         vocab_size=len(tokenizer),
-        hidden_size=HIDDEN,
-        intermediate_size=INTERMEDIATE,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS,
-        max_position_embeddings=CLASSIFIER_MAX_LENGTH,
-        local_attention=16,
-        global_attn_every_n_layers=2,
-        initializer_range=INITIALIZER_RANGE,
+        hidden_size=sizes["hidden_size"],
+        intermediate_size=sizes["intermediate_size"],
+        num_hidden_layers=sizes["num_hidden_layers"],
+        num_attention_heads=sizes["num_attention_heads"],
+        max_position_embeddings=max_length,
+        local_attention=16 if size == "tiny" else 128,
+        global_attn_every_n_layers=2 if size == "tiny" else 3,
+        initializer_range=sizes["initializer_range"],
         pad_token_id=tokenizer.pad_token_id,
         cls_token_id=tokenizer.cls_token_id,
         sep_token_id=tokenizer.sep_token_id,
@@ -789,18 +818,20 @@ def make_modernbert_classifier(folder: Path, labels: Sequence[str] = ("negative"
     return _save_hf(ModernBertForSequenceClassification(config), tokenizer, folder)
 
 
-def make_electra_classifier(folder: Path, labels: Sequence[str] = ("not_duplicate", "duplicate")) -> Path:
+def make_electra_classifier(
+    folder: Path, labels: Sequence[str] = ("not_duplicate", "duplicate"), *, size: str = "tiny", max_length: int = 128
+) -> Path:
     """An ELECTRA pair classifier (ELECTRA-style duplicate-question models), BERT's tokenizer with segment ids."""
     from transformers import ElectraConfig, ElectraForSequenceClassification, ElectraTokenizerFast
 
-    tokenizer = ElectraTokenizerFast(vocab=dict(bert_tokenizer().get_vocab()), model_max_length=CLASSIFIER_MAX_LENGTH)
+    tokenizer = ElectraTokenizerFast(vocab=dict(bert_tokenizer().get_vocab()), model_max_length=max_length)
     config = ElectraConfig(
         vocab_size=len(tokenizer),
-        embedding_size=HIDDEN // 2,
-        max_position_embeddings=CLASSIFIER_MAX_LENGTH,
+        embedding_size=SIZES[size]["hidden_size"] // 2,
+        max_position_embeddings=max_length,
         problem_type="single_label_classification",
         **_label_maps(labels),
-        **_encoder_sizes(),
+        **SIZES[size],
     )
     torch.manual_seed(SEED)
     return _save_hf(ElectraForSequenceClassification(config), tokenizer, folder)
@@ -827,7 +858,7 @@ def make_bert_pair_classifier_without_segments(folder: Path) -> Path:
     return _save_hf(BertForSequenceClassification(config), tokenizer, folder)
 
 
-def make_splade_encoder(folder: Path, max_seq_length: int = 64) -> Path:
+def make_splade_encoder(folder: Path, max_seq_length: int = 64, *, size: str = "tiny") -> Path:
     """A SPLADE sparse encoder as sentence-transformers' SparseEncoder saves it: BERT masked-LM -> SpladePooling(max,
     relu). The MLM head's bias is pushed negative so most vocabulary weights are zero, as in a trained SPLADE."""
     from sentence_transformers import SparseEncoder
@@ -835,7 +866,7 @@ def make_splade_encoder(folder: Path, max_seq_length: int = 64) -> Path:
     from transformers import BertConfig, BertForMaskedLM
 
     tokenizer = bert_tokenizer(max_seq_length)
-    config = BertConfig(vocab_size=len(tokenizer), max_position_embeddings=BERT_POSITIONS, **_encoder_sizes())
+    config = BertConfig(vocab_size=len(tokenizer), max_position_embeddings=_positions(max_seq_length), **SIZES[size])
     torch.manual_seed(SEED)
     model = BertForMaskedLM(config)
     with torch.no_grad():
@@ -846,7 +877,7 @@ def make_splade_encoder(folder: Path, max_seq_length: int = 64) -> Path:
     return folder
 
 
-def make_multi_vector_encoder(folder: Path, max_seq_length: int = 64) -> Path:
+def make_multi_vector_encoder(folder: Path, max_seq_length: int = 64, *, size: str = "tiny") -> Path:
     """A ColBERT-style multi-vector encoder as sentence-transformers' MultiVectorEncoder builds it from a BERT:
     Transformer -> Dense(token_embeddings, 32 -> 128, no bias) -> MultiVectorMask -> Normalize(token_embeddings),
     with "[Q] " / "[D] " prompts for queries and documents."""
@@ -854,7 +885,7 @@ def make_multi_vector_encoder(folder: Path, max_seq_length: int = 64) -> Path:
     from transformers import BertConfig, BertModel
 
     tokenizer = bert_tokenizer(max_seq_length)
-    config = BertConfig(vocab_size=len(tokenizer), max_position_embeddings=BERT_POSITIONS, **_encoder_sizes())
+    config = BertConfig(vocab_size=len(tokenizer), max_position_embeddings=_positions(max_seq_length), **SIZES[size])
     torch.manual_seed(SEED)
     with tempfile.TemporaryDirectory() as scratch:
         BertModel(config).save_pretrained(scratch)

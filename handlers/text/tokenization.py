@@ -38,6 +38,10 @@ class ServedTokenizer:
     truncation_side: str = "right"
     limited: dict[int, Any] = field(default_factory=dict)  # copies truncating at a shorter limit
 
+    def encode(self, row: Any) -> Any:
+        """One text's (or pair's) encoding, truncated at the model's limit."""
+        return self.tokenizer.encode(*row) if isinstance(row, tuple) else self.tokenizer.encode(row)
+
     def encode_batch(self, rows: list[Any], max_tokens: int = 0) -> list[Any]:
         """Encodings of texts and pairs, truncated at ``max_tokens`` (0: the model's own limit)."""
         return self.truncating_at(max_tokens).encode_batch(rows)

@@ -44,10 +44,17 @@ ALL_SYSTEMS = (
     "inprocess",
     "ideal",
 )
-MINILM_ONLY = {"naive", "flask", "ray-fp32", "ray-same", "infinity", "infinity-onnx"}
-# Systems whose API differs from /predictions/<model>: the traffic (loadtests/payloads.py) the load generator sends
-# them, the same texts in their request shape.
-TRAFFIC = {"infinity": "minilm-openai", "infinity-onnx": "minilm-openai"}
+MINILM_ONLY = {"naive", "flask", "ray-fp32", "ray-same", "infinity-onnx"}
+# Systems whose API differs from /predictions/<model>: they are sent the same texts in OpenAI's /embeddings shape
+# (loadtests/payloads.py, traffic "<model>-openai").
+OPENAI_SHAPED = {"infinity", "infinity-onnx"}
+
+
+def system_traffic(system, model):
+    """The traffic the load generator sends ``system`` for ``model``: the same texts in the system's request shape."""
+    return f"{model}-openai" if system in OPENAI_SHAPED else model
+
+
 INFINITY_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 INFINITY_BATCH_SIZE = 32
 DESCRIPTIONS = {
@@ -250,24 +257,44 @@ def onnx_export(python, log):
     return folder
 
 
+def model_files(model, model_store):
+    """The model folder ours' archive was built from: MiniLM's package folder, or a user model's archive unpacked
+    (its root is the staged sentence-transformers folder) into build/compare/<model>-folder."""
+    if model == "minilm":
+        return minilm_files()
+    import zipfile
+
+    archive = Path(model_store) / f"{model}.mar"
+    if not archive.exists():
+        raise RuntimeError(f"{archive} not found (package the model first)")
+    folder = REPO / "build" / "compare" / f"{model}-folder"
+    if not (folder / ".unpacked").exists() or (folder / ".unpacked").read_text() != str(archive.stat().st_mtime):
+        shutil.rmtree(folder, ignore_errors=True)
+        with zipfile.ZipFile(archive) as mar:
+            mar.extractall(folder)
+        (folder / ".unpacked").write_text(str(archive.stat().st_mtime))
+    return folder
+
+
 @contextlib.contextmanager
-def infinity(engine, precision, log_dir, log):
-    """Infinity's CLI server (`infinity_emb v2`) on loopback, serving the MiniLM files, batch 32, the machine's cores.
+def infinity(engine, precision, log_dir, log, model="minilm", model_store=None):
+    """Infinity's CLI server (`infinity_emb v2`) on loopback, serving the model's files (MiniLM's, or a user model's
+    folder from its archive), batch 32, the machine's cores.
 
     engine "torch": sentence-transformers at `precision`; "optimum": ONNX Runtime in fp32 (its CPU provider has no
     bf16 path), mean pooling as the model was trained (the engine's default would be CLS)."""
     python = baseline_env.ENVS["infinity"].ensure(log=log)
     if engine == "torch":
-        model_dir, dtype, extra = minilm_files(), INFINITY_DTYPES[precision], []
+        model_dir, dtype, extra = model_files(model, model_store), INFINITY_DTYPES[precision], []
     else:
         model_dir, dtype, precision = onnx_export(python, log), "float32", "fp32"
         extra = ["--pooling-method", "mean"]
     command = [str(Path(python).parent / "infinity_emb"), "v2", "--model-id", str(model_dir)]
-    command += ["--served-model-name", "minilm", "--engine", engine, "--dtype", dtype, "--device", "cpu"]
+    command += ["--served-model-name", model, "--engine", engine, "--dtype", dtype, "--device", "cpu"]
     command += ["--batch-size", str(INFINITY_BATCH_SIZE), "--host", "127.0.0.1", "--port", "{port}", *extra]
     cores = str(machine.cores())
     quiet = {"DO_NOT_TRACK": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0", "OMP_NUM_THREADS": cores}
-    with subprocess_server(command, f"infinity-{engine}", log_dir, "minilm-openai", python_env=quiet) as url:
+    with subprocess_server(command, f"infinity-{engine}", log_dir, f"{model}-openai", python_env=quiet) as url:
         yield (
             url,
             None,

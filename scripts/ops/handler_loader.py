@@ -79,15 +79,22 @@ def entry_class(handler_path: str | Path) -> type:
     return classes[0]
 
 
-def handler_class(model_name: str) -> type:
-    """The handler class of a model: the entry module its spec names (``handler:`` in models/<name>/model.yaml)."""
+def handler_class(model_name: str, model_dir: str | Path | None = None) -> type:
+    """The handler class of a model: the entry module its spec names (``handler:`` in models/<name>/model.yaml), else,
+    for an unpacked archive of a model packaged under its own name, the one its MAR-INF/MANIFEST.json names."""
+    import json
+
     import yaml
 
     spec_path = REPO / "models" / model_name / "model.yaml"
-    if not spec_path.is_file():
-        known = sorted(p.parent.name for p in (REPO / "models").glob("*/model.yaml"))
-        raise ValueError(f"no model spec {spec_path.relative_to(REPO)} (known models: {known})")
-    return entry_class(yaml.safe_load(spec_path.read_text())["handler"])
+    if spec_path.is_file():
+        return entry_class(yaml.safe_load(spec_path.read_text())["handler"])
+    manifest = Path(model_dir or "") / "MAR-INF" / "MANIFEST.json"
+    if model_dir is not None and manifest.is_file():
+        handler = str(json.loads(manifest.read_text()).get("model", {}).get("handler") or "")
+        return entry_class(f"handlers/{Path(handler).name}")
+    known = sorted(p.parent.name for p in (REPO / "models").glob("*/model.yaml"))
+    raise ValueError(f"no model spec {spec_path.relative_to(REPO)} (known models: {known}) and no archive manifest")
 
 
 def load_handler(
@@ -103,7 +110,7 @@ def load_handler(
     benchmark) must not answer from, or write into, the cache of a `make serve` server on the archive's url."""
     context = make_context(model_dir, model_name, batch_size=batch_size)
     config = context.model_yaml_config
-    cls = handler_class(model_name)
+    cls = handler_class(model_name, model_dir)
     overrides = dict(handler_overrides or {})
     if "shared_cache" in getattr(cls, "options", {}):
         overrides.setdefault("shared_cache", {"url": ""})

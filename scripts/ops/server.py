@@ -247,9 +247,12 @@ class Server:
 
     def tokens(self) -> dict[str, str | None]:
         """TorchServe's own key file (written in its working dir) when token authorization is on."""
-        if not self.key_file.exists():
+        try:
+            keys = json.loads(self.key_file.read_text())
+        except FileNotFoundError:
             return {}
-        keys = json.loads(self.key_file.read_text())
+        except ValueError:  # TorchServe is writing it during start-up: not there yet (wait_ready asks again)
+            return {}
         return {name: keys.get(name, {}).get("key") for name in ("management", "inference")}
 
     def headers(self, api: str) -> dict[str, str]:
