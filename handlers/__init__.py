@@ -8,18 +8,16 @@ Where each model's request is parsed, batched, computed and answered (paths unde
 - classifier (``classifier.py``): parsed in classification/requests.py ``parse_classifier_request``; batched there as
   a ``ClassifierBatch`` (every request's rows in one tensor); computed by classification/nets.py ``MLPClassifier``;
   answered by classification/requests.py ``answer_requests``.
-- minilm and every embedding model packaged from its folder (``embeddings.py``): parsed in embedding/requests.py
-  ``parse_embedding_request``; batched by embedding/batch.py ``assemble_batch``, called from text/handler.py
-  ``TextModelHandler.preprocess`` (the LRU cache in embedding/cache.py, length buckets in embedding/buckets.py);
-  computed by text/model.py ``SentenceEncoder`` (embedding/bert.py's plain-torch BERT or transformers' model, then
-  the folder's pooling and normalisation) through the backend that serves it (embedding/backends.py: eager, jit,
-  aot, openvino); answered by embedding/batch.py ``answer_requests`` (shapes: embedding/requests.py
-  ``format_response``).
-- text classifiers, NLI models and cross-encoder rerankers packaged from their folder (``text_classifier.py``):
-  parsed in text/classification.py ``parse_classification_request``; batched like embeddings (rows are texts or text
-  pairs); computed by text/model.py ``SequenceClassifier`` (logits) through the same backends; answered by
-  embedding/batch.py ``answer_requests`` with text/classification.py ``format_answer`` (probabilities:
-  text/gate.py ``probabilities``).
+- minilm and every text model packaged from its folder, of any kind (``embeddings.py``, ``text_classifier.py``,
+  ``text_model.py``): parsed by the kind's request module, handlers/text/requests/ (embedding.py
+  ``parse_embedding_request``, classification.py ``parse_classification_request``, sparse.py, multi_vector.py), called
+  through the kind's class (handlers/text/kinds/); batched by text/batch.py ``assemble_batch``, called from
+  text/handler.py ``TextModelHandler.preprocess`` (the LRU cache in text/cache.py, the shared tier in
+  text/shared_cache.py, length buckets in text/buckets.py); computed by text/model.py ``TextModule`` (text/bert.py's
+  plain-torch BERT or the transformers class the packaging step recorded, then the folder's sentence-transformers
+  modules, text/modules.py) through the backend that serves it (text/backends.py: eager, jit, aot, openvino), each
+  row turned into its kind's value (``TextKind.row_value``); answered by text/batch.py ``answer_requests`` with the
+  kind's answer shape (its request module).
 - generator (``generator.py``): parsed in generation/requests.py ``parse_generation_request`` (the OpenAI routes
   v1/completions and v1/chat/completions in generation/openai_api.py ``parse_openai_request``, chat messages rendered
   by generation/chat.py); batched by generation/requests.py ``start_generations``; computed by generation/decoding.py
@@ -29,15 +27,17 @@ Where each model's request is parsed, batched, computed and answered (paths unde
 
 Every handler answers through core/base.py (``answer``/``reject``: status, content type, strict JSON).
 
-Entry modules: ``classifier.py`` (ClassifierHandler), ``embeddings.py`` (EmbeddingHandler),
-``text_classifier.py`` (TextClassifierHandler), ``generator.py`` (GeneratorHandler). Each model's files are loaded by
-``classification/nets.py``, ``text/model.py`` (``read_model_files``, ``build_module``; into text/handler.py's
-``LoadedTextModel``) and ``generation/model.py`` into a typed ``Loaded*`` object.
+Entry modules: ``classifier.py`` (ClassifierHandler), ``embeddings.py`` (EmbeddingHandler), ``text_classifier.py``
+(TextClassifierHandler), ``text_model.py`` (TextHandler, any kind), ``generator.py`` (GeneratorHandler). Each model's
+files are loaded by ``classification/nets.py``, ``text/model.py`` (``read_model_files``, ``build_module``; into
+text/handler.py's ``LoadedTextModel``) and ``generation/model.py`` into a typed ``Loaded*`` object.
 
-text/: the one path of every text model (docs/your-model.md): ``folder.py`` reads and checks a model's folder (kind,
-architecture, pooling, prompts, labels, token limit; refusals name the file and the fix), ``model.py`` builds the
-torch module and the tokenizer, ``gate.py`` the accuracy measure per kind, ``handler.py`` the shared handler base
-``TextModelHandler``, ``classification.py`` classifier and reranker requests and answers.
+text/: the one engine of every text model (docs/your-model.md): ``folder.py`` reads and checks a model's folder,
+``kinds/`` holds one class per kind in one table (what a kind reads, computes, measures and answers), ``modules.py``
+the sentence-transformers module chain as torch steps, ``model.py`` the torch module, ``tokenization.py`` the
+tokenizer exactly as transformers builds it, ``handler.py`` the shared handler base ``TextModelHandler``,
+``batch.py``/``cache.py``/``shared_cache.py``/``buckets.py``/``backends.py`` the batch path, ``requests/`` each kind's
+request parsing and answers.
 
 core/: ``base.py`` the batch orchestration every handler inherits (load, the backend walk with its accuracy gate,
 warm-up; per batch: parse each request, preprocess -> inference -> postprocess, one result per request, a failed batch

@@ -232,9 +232,10 @@ def build_aot(
     batch = torch.export.Dim("batch", min=1, max=max_batch)
     tokens = torch.export.Dim("tokens", min=2, max=max_tokens)
     with torch.inference_mode():
-        # Every input is [rows, tokens] but a prompt-length column, [rows].
-        shapes = tuple({0: batch, 1: tokens} if tensor.dim() == 2 else {0: batch} for tensor in example)
-        exported = torch.export.export(model, example, dynamic_shapes=shapes)
+        # Every input is [rows, tokens] but a prompt-length column, [rows]; the model's own inputs after the first two
+        # are its forward's *extra (handlers/text/model.py TextModule), one tuple.
+        shapes = [{0: batch, 1: tokens} if tensor.dim() == 2 else {0: batch} for tensor in example]
+        exported = torch.export.export(model, example, dynamic_shapes=(shapes[0], shapes[1], tuple(shapes[2:])))
     relative = f"{BACKENDS_DIR}/aot-{precision}.pt2"
     package = model_dir / relative
     package.unlink(missing_ok=True)

@@ -598,10 +598,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
-
-
 # ---------------------------------------------------------------------------------------------------------------------
 # Architectures beyond BERT/XLM-R/DistilBERT, and the sentence-transformers module chains and kinds that users bring.
 
@@ -962,3 +958,7 @@ def reference_multi_vector(folder: Path, texts: Sequence[str], task: str = "docu
     model = MultiVectorEncoder(str(folder), device="cpu")
     encode = model.encode_query if task == "query" else model.encode_document
     return [vectors.float() for vectors in encode(list(texts))]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -205,7 +205,7 @@ class ServingHandler:
 
     def gate_similarity(self, loaded: Any, expected: torch.Tensor, got: torch.Tensor) -> float:
         """How close a candidate's reference output is to fp32 eager's, compared with handler.min_cosine: the smallest
-        row cosine similarity (a text classifier compares probabilities instead, handlers/text/gate.py)."""
+        row cosine similarity (a text model uses its kind's measure, handlers/text/kinds/)."""
         return runtime.min_cosine_similarity(expected, got)
 
     def backend_candidates(self, loaded: Any, precision: str) -> list[Candidate]:

@@ -1,8 +1,10 @@
-"""The one serving path for text models of every kind: embeddings, text classifiers, cross-encoder rerankers.
+"""The one engine of every text model: embeddings, classifiers and cross-encoder rerankers, sparse (SPLADE) and
+multi-vector (ColBERT-style) encoders, of any architecture transformers loads.
 
-``folder.py`` reads what a model's own folder says (kind, architecture, pooling, prompts, labels, token limit) and
-refuses what cannot be served; ``model.py`` builds the torch module and the tokenizer from it; ``gate.py`` is the
-accuracy gate's measure per kind; ``handler.py`` is the shared handler base (caches, one tokenizer call per batch,
-length buckets, compiled backends). The entry modules ``embeddings.py`` and ``text_classifier.py`` add only what a
-request of their kind may say and how a computed row is answered.
+``folder.py`` reads what a model's own folder says and refuses what cannot be served; ``kinds/`` holds one class per
+kind (reading its folder, the reference library's answers, the gate's measure, what a computed row is, its requests);
+``modules.py`` computes sentence-transformers' module chains; ``model.py`` builds the torch module; ``tokenization.py``
+serves the tokenizer exactly as transformers builds it; ``handler.py`` is the shared handler base (caches, one
+tokenizer call per batch, length buckets, compiled backends); ``requests/`` parses each kind's requests and shapes its
+answers. Nothing here branches on a kind's name.
 """

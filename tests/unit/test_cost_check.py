@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from handlers.text.requests.embedding import EmbeddingLimits, parse_embedding_request
+from handlers.text.requests.common import TextLimits
+from handlers.text.requests.embedding import parse_embedding_request
 from scripts.reliability.cost import archive_config, classifier_requests, judge, minilm_requests
 
 GOOD_TIMES = {"chars": 0.40, "padding": 0.68}
@@ -58,7 +59,7 @@ def test_minilm_max_requests_are_accepted_and_reach_the_shipped_limits(minilm_li
     from handlers.text.model import read_model_files
 
     tokenizer = read_model_files(unpacked_model("minilm"), "embedding").tokenizer
-    limits = EmbeddingLimits(
+    limits = TextLimits(
         minilm_limits["max_inputs"], minilm_limits["max_text_chars"], minilm_limits["max_request_chars"]
     )
     kinds = {kind.name: kind for kind in minilm_requests(minilm_limits, 1 << 20)}

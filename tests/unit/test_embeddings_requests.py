@@ -5,10 +5,11 @@ import torch
 
 from handlers.core.errors import RequestError
 from handlers.text.cache import CachedRow
-from handlers.text.requests.embedding import EmbeddingLimits, format_response, parse_embedding_request
+from handlers.text.requests.common import TextLimits
+from handlers.text.requests.embedding import format_response, parse_embedding_request
 
 JSON = "application/json"
-LIMITS = EmbeddingLimits(max_inputs=4, max_text_chars=100, max_request_chars=250)
+LIMITS = TextLimits(max_inputs=4, max_text_chars=100, max_request_chars=250)
 
 
 def parse(body, content_type=JSON, limits=LIMITS):

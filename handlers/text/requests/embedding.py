@@ -47,7 +47,6 @@ TEXT_FIELDS = {"text", "truncate", "prompt_name"}
 OPENAI_FIELDS = {"input", "model", "encoding_format", "dimensions", "user", "truncate", "prompt_name"}
 ENCODINGS = ("float", "base64")
 OPENAI_ROUTE = "v1/embeddings"  # /predictions/<model>/<version>/v1/embeddings: what the OpenAI client posts to
-EmbeddingLimits = TextLimits  # the name the request tests and the cost check use
 
 
 @dataclass(frozen=True)
