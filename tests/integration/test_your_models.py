@@ -356,10 +356,11 @@ def test_a_bad_folder_is_refused_at_package_time_naming_the_file_and_the_fix(tmp
     assert not store.exists() or not any(store.glob("*.mar"))
 
 
-@pytest.mark.parametrize("model", ["t-multilabel", "t-rerank"])
-def test_the_fuzzer_covers_a_users_classifier_and_reranker(server, store, model):
+@pytest.mark.parametrize("model", ["t-multilabel", "t-rerank", "t-qwen3", "t-splade", "t-colbert"])
+def test_the_fuzzer_covers_every_kind_of_a_users_model(server, store, model):
     """The whole-server fuzzer on a user's archives, as on the bundled models (tests/integration/test_fuzz_server.py):
-    the campaign learns the kind from the archive (its handler, text_classifier.py), not from the name."""
+    the campaign learns the kind from the archive (its handler, or the kind text_model.json records), not from the
+    name, and judges each 200 against the model's own handler answering the request alone."""
     from scripts.reliability import fuzz
 
     client = server.management()

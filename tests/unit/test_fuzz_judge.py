@@ -141,3 +141,24 @@ def test_every_production_builds_its_bodies(model, handler):
     cases = Grammar(model, limits, seed=5).cases(1000)
     assert {c.expect for c in cases} == {OK, ERROR, EITHER}
     assert all(isinstance(c.body, bytes) for c in cases)
+
+
+def test_a_text_models_answer_is_judged_by_its_structure_and_by_cosine_for_its_numbers():
+    from scripts.reliability.fuzz import same_answer
+
+    want = {
+        "object": "list",
+        "data": [{"index": 0, "sparse": [{"index": 7, "value": 1.5}, {"index": 3, "value": 0.5}], "truncated": False}],
+        "usage": {"prompt_tokens": 4, "total_tokens": 4},
+    }
+    close = json.loads(json.dumps(want).replace("1.5", "1.49"))
+    assert same_answer(close, want, "answer", 0.99) is None
+    moved = json.loads(json.dumps(want).replace('"index": 7', '"index": 8'))  # another token's weight
+    assert "cosine" in same_answer(moved, want, "answer", 0.99)
+    usage = json.loads(json.dumps(want).replace('"prompt_tokens": 4', '"prompt_tokens": 5'))
+    assert "prompt_tokens" in same_answer(usage, want, "answer", 0.99)
+    flipped = json.loads(json.dumps(want).replace("false", "true"))
+    assert "truncated" in same_answer(flipped, want, "answer", 0.99)
+    assert same_answer({"embeddings": [[0.6, 0.8]]}, {"embeddings": [[0.6, 0.8]]}, "a", 0.99) is None
+    assert "cosine" in same_answer({"embeddings": [[0.8, -0.6]]}, {"embeddings": [[0.6, 0.8]]}, "a", 0.99)
+    assert "not finite" in same_answer({"embedding": "x"}, {"embedding": [0.6, 0.8]}, "a", 0.99)
