@@ -4,10 +4,10 @@ multi-vector encoder differ, and nothing in which they do not.
 The engine (handlers/text/handler.py: caches, one tokenizer call, length buckets, compiled backends, the accuracy
 gate; handlers/text/batch.py) calls these methods and never branches on a kind's name. A kind:
 
-- reads its folder (:meth:`TextKind.read_folder`: which files it needs, what its modules compute, its output size),
-- says which transformers class its body loads as (:attr:`body_class`),
-- computes the reference answer with the library the model was trained with, for the package-time parity check
-  (:meth:`reference_output`, in scripts/prepare_text_model.py),
+- reads its folder (:meth:`TextKind.read_folder`: which files it needs, what its modules compute, which transformers
+  class family its body loads as, its output size),
+- loads the library the model was trained with and its answer per reference case, for the package-time parity check
+  (:meth:`load_reference`, :meth:`reference_cases`, :meth:`parity`; scripts/prepare_text_model.py),
 - measures how close a candidate backend computes to eager fp32 (:meth:`similarity`, the accuracy gate),
 - turns one row of the model's output into what is cached and answered (:meth:`row_value`), and checks a value read
   back from the shared cache tier (:meth:`check_value`),
@@ -59,8 +59,6 @@ class Case:
 
 class TextKind:
     name: ClassVar[str]
-    # The package spec (models/<template>/) a folder of this kind is packaged with, and the handler entry module.
-    template: ClassVar[str]
     reference_library: ClassVar[str]  # what the parity check compares with, for messages and model_source.json
     default_min_cosine: ClassVar[float] = 0.999  # the accuracy gate's bound unless handler.min_cosine says
     gate_measure: ClassVar[str] = "row cosine"

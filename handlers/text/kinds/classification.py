@@ -49,7 +49,6 @@ class TransformersClassifierReference(Reference):
 
 class ClassificationKind(TextKind):
     name = "classification"
-    template = "text-classifier"
     reference_library = "transformers AutoModelForSequenceClassification"
     default_min_cosine = 0.99
     gate_measure = "1 - largest probability difference"

@@ -49,7 +49,6 @@ class SentenceTransformerReference(Reference):
 
 class EmbeddingKind(SentenceTransformersKind):
     name = "embedding"
-    template = "embedding"
     reference_library = "sentence-transformers SentenceTransformer.encode()"
     model_types = ("SentenceTransformer",)
 

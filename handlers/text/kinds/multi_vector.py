@@ -48,7 +48,6 @@ class MultiVectorReference(Reference):
 
 class MultiVectorKind(SentenceTransformersKind):
     name = "multi-vector"
-    template = "multi-vector"
     reference_library = "sentence-transformers MultiVectorEncoder.encode_query() / encode_document()"
     model_types = ("MultiVectorEncoder",)
     gate_measure = "token cosine"

@@ -57,7 +57,6 @@ class SparseEncoderReference(Reference):
 
 class SparseKind(SentenceTransformersKind):
     name = "sparse"
-    template = "sparse-embedding"
     reference_library = "sentence-transformers SparseEncoder.encode()"
     model_types = ("SparseEncoder",)
     task = "fill-mask"

@@ -133,3 +133,33 @@ def token_ids(inputs: list[Any]) -> bool:
     if all(type(item) is int for item in inputs):
         return True
     return all(isinstance(item, list) and item and all(type(i) is int for i in item) for item in inputs)
+
+
+@dataclass(frozen=True)
+class TextsBody:
+    """The texts of a body in the shapes every text kind takes: text/plain (one text), {"text": "..."} (one), or
+    {"input": "..." | [...]} (a list); ``fields`` is the JSON object ({} for plain text), its options checked by the
+    caller."""
+
+    texts: list[str]
+    names: list[str]
+    shape: str  # "text" (plain or {"text"}) or "list" ({"input"})
+    fields: dict[str, Any]
+
+
+def text_or_input(body: Any, content_type: str, limits: TextLimits, options: set[str]) -> TextsBody:
+    """Read a body of one of those shapes; any field other than its text and ``options`` is refused."""
+    body = decoded_body(body, content_type)
+    if isinstance(body, str):
+        return TextsBody([check_text(body, "body", limits.max_text_chars)], ["body"], "text", {})
+    if not isinstance(body, dict):
+        raise RequestError(f"body must be a JSON object with 'text' or 'input', got {type(body).__name__}")
+    shapes = [name for name in ("text", "input") if name in body]
+    if len(shapes) != 1:
+        raise RequestError("send exactly one of 'text' (one text) or 'input' (a text or a list of texts)")
+    shape = shapes[0]
+    check_fields(body, options | {shape}, f"'{shape}'")
+    if shape == "text":
+        return TextsBody([check_text(body["text"], "'text'", limits.max_text_chars)], ["'text'"], "text", body)
+    texts, names = text_list(body["input"], "input", limits)
+    return TextsBody(texts, names, "list", body)

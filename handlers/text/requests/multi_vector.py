@@ -21,15 +21,7 @@ from typing import Any
 from handlers.core.errors import RequestError
 from handlers.core.http import float32_list
 from handlers.text.folder import TextModelFolder
-from handlers.text.requests.common import (
-    RequestContext,
-    check_fields,
-    check_request_chars,
-    check_text,
-    decoded_body,
-    text_list,
-    truncate_flag,
-)
+from handlers.text.requests.common import RequestContext, check_request_chars, text_or_input, truncate_flag
 from handlers.text.rows import RowOptions
 
 INPUT_TYPES = ("query", "document")
@@ -56,26 +48,12 @@ def prepared(info: TextModelFolder, texts: list[str], task: str) -> tuple[list[s
 
 
 def parse_multi_vector_request(api: RequestContext, body: Any, content_type: str) -> MultiVectorRequest:
-    body = decoded_body(body, content_type)
-    if isinstance(body, str):
-        texts, options = prepared(api.info, [check_text(body, "body", api.limits.max_text_chars)], "document")
-        return MultiVectorRequest(texts, ["body"], "text", True, options)
-    if not isinstance(body, dict):
-        raise RequestError(f"body must be a JSON object with 'text' or 'input', got {type(body).__name__}")
-    shapes = [name for name in ("text", "input") if name in body]
-    if len(shapes) != 1:
-        raise RequestError("send exactly one of 'text' (one text) or 'input' (a text or a list of texts)")
-    shape = shapes[0]
-    check_fields(body, OPTIONS | {shape}, f"'{shape}'")
-    task = body.get("input_type", "document")
+    read = text_or_input(body, content_type, api.limits, OPTIONS)
+    task = read.fields.get("input_type", "document")
     if task not in INPUT_TYPES:
         raise RequestError(f"'input_type' must be one of {list(INPUT_TYPES)}, got {task!r}")
-    if shape == "text":
-        texts, names = [check_text(body["text"], "'text'", api.limits.max_text_chars)], ["'text'"]
-    else:
-        texts, names = text_list(body["input"], "input", api.limits)
-    rows, options = prepared(api.info, texts, task)
-    request = MultiVectorRequest(rows, names, "text" if shape == "text" else "list", truncate_flag(body), options)
+    rows, options = prepared(api.info, read.texts, task)
+    request = MultiVectorRequest(rows, read.names, read.shape, truncate_flag(read.fields), options)
     check_request_chars(sum(len(text) for text in request.texts), api.limits)
     return request
 

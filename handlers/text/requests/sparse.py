@@ -24,12 +24,9 @@ from handlers.core.errors import RequestError
 from handlers.core.http import Float32
 from handlers.text.requests.common import (
     RequestContext,
-    check_fields,
     check_request_chars,
-    check_text,
-    decoded_body,
     positive_int,
-    text_list,
+    text_or_input,
     truncate_flag,
 )
 from handlers.text.requests.embedding import TextPreparation
@@ -52,32 +49,17 @@ class SparseRequest:
 
 def parse_sparse_request(api: RequestContext, body: Any, content_type: str) -> SparseRequest:
     preparation = TextPreparation(dict(api.info.prompts), api.info.default_prompt_name, api.info.lowercase)
-    body = decoded_body(body, content_type)
-    if isinstance(body, str):
-        prompt = preparation.prompt({})
-        texts = preparation.apply([check_text(body, "body", api.limits.max_text_chars)], prompt)
-        return SparseRequest(texts, ["body"], "text", True)
-    if not isinstance(body, dict):
-        raise RequestError(f"body must be a JSON object with 'text' or 'input', got {type(body).__name__}")
-    shapes = [name for name in ("text", "input") if name in body]
-    if len(shapes) != 1:
-        raise RequestError("send exactly one of 'text' (one text) or 'input' (a text or a list of texts)")
-    shape = shapes[0]
-    check_fields(body, OPTIONS | {shape}, f"'{shape}'")
-    if shape == "text":
-        texts, names = [check_text(body["text"], "'text'", api.limits.max_text_chars)], ["'text'"]
-    else:
-        texts, names = text_list(body["input"], "input", api.limits)
-    decode = body.get("decode", False)
+    read = text_or_input(body, content_type, api.limits, OPTIONS)
+    decode = read.fields.get("decode", False)
     if not isinstance(decode, bool):
         raise RequestError(f"'decode' must be true or false, got {decode!r}")
-    top_k = positive_int(body, "top_k")
-    prompt = preparation.prompt(body)
+    top_k = positive_int(read.fields, "top_k")
+    prompt = preparation.prompt(read.fields)
     request = SparseRequest(
-        preparation.apply(texts, prompt),
-        names,
-        "text" if shape == "text" else "list",
-        truncate_flag(body),
+        preparation.apply(read.texts, prompt),
+        read.names,
+        read.shape,
+        truncate_flag(read.fields),
         top_k=None if top_k is None else min(top_k, MAX_TOP_K),
         decode=decode,
     )
