@@ -658,6 +658,9 @@ class TextModelOracle:
             key = json.dumps(request, sort_keys=True)
             if key not in self.references:
                 self.references[key] = self.call(*request)
+            if self.references[key][0] != 200:  # refused alone (a token limit it measured, a bad option): refused
+                case.expect = ERROR
+                continue
             self.expected[case.index] = key
 
     def check(self, case, answer):
