@@ -101,7 +101,8 @@ def check(value):
 
 def test_defaults_fill_in_and_the_shared_tier_is_off():
     settings = check({})
-    assert settings["enabled"] == "auto" and settings["threshold"] == 0.95 and settings["exact_terms"] is True
+    assert settings["enabled"] == "auto" and settings["threshold"] == 0.88 and settings["exact_terms"] is True
+    assert settings["lexical_check"] is True and settings["candidates"] == 1 and settings["verifier"] == "verifier"
     assert settings["shared"]["url"] == "" and settings["shared"]["max_value_bytes"] == 65536
 
 
@@ -161,12 +162,12 @@ def test_request_options_in_their_accepted_forms():
     assert option.min_similarity == 1.0 and option.partition == "tenant-a"
 
 
-def test_exact_terms_are_the_numbers_number_words_and_negations():
-    assert exact_terms("What is 15% of 80?") == "15 80"
-    assert exact_terms("Which numbers between one and ten are NOT prime?") == "one ten not"
-    assert exact_terms("Why doesn't it start? 1,000 tries") == "not 1000"
-    assert exact_terms("How many days in a non-leap year") == "non"
-    assert exact_terms("How do I reset my password?") == ""
+def test_exact_terms_are_the_numbers_in_digits_or_words_and_the_count_of_negations():
+    assert exact_terms("What is 15% of 80?") == exact_terms("What is fifteen percent of eighty?") == "15 80|0"
+    assert exact_terms("Which numbers between one and ten are NOT prime?") == "1 10|1"
+    assert exact_terms("Why doesn't it start? 1,000 tries") == "1000|1"
+    assert exact_terms("How many days in a non-leap year") == "|1"
+    assert exact_terms("How do I reset my password?") == exact_terms("How do I get one?") == "|0"
 
 
 # ----------------------------------------------------------------------------------------------------- shared values
