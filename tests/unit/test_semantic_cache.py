@@ -101,8 +101,8 @@ def check(value):
 
 def test_defaults_fill_in_and_the_shared_tier_is_off():
     settings = check({})
-    assert settings["enabled"] == "auto" and settings["threshold"] == 0.88 and settings["exact_terms"] is True
-    assert settings["lexical_check"] is True and settings["candidates"] == 1 and settings["verifier"] == "verifier"
+    assert settings["enabled"] == "auto" and settings["threshold"] == 0.89 and settings["exact_terms"] is True
+    assert settings["lexical_check"] is True and settings["candidates"] == 4 and settings["verifier"] == "verifier"
     assert settings["shared"]["url"] == "" and settings["shared"]["max_value_bytes"] == 65536
 
 

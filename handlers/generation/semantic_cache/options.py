@@ -6,8 +6,8 @@ Model (model-config.yaml)::
     semantic_cache:
       enabled: auto        # auto = on when the archive holds an embedding model (packaged with --var embedder=...)
       embedder: embedder   # that model's folder in the archive
-      threshold: 0.88      # cosine similarity a stored prompt needs to be a candidate (then verified)
-      candidates: 1        # the most similar candidates verified per lookup
+      threshold: 0.89      # cosine similarity a stored prompt needs to be a candidate (then verified)
+      candidates: 4        # the most similar candidates verified per lookup
       lexical_check: true  # the model-free check (lexical.py): numbers, relations, order, opposites, target, ...
       verifier: verifier   # a cross-encoder's folder in the archive (--var verifier=...): used when packed
       verifier_threshold: 0.5  # its score a candidate needs (the positive label's probability)
@@ -46,8 +46,8 @@ ENABLED_VALUES = ("auto", True, False)
 DEFAULTS: dict[str, Any] = {
     "enabled": "auto",
     "embedder": "embedder",
-    "threshold": 0.88,
-    "candidates": 1,
+    "threshold": 0.89,
+    "candidates": 4,
     "lexical_check": True,
     "verifier": "verifier",
     "verifier_threshold": 0.5,
