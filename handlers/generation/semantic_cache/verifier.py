@@ -69,18 +69,29 @@ class Verifier:
         return scores
 
     def score_chunk(self, pairs: list[tuple[str, str]]) -> list[float]:
+        """Scores of at most max_inputs pairs in one call; a call the handler refuses as too large (its
+        max_request_tokens, max_request_chars) is split in halves, and a single pair it refuses scores 0."""
         usable = [index for index, (a, b) in enumerate(pairs) if len(a) + len(b) <= self.max_chars]
         scores = [0.0] * len(pairs)
         if not usable:
             return scores
         body = {"inputs": [list(pairs[index]) for index in usable], "top_k": None, "truncate": True}
-        payload = self.handler.parse_request(body, RequestView(None, 0))
-        with torch.inference_mode():
-            batch = self.handler.preprocess([payload])
-            computed = self.handler.inference(batch, None)
-        [answer] = self.handler.postprocess(computed, [payload])
-        if isinstance(answer, RequestError):
-            raise answer
+        try:
+            payload = self.handler.parse_request(body, RequestView(None, 0))
+            with torch.inference_mode():
+                batch = self.handler.preprocess([payload])
+                computed = self.handler.inference(batch, None)
+            [answer] = self.handler.postprocess(computed, [payload])
+            if isinstance(answer, RequestError):
+                raise answer
+        except RequestError:
+            if len(usable) == 1:
+                return scores
+            half = len(usable) // 2
+            for part in (usable[:half], usable[half:]):
+                for index, score in zip(part, self.score_chunk([pairs[index] for index in part]), strict=True):
+                    scores[index] = score
+            return scores
         for index, result in zip(usable, answer["results"], strict=True):
             scores[index] = next(float(s["score"]) for s in result["scores"] if s["label"] == self.label)
         return scores
