@@ -50,7 +50,6 @@ import random
 import sys
 import tempfile
 import time
-import zipfile
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +58,7 @@ from typing import Any
 import requests
 import torch
 
+from scripts.ops.paraphrase import CheckError, Scores, Vectors, load_models, simulated_cache, unpacked
 from scripts.ops.stats import percentile
 
 REPO = Path(__file__).resolve().parents[1]
@@ -128,14 +128,6 @@ def cpu_flags() -> str:
 
 
 # ----------------------------------------------------------------------------------------------------- archives
-def unpacked(archive: Path, into: Path) -> Path:
-    with zipfile.ZipFile(archive) as mar:
-        mar.extractall(into)
-    if not (into / "embedder").is_dir():
-        raise SystemExit(f"error: {archive} packs no embedder/; package it with --var embedder=... (see --help)")
-    return into
-
-
 def build_archive(store: Path, verifier: str = "") -> Path:
     from scripts import package
 
@@ -150,32 +142,6 @@ def build_archive(store: Path, verifier: str = "") -> Path:
     name = "semantic-report-verified" if verifier else "semantic-report"
     package.build("generator", store, model_name=name, variables=variables)
     return store / f"{name}.mar"
-
-
-def load_models(model_dir: Path) -> tuple[Any, Any, dict[str, Any]]:
-    """The archive's embedder and verifier (None without one), loaded as a worker loads them, and its settings."""
-    import yaml
-
-    from handlers.generation.semantic_cache.embedder import load_embedder
-    from handlers.generation.semantic_cache.options import SEMANTIC_CACHE_OPTION
-    from handlers.generation.semantic_cache.verifier import load_verifier
-
-    handler = (yaml.safe_load((model_dir / "model-config.yaml").read_text()) or {}).get("handler") or {}
-    settings = SEMANTIC_CACHE_OPTION.check("semantic_cache", handler.get("semantic_cache", {}))
-    embedder = load_embedder(
-        str(model_dir), settings["embedder"], settings["embedder_handler"], "report", "1.0", 1, None
-    )
-    verifier = load_verifier(
-        str(model_dir),
-        settings["verifier"],
-        settings["verifier_handler"],
-        settings["verifier_label"],
-        "report",
-        "1.0",
-        1,
-        None,
-    )
-    return embedder, verifier, settings
 
 
 # ----------------------------------------------------------------------------------------------------- 1. rates
@@ -193,29 +159,6 @@ class Setting:
         return "lexical + verifier" if self.lexical else "verifier"
 
 
-class Vectors:
-    """Stands in for the embedder in a simulated cache: each text's vector, computed once by the real one."""
-
-    def __init__(self, dimension: int, vectors: dict[str, torch.Tensor]) -> None:
-        self.dimension = dimension
-        self.vectors = vectors
-
-    def embed(self, texts: list[str]) -> list[Any]:
-        from handlers.embedding.cache import CachedEmbedding
-
-        return [CachedEmbedding(self.vectors[text], 0, False) for text in texts]
-
-
-class Scores:
-    """Stands in for the verifier in a simulated cache: each pair's score, computed once by the real one."""
-
-    def __init__(self, scores: dict[tuple[str, str], float]) -> None:
-        self.scores = scores
-
-    def score(self, pairs: list[tuple[str, str]]) -> list[float]:
-        return [self.scores[pair] for pair in pairs]
-
-
 def pair_scores(verifier: Any, texts: list[str], vectors: dict[str, torch.Tensor], lowest: float) -> dict:
     """The verifier's score of every (new, stored) pair a lookup can propose (cosine >= the lowest threshold)."""
     matrix = torch.stack([vectors[text] for text in texts])
@@ -228,7 +171,7 @@ def simulate(
     items: list[Labelled], order: list[int], embedder: Vectors, scores: Scores | None, setting: Setting
 ) -> dict[str, Any]:
     """Every prompt through one cache, in ``order``: the worker's lookup, verification and store code."""
-    from handlers.generation.semantic_cache.cache import SemanticCache, SemanticQuery, exact_terms, group_hash
+    from handlers.generation.semantic_cache.cache import SemanticQuery, exact_terms, group_hash
     from handlers.generation.semantic_cache.options import SEMANTIC_CACHE_OPTION
     from handlers.generation.semantic_cache.store import StoredAnswer
 
@@ -243,9 +186,7 @@ def simulate(
             "max_bytes": 1 << 30,
         },
     )
-    verifier = scores if setting.verifier_threshold is not None else None
-    model = {"name": "report", "version": "1", "info": ""}
-    cache = SemanticCache(settings, embedder, model, None, verifier)  # type: ignore[arg-type]
+    cache = simulated_cache(settings, embedder, scores if setting.verifier_threshold is not None else None)
     seen: set[str] = set()
     findable = true_hits = false_hits = 0
     answered: list[Labelled] = []  # near-misses served another prompt's answer
@@ -615,6 +556,37 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def measure(report: dict[str, Any], parts: list[str], archive: Path, sets: list[Path], args: Any) -> None:
+    """The parts asked for, into ``report``."""
+    with tempfile.TemporaryDirectory(prefix="semantic-report-") as folder:
+        if {"rates", "costs", "index"} & set(parts):
+            embedder, verifier, settings = load_models(unpacked(archive, Path(folder)))
+            report["embedder"] = embedder.describe()
+            report["verifier"] = verifier.describe() if verifier is not None else None
+            if "rates" in parts:
+                report["rates"] = [
+                    rates(embedder, verifier, settings, path, args.budget, args.near_misses) for path in sets
+                ]
+            if "costs" in parts:
+                report["costs"] = costs(embedder, verifier)
+            if "index" in parts:
+                report["index"] = index_speed(embedder.dimension)
+    if "served" in parts:
+        report["served"] = served(archive, args.seconds, args.max_new_tokens)
+
+
+def valid_arguments(args: argparse.Namespace, parts: list[str]) -> bool:
+    return bool(
+        parts
+        and not set(parts) - set(PARTS)
+        and args.seconds > 0
+        and 1 <= args.max_new_tokens <= 256
+        and 0 <= args.budget <= 1
+        and args.near_misses >= 0
+        and not (args.archive and args.verifier)
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m loadtests.semantic_cache_report",
@@ -647,15 +619,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens per answer (default 64)")
     args = parser.parse_args(argv)
     parts = [part.strip() for part in args.only.split(",") if part.strip()]
-    if (
-        not parts
-        or set(parts) - set(PARTS)
-        or args.seconds <= 0
-        or not 1 <= args.max_new_tokens <= 256
-        or not 0 <= args.budget <= 1
-        or args.near_misses < 0
-        or (args.archive and args.verifier)
-    ):
+    if not valid_arguments(args, parts):
         parser.error(
             f"--only takes {list(PARTS)}; --seconds > 0; --max-new-tokens 1..256; --budget 0..1; --near-misses >= 0; "
             "--verifier only without --archive"
@@ -673,21 +637,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     report: dict[str, Any] = {"when": stamp, "archive": str(archive), "cpu_flags": cpu_flags(), "host": platform.node()}
-    with tempfile.TemporaryDirectory(prefix="semantic-report-") as folder:
-        if {"rates", "costs", "index"} & set(parts):
-            embedder, verifier, settings = load_models(unpacked(archive, Path(folder)))
-            report["embedder"] = embedder.describe()
-            report["verifier"] = verifier.describe() if verifier is not None else None
-            if "rates" in parts:
-                report["rates"] = [
-                    rates(embedder, verifier, settings, path, args.budget, args.near_misses) for path in sets
-                ]
-            if "costs" in parts:
-                report["costs"] = costs(embedder, verifier)
-            if "index" in parts:
-                report["index"] = index_speed(embedder.dimension)
-    if "served" in parts:
-        report["served"] = served(archive, args.seconds, args.max_new_tokens)
+    try:
+        measure(report, parts, archive, sets, args)
+    except CheckError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     out = REPORTS / f"semantic-cache-{stamp}"
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
