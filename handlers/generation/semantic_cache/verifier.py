@@ -20,7 +20,6 @@ duplicate, paraphrase, equivalent, entailment or same).
 from __future__ import annotations
 
 import os
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -28,6 +27,7 @@ import torch
 from handlers.core.config import ConfigError
 from handlers.core.errors import RequestError
 from handlers.core.http import RequestView
+from handlers.generation.semantic_cache.embedder import started
 
 # Label names that mean "the two texts say the same thing" in common pair classifiers (Quora duplicate questions,
 # MRPC / PAWS paraphrase, NLI entailment, STS).
@@ -143,14 +143,5 @@ def load_verifier(
     path = os.path.join(model_dir, folder) if folder else ""
     if not path or not os.path.isdir(path):
         return None
-    config = {"threads": threads, **handler_config}
-    context = SimpleNamespace(
-        system_properties={"model_dir": path, "gpu_id": gpu, "batch_size": 1},
-        model_yaml_config={"handler": config, "maxWorkers": 1},
-        manifest={"model": {"modelName": f"{owner}-verifier", "modelVersion": version}},
-        model_name=f"{owner}-verifier",
-        metrics=None,  # its load metrics would be named after a model TorchServe does not know
-    )
-    handler = TextClassifierHandler()
-    handler.initialize(context)
+    handler = started(TextClassifierHandler(), path, handler_config, f"{owner}-verifier", version, threads, gpu)
     return Verifier(handler, label)
