@@ -214,19 +214,6 @@ def test_answers_outlive_a_worker_restart_through_the_shared_tier(server):
     assert counter(server, "SemanticCacheReceived") >= 1
 
 
-def test_the_cache_servers_death_costs_no_request(server, cache):
-    answered = ask(server, "How do I delete my account?")
-    cache.kill()
-    for attempt in range(6):
-        assert ask(server, "How do I delete my account?")["text"] == answered["text"]  # the worker's own index
-        assert "cached" not in ask(server, f"A brand new question number {attempt} {time.time_ns()}")
-    response = requests.get(f"{server.management_url}/models/{MODEL}", params={"customized": "true"}, timeout=60)
-    metadata = response.json()[0]["customizedMetadata"]
-    described = json.loads(metadata) if isinstance(metadata, str) else metadata
-    assert described["semantic_cache"]["shared"]["breaker"] in ("open", "half_open")
-    assert counter(server, "SharedCacheErrors") + counter(server, "SharedCacheTimeouts") > 0
-
-
 def test_a_verifier_packed_in_the_archive_decides_in_the_worker(server):
     management = server.management()
     management.register(f"{VERIFIED}.mar", initial_workers=1, timeout=600)
@@ -273,3 +260,16 @@ def test_modelctl_paraphrase_uses_a_served_embedding_model(ts_server):
         near_miss, stored, "--embedder", "minilm", "--inference-url", url, "--lexical-check", "off"
     )
     assert unchecked["verdict"] == "hit"  # what the embedding alone would have served
+
+
+def test_the_cache_servers_death_costs_no_request(server, cache):
+    answered = ask(server, "How do I delete my account?")
+    cache.kill()
+    for attempt in range(6):
+        assert ask(server, "How do I delete my account?")["text"] == answered["text"]  # the worker's own index
+        assert "cached" not in ask(server, f"A brand new question number {attempt} {time.time_ns()}")
+    response = requests.get(f"{server.management_url}/models/{MODEL}", params={"customized": "true"}, timeout=60)
+    metadata = response.json()[0]["customizedMetadata"]
+    described = json.loads(metadata) if isinstance(metadata, str) else metadata
+    assert described["semantic_cache"]["shared"]["breaker"] in ("open", "half_open")
+    assert counter(server, "SharedCacheErrors") + counter(server, "SharedCacheTimeouts") > 0
