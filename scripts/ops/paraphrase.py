@@ -29,6 +29,15 @@ class CheckError(Exception):
 
 
 # ------------------------------------------------------------------------------------------------ stand-ins
+@dataclass(frozen=True)
+class EmbeddedRow:
+    """What the cache reads of one embedded prompt (as the embedder's rows have it)."""
+
+    embedding: torch.Tensor
+    tokens: int = 0
+    truncated: bool = False
+
+
 class Vectors:
     """Stands in for the cache's embedder: each text's unit vector, computed beforehand by the real model."""
 
@@ -37,9 +46,7 @@ class Vectors:
         self.vectors = vectors
 
     def embed(self, texts: list[str]) -> list[Any]:
-        from handlers.embedding.cache import CachedEmbedding
-
-        return [CachedEmbedding(self.vectors[text], 0, False) for text in texts]
+        return [EmbeddedRow(self.vectors[text]) for text in texts]
 
 
 class Scores:
