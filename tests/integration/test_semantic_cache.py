@@ -83,6 +83,17 @@ def counter(server, name, model=MODEL, **dimensions):
     return sum(value for (metric, labels), value in parse(text).items() if metric == name and wanted <= set(labels))
 
 
+def counter_reaches(server, name, at_least, model=MODEL, timeout=15.0, **dimensions):
+    """True once the counter is at least ``at_least``: a worker's metrics reach the frontend through its log, which
+    may be read after the answer went out."""
+    deadline = time.monotonic() + timeout
+    while counter(server, name, model, **dimensions) < at_least:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
 def minilm_similarity(a, b):
     from sentence_transformers import SentenceTransformer
 
@@ -133,7 +144,7 @@ def test_a_near_miss_of_each_shape_is_refused_though_its_embedding_is_within_the
     first = ask(server, stored)
     answered = ask(server, near_miss)
     assert "cached" not in answered and answered["text"] != first["text"]
-    assert counter(server, "SemanticCacheRefused", Check="lexical") >= refused_before + 1
+    assert counter_reaches(server, "SemanticCacheRefused", refused_before + 1, Check="lexical")
     assert ask(server, stored)["text"] == first["text"]  # the stored question itself is still answered
 
 
@@ -223,7 +234,7 @@ def test_a_verifier_packed_in_the_archive_decides_in_the_worker(server):
         again = ask(server, prompt, model=VERIFIED)
         # The same prompt passes the embedding and the lexical check; the verifier's threshold (2.0) refuses it.
         assert "cached" not in first and "cached" not in again
-        assert counter(server, "SemanticCacheRefused", model=VERIFIED, Check="verifier") >= 1
+        assert counter_reaches(server, "SemanticCacheRefused", 1, model=VERIFIED, Check="verifier")
         response = requests.get(f"{server.management_url}/models/{VERIFIED}", params={"customized": "true"}, timeout=60)
         metadata = response.json()[0]["customizedMetadata"]
         described = (json.loads(metadata) if isinstance(metadata, str) else metadata)["semantic_cache"]
