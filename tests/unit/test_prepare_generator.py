@@ -28,3 +28,9 @@ def test_folder_with_only_pickled_weights_is_refused(tmp_path, capsys):
     assert prepare_generator.main(["--out", str(tmp_path / "build"), "--model-dir", str(own)]) == 1
     assert "no *.safetensors weights (found ['pytorch_model.bin']" in capsys.readouterr().err
     assert not (tmp_path / "build" / "model_info.json").exists()
+
+
+def test_a_verifier_without_an_embedder_is_refused_naming_the_fix(tmp_path, capsys):
+    out = tmp_path / "build"
+    assert prepare_generator.main(["--out", str(out), "--verifier", str(tmp_path / "cross-encoder")]) == 1
+    assert "--var embedder=" in capsys.readouterr().err and not (out / "verifier").exists()

@@ -13,10 +13,12 @@ import torch
 
 from handlers.core.config import ConfigError
 from handlers.core.errors import RequestError
+from handlers.generation.semantic_cache import lexical
 from handlers.generation.semantic_cache.cache import exact_terms
 from handlers.generation.semantic_cache.options import SEMANTIC_CACHE_OPTION, parse_cache_request
-from handlers.generation.semantic_cache.shared import HEADER, SharedEntry, decode_entry, encode_entry
+from handlers.generation.semantic_cache.shared import HEADER, SemanticTier, SharedEntry, decode_entry, encode_entry
 from handlers.generation.semantic_cache.store import SemanticStore, StoredAnswer
+from handlers.generation.semantic_cache.verifier import load_verifier, positive_label
 from handlers.text.shared_cache import URL_ENV
 from scripts.ops.handler_loader import ChunkRecorder, load_handler, record_metrics, set_requests, statuses
 
@@ -101,7 +103,8 @@ def check(value):
 
 def test_defaults_fill_in_and_the_shared_tier_is_off():
     settings = check({})
-    assert settings["enabled"] == "auto" and settings["threshold"] == 0.95 and settings["exact_terms"] is True
+    assert settings["enabled"] == "auto" and settings["threshold"] == 0.89 and settings["exact_terms"] is True
+    assert settings["lexical_check"] is True and settings["candidates"] == 4 and settings["verifier"] == "verifier"
     assert settings["shared"]["url"] == "" and settings["shared"]["max_value_bytes"] == 65536
 
 
@@ -161,12 +164,12 @@ def test_request_options_in_their_accepted_forms():
     assert option.min_similarity == 1.0 and option.partition == "tenant-a"
 
 
-def test_exact_terms_are_the_numbers_number_words_and_negations():
-    assert exact_terms("What is 15% of 80?") == "15 80"
-    assert exact_terms("Which numbers between one and ten are NOT prime?") == "one ten not"
-    assert exact_terms("Why doesn't it start? 1,000 tries") == "not 1000"
-    assert exact_terms("How many days in a non-leap year") == "non"
-    assert exact_terms("How do I reset my password?") == ""
+def test_exact_terms_are_the_numbers_in_digits_or_words_and_the_count_of_negations():
+    assert exact_terms("What is 15% of 80?") == exact_terms("What is fifteen percent of eighty?") == "15 80|0"
+    assert exact_terms("Which numbers between one and ten are NOT prime?") == "1 10|1"
+    assert exact_terms("Why doesn't it start? 1,000 tries") == "1000|1"
+    assert exact_terms("How many days in a non-leap year") == "|1"
+    assert exact_terms("How do I reset my password?") == exact_terms("How do I get one?") == "|0"
 
 
 # ----------------------------------------------------------------------------------------------------- shared values
@@ -440,3 +443,193 @@ def test_a_dead_cache_server_costs_no_request_and_the_breaker_opens(
         assert statuses(context, 2) == [200, 200]
         assert answers[0]["cached"]  # the worker's own index still answers
     assert handler.semantic.shared.breaker.times_opened >= 1
+
+
+# ---------------------------------------------------------------------------------------------- the lexical check
+# Pairs MiniLM embeds at 0.96 to 0.998 that ask different things: each must be refused, with a reason naming why.
+NEAR_MISSES = {
+    "word order": (
+        "What time is it in Tokyo when it is noon in London?",
+        "What time is it in London when it is noon in Tokyo?",
+        "in' is followed",
+    ),
+    "converse": ("How do I convert Celsius to Fahrenheit?", "How do I convert Fahrenheit to Celsius?", "'to'"),
+    "converse accounts": (
+        "How do I move money from savings to checking?",
+        "How do I move money from checking to savings?",
+        "'from'",
+    ),
+    "antonym": (
+        "How long do I boil an egg for a hard-boiled egg?",
+        "How long do I boil an egg for a soft-boiled egg?",
+        "opposites",
+    ),
+    "particle antonym": ("How do I turn on dark mode?", "How do I turn off dark mode?", "opposites"),
+    "check in / out": ("What time is check-in?", "What time is check-out?", "opposites"),
+    "before / after": ("Can I return an item within 30 days?", "Can I return an item after 30 days?", "relation"),
+    "how much vs how long": (
+        "How much does shipping to Canada cost?",
+        "How much does shipping to Canada take?",
+        "asks for",
+    ),
+    "when vs where": ("When does the last train leave?", "Where does the last train leave?", "asks for"),
+    "comparative": ("Is the train faster than flying?", "Is the train cheaper than flying?", "comparatives"),
+    "than swapped": ("Is the train faster than the bus?", "Is the bus faster than the train?", "'than'"),
+    "number": ("Which numbers between 1 and 10 are prime?", "Which numbers between 1 and 20 are prime?", "numbers"),
+    "negation": (
+        "Which numbers between 1 and 10 are prime?",
+        "Which numbers between 1 and 10 are not prime?",
+        "negations",
+    ),
+    "one word swapped": ("How do I sort a list in Python?", "How do I sort a list in JavaScript?", "one word"),
+    "a name added": ("How many days are in a leap year?", "How many days are in February in a leap year?", "name"),
+}
+# Rewordings the check must let through: case, punctuation, contractions, hyphens, spellings, typos, fillers.
+SAME_QUESTIONS = [
+    ("How do I reset my password?", "how do i reset my pasword"),
+    ("How do I cancel my subscription?", "how can i cancle my subscription please"),
+    ("Where is my package?", "Where's my package??"),
+    ("Which numbers between 1 and 10 are prime?", "What are the primes between one and ten?"),
+    ("Can I deposit a cheque with the app?", "Can I deposit a check with the app?"),
+    ("What time is it in Tokyo when it is noon in London?", "When it is midday in London, what's the time in Tokyo?"),
+    ("How do I check-in online?", "How can I check in online?"),
+    (
+        "Do I get compensated if my flight is over 3 hours late?",
+        "Is there compensation when my flight is more than three hours late?",
+    ),
+    ("When was Albert Einstein born?", "Einstein's birth year?"),
+]
+
+
+@pytest.mark.parametrize("shape", sorted(NEAR_MISSES))
+def test_the_lexical_check_refuses_each_near_miss_shape_naming_why(shape):
+    new, stored, says = NEAR_MISSES[shape]
+    reasons = lexical.compare(lexical.read(new), lexical.read(stored))
+    assert reasons and any(says in reason for reason in reasons), reasons
+    assert lexical.compare(lexical.read(stored), lexical.read(new))  # in either direction
+
+
+@pytest.mark.parametrize("new, stored", SAME_QUESTIONS)
+def test_the_lexical_check_lets_rewordings_through(new, stored):
+    assert lexical.compare(lexical.read(new), lexical.read(stored)) == []
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "?!.,", "\ud800 lone surrogate", "x" * 20_000, "1" * 5000, "one " * 2000, "'s n't 're", "\u2019s", "12 pm am"],
+)
+def test_the_lexical_check_reads_any_text(text):
+    reading = lexical.read(text)
+    assert isinstance(lexical.compare(reading, lexical.read("How do I reset my password?")), list)
+
+
+# ----------------------------------------------------------------------------------------------------- candidates
+def test_candidates_are_the_most_similar_of_the_group_above_the_threshold_best_first_with_their_prompts():
+    store = SemanticStore(DIM, 100, 1 << 20, 60)
+    query = unit(1)
+    near = [query + scale * unit(seed) for seed, scale in ((2, 0.05), (3, 0.2), (4, 0.4), (5, 5.0))]
+    for index, vector in enumerate(near):
+        store.insert(b"g", vector / vector.norm(), answer(f"answer {index}"), prompt=f"prompt {index}")
+    found = store.candidates(b"g", query, 0.8, 4)
+    assert [c.prompt for c in found] == ["prompt 0", "prompt 1", "prompt 2"][: len(found)] and len(found) >= 2
+    assert [c.hit.similarity for c in found] == sorted((c.hit.similarity for c in found), reverse=True)
+    assert len(store.candidates(b"g", query, 0.8, 1)) == 1 and store.candidates(b"other", query, 0.1, 4) == []
+    assert store.entry_bytes("answer", "prompt 0") == store.entry_bytes("answer") + len("prompt 0")
+
+
+# ----------------------------------------------------------------------------------------------------- shared format
+def test_a_shared_value_carries_the_prompt_and_an_earlier_formats_value_is_skipped_quietly():
+    entry = SharedEntry(b"G" * 16, unit(5), StoredAnswer("answer", "stop", 4), time.time(), "the prompt ✓")
+    value = encode_entry(entry, FINGERPRINT)
+    assert decode(value).prompt == "the prompt ✓"
+    older = value[:4] + b"\x01" + value[5:]
+    assert decode(older) is None and SemanticTier.outdated(older, 0.0)
+    assert not SemanticTier.outdated(b"pickle garbage", 0.0)
+
+
+@pytest.mark.parametrize(
+    "value, says",
+    [
+        ({"candidates": 0}, "candidates"),
+        ({"candidates": 33}, "candidates"),
+        ({"lexical_check": "yes"}, "lexical_check"),
+        ({"verifier": "../x"}, "verifier"),
+        ({"verifier_threshold": float("nan")}, "verifier_threshold"),
+        ({"verifier_label": ""}, "verifier_label"),
+        ({"verifier_handler": {"precison": "bf16"}}, "precison"),
+    ],
+)
+def test_hostile_verification_settings_are_refused_naming_the_field(value, says):
+    with pytest.raises(ConfigError, match=says):
+        check(value)
+
+
+def test_no_verifier_is_a_valid_setting():
+    assert check({"verifier": ""})["verifier"] == ""
+
+
+# ----------------------------------------------------------------------------------------------------- the verifier
+@pytest.fixture(scope="module")
+def cross_encoder_dir(tmp_path_factory):
+    """A tiny random cross-encoder, staged by the text-classifier prepare step as packaging stages a verifier."""
+    from scripts import prepare_text_model
+    from tests.text_models import make_cross_encoder
+
+    raw = make_cross_encoder(tmp_path_factory.mktemp("raw-verifier") / "cross-encoder")
+    staged = tmp_path_factory.mktemp("verifier") / "verifier"
+    command = ["--kind", "classification", "--source", str(raw), "--out", str(staged), "--backends", "none"]
+    assert prepare_text_model.main(command) == 0
+    return staged
+
+
+def test_the_verifier_scores_pairs_through_the_classifier_handler_as_a_served_reranker_would(cross_encoder_dir):
+    from sentence_transformers import CrossEncoder
+
+    verifier = load_verifier(
+        str(cross_encoder_dir.parent), "verifier", {"backend": "eager", "precision": "fp32"}, "auto", "t", "1", 1, None
+    )
+    pairs = [("How do I reset my password?", "how do i reset my pasword"), ("a", "b"), ("x" * 30_000, "too long")]
+    scores = verifier.score(pairs * 30)  # more pairs than one call of the handler may carry
+    expected = CrossEncoder(str(cross_encoder_dir), device="cpu").predict(pairs[:2])
+    assert scores[:2] == pytest.approx([float(e) for e in expected], abs=1e-5)
+    assert scores[2] == 0.0 and len(scores) == 90  # a pair over the handler's limits is not verified
+    assert verifier.describe()["label"] == verifier.label
+
+
+@pytest.mark.parametrize(
+    "labels, wanted, chosen",
+    [
+        (["LABEL_0"], "auto", "LABEL_0"),
+        (["not_duplicate", "duplicate"], "auto", "duplicate"),
+        (["contradiction", "entailment", "neutral"], "auto", "entailment"),
+        (["no", "yes"], "no", "no"),
+    ],
+)
+def test_the_positive_label_is_found_or_named(labels, wanted, chosen):
+    assert positive_label(labels, wanted) == chosen
+
+
+def test_a_verifier_whose_positive_label_cannot_be_told_is_refused_naming_the_setting():
+    with pytest.raises(ConfigError, match="verifier_label"):
+        positive_label(["cat", "dog"], "auto")
+    with pytest.raises(ConfigError, match="not one of"):
+        positive_label(["cat", "dog"], "bird")
+
+
+def test_a_verifier_that_refuses_every_candidate_keeps_the_cache_from_answering(
+    cached_generator_dir, cross_encoder_dir, tmp_path
+):
+    folder = tmp_path / "model"
+    shutil.copytree(cached_generator_dir, folder)
+    shutil.copytree(cross_encoder_dir, folder / "verifier")
+    handler, context = load(folder, verifier_threshold=2.0, verifier_handler={"backend": "eager"})
+    recorder = record_metrics(context)
+    prompt = f"verified {time.time_ns()}"
+    run(handler, context, [{"prompt": prompt, "max_new_tokens": 3}])
+    again = run(handler, context, [{"prompt": prompt, "max_new_tokens": 3}])[0]
+    assert "cached" not in again  # the same prompt, refused by the verifier (no score reaches 2)
+    assert sum(recorder.values("SemanticCacheRefused")) == 1
+    assert handler.describe()["semantic_cache"]["verifier"]["label"] == "LABEL_0"
+    passing, passing_context = load(folder, verifier_threshold=-1.0, verifier_handler={"backend": "eager"})
+    run(passing, passing_context, [{"prompt": prompt, "max_new_tokens": 3}])
+    assert "cached" in run(passing, passing_context, [{"prompt": prompt, "max_new_tokens": 3}])[0]

@@ -1,8 +1,10 @@
 """The similarity cache of one generator worker: which requests may be answered from it, their groups, the lookups of
 a batch, the answers it keeps, and its metrics.
 
-A stored answer is served only where it is a correct answer for the new request: the new prompt must be within the
-threshold in meaning, and everything else that decides the answer must be equal. That is the request's **group**, a
+A stored answer is served only where it is a correct answer for the new request: the embedding lookup proposes the
+most similar stored prompts within the (recall) threshold, a verification step decides whether the new prompt asks
+the same thing as one of them (the lexical check, lexical.py, and where the archive packs one, a cross-encoder,
+verifier.py), and everything else that decides the answer must be equal. That is the request's **group**, a
 hash of: the model's name, version and weights; the API's prompt form (a prompt, or a chat with the template); a
 chat's earlier messages, system prompt included, exactly; max new tokens; temperature, top_k, top_p; stop sequences;
 the request's partition; and for sampled requests the seed. A lookup compares vectors within its own group only.
@@ -19,7 +21,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -30,10 +31,12 @@ import torch
 from handlers.core.errors import RequestError
 from handlers.core.metrics import HandlerMetrics
 from handlers.generation.decoding import SamplingSettings
+from handlers.generation.semantic_cache import lexical
 from handlers.generation.semantic_cache.embedder import Embedder, load_embedder
 from handlers.generation.semantic_cache.options import SEMANTIC_CACHE_OPTION, PromptLookup
 from handlers.generation.semantic_cache.shared import SemanticTier, SharedEntry, embedder_fingerprint
-from handlers.generation.semantic_cache.store import FINISH_REASONS, Hit, SemanticStore, StoredAnswer
+from handlers.generation.semantic_cache.store import FINISH_REASONS, Candidate, Hit, SemanticStore, StoredAnswer
+from handlers.generation.semantic_cache.verifier import Verifier, load_verifier
 from handlers.text.shared_cache import effective_url, read_password, record_shared_cache, redacted
 
 logger = logging.getLogger(__name__)
@@ -49,39 +52,30 @@ class SemanticQuery:
 
 
 @dataclass(frozen=True)
+class Probe:
+    """A looked-up prompt that missed: its vector and wording, under which its new answer is stored."""
+
+    vector: torch.Tensor
+    prompt: str
+    reading: lexical.Reading | None  # None with the lexical check off
+
+
+@dataclass(frozen=True)
 class Looked:
-    """One query's outcome: a hit, or the vector its new answer is stored under, or why neither."""
+    """One query's outcome: a hit, or the Probe its new answer is stored under (``vector``), or why neither."""
 
     hit: Hit | None = None
-    vector: torch.Tensor | None = None
+    vector: Probe | None = None
     group: bytes = b""
     skip: str = ""
 
 
-# Words whose change flips an answer while barely moving a sentence embedding: negations, numbers in words,
-# ordinals. With handler.semantic_cache.exact_terms (the default), these and every number written in digits must be
-# the same in two prompts for one to answer the other (they are part of the group), measured in docs/semantic-cache.md.
-NEGATIONS = frozenset("not no never non without none nothing neither nor cannot nobody nowhere".split())
-NUMBER_WORDS = frozenset(
-    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen "
-    "eighteen nineteen twenty thirty forty fifty sixty seventy eighty ninety hundred thousand million billion half "
-    "quarter double twice first second third fourth fifth sixth seventh eighth ninth tenth last".split()
-)
-TERM = re.compile(r"\d+(?:[.,]\d+)*|\w+(?:'\w+)?")
-
-
 def exact_terms(text: str) -> str:
-    """The prompt's numbers, number words and negations, in order of appearance (``"n't"`` counts as ``not``)."""
-    terms = []
-    for match in TERM.finditer(text.casefold()):
-        word = match.group()
-        if word[0].isdigit():
-            terms.append(word.replace(",", ""))
-        elif word in NEGATIONS or word in NUMBER_WORDS:
-            terms.append(word)
-        elif word.endswith("n't"):
-            terms.append("not")
-    return " ".join(terms)
+    """The prompt's numbers (digits and number words alike: "six" = "6") and how many negations it has. With
+    handler.semantic_cache.exact_terms (the default) they are part of the group: a lookup only meets stored prompts
+    that agree on them, so a near-miss that differs in a number never crowds out a candidate that does not."""
+    reading = lexical.read(text)
+    return f"{' '.join(reading.numbers)}|{reading.negations}"
 
 
 def group_hash(fields: list[str]) -> bytes:
@@ -97,15 +91,18 @@ class SemanticCache:
         embedder: Embedder,
         model: dict[str, str],
         shared: SemanticTier | None = None,
+        verifier: Verifier | None = None,
     ) -> None:
         self.settings = settings
         self.threshold = settings["threshold"]
         self.embedder = embedder
+        self.verifier = verifier
         self.model = model  # name (TorchServe's), version, info (name and weights shown in answers)
         self.store = SemanticStore(embedder.dimension, settings["capacity"], settings["max_bytes"], settings["ttl_s"])
         self.shared = shared
         self.counts: Counter[str] = Counter()
         self.skipped: Counter[str] = Counter()
+        self.refused: Counter[str] = Counter()  # candidates each check refused
         self.lookup_ms: list[float] = []
         if shared is not None:
             received = shared.read_backlog()
@@ -182,9 +179,15 @@ class SemanticCache:
             elif row.truncated:
                 looked.append(Looked(skip="too_long"))
             else:
-                hit = self.store.lookup(query.group, row.value, query.threshold)
-                vector = None if hit is not None else row.value
-                looked.append(Looked(hit=hit, vector=vector, group=query.group))
+                looked.append(Looked(vector=self.probe(query.text, row.value), group=query.group))
+        found = [
+            self.store.candidates(query.group, item.vector.vector, query.threshold, self.settings["candidates"])
+            if item.vector is not None
+            else []
+            for query, item in zip(queries, looked, strict=True)
+        ]
+        for position, hit in self.verify(looked, found).items():
+            looked[position] = Looked(hit=hit, group=looked[position].group)
         for item in looked:
             if item.skip:
                 self.skip(item.skip)
@@ -193,17 +196,75 @@ class SemanticCache:
         self.lookup_ms.append((time.perf_counter() - started) * 1000)
         return looked
 
-    def remember(self, answers: list[tuple[bytes, torch.Tensor, StoredAnswer]]) -> None:
+    def probe(self, text: str, vector: torch.Tensor) -> Probe:
+        return Probe(vector, text, lexical.read(text) if self.settings["lexical_check"] else None)
+
+    def verify(self, looked: list[Looked], found: list[list[Candidate]]) -> dict[int, Hit]:
+        """The hits: for each lookup, its most similar candidate that passes the lexical check (where on) and the
+        verifier (where packed; all the batch's pairs scored in one call, the best score answers)."""
+        passed: list[list[Candidate]] = []
+        for item, candidates in zip(looked, found, strict=True):
+            probe = item.vector
+            kept = []
+            for candidate in candidates:
+                if probe is None or (probe.reading is not None and self.lexically_refused(probe.reading, candidate)):
+                    self.refused["lexical"] += 1
+                else:
+                    kept.append(candidate)
+            passed.append(kept)
+        if self.verifier is not None:
+            passed = self.verified(looked, passed)
+        hits = {}
+        for position, candidates in enumerate(passed):
+            if candidates:
+                self.store.touch(candidates[0].entry_id)
+                hits[position] = candidates[0].hit
+        return hits
+
+    def lexically_refused(self, reading: lexical.Reading, candidate: Candidate) -> bool:
+        stored = candidate.reading
+        if stored is None:  # an entry from the shared tier is read when it first becomes a candidate
+            stored = lexical.read(candidate.prompt)
+            self.store.set_reading(candidate.entry_id, stored)
+        return bool(lexical.compare(reading, stored))
+
+    def verified(self, looked: list[Looked], passed: list[list[Candidate]]) -> list[list[Candidate]]:
+        """The candidates the verifier scores at or above its threshold, best score first (none where it fails)."""
+        assert self.verifier is not None
+        pairs = [
+            (item.vector.prompt, candidate.prompt)
+            for item, candidates in zip(looked, passed, strict=True)
+            if item.vector is not None
+            for candidate in candidates
+        ]
+        if not pairs:
+            return passed
+        try:
+            scores = iter(self.verifier.score(pairs))
+        except Exception:  # the cache must never fail a request: unverified candidates answer nothing
+            logger.warning("semantic cache: verifying %d pair(s) failed", len(pairs), exc_info=True)
+            self.refused["verifier_failed"] += len(pairs)
+            return [[] for _ in passed]
+        threshold = self.settings["verifier_threshold"]
+        kept = []
+        for candidates in passed:
+            scored = [(next(scores), candidate) for candidate in candidates]
+            good = [candidate for score, candidate in sorted(scored, key=lambda pair: -pair[0]) if score >= threshold]
+            self.refused["verifier"] += len(scored) - len(good)
+            kept.append(good)
+        return kept
+
+    def remember(self, answers: list[tuple[bytes, Probe, StoredAnswer]]) -> None:
         """Keep new answers (not one already stored for the same prompt), and hand them to the shared tier."""
         stored = []
-        for group, vector, answer in answers:
+        for group, probe, answer in answers:
             if answer.finish_reason not in FINISH_REASONS:
                 continue
-            if self.store.lookup(group, vector, DUPLICATE_SIMILARITY) is not None:
+            if self.store.lookup(group, probe.vector, DUPLICATE_SIMILARITY) is not None:
                 continue
             created = time.time()
-            if self.store.insert(group, vector, answer, created):
-                stored.append(SharedEntry(group, vector, answer, created))
+            if self.store.insert(group, probe.vector, answer, created, probe.prompt, probe.reading):
+                stored.append(SharedEntry(group, probe.vector, answer, created, probe.prompt))
         self.counts["stored"] += len(stored)
         if self.shared is not None and stored:
             self.shared.publish(stored)
@@ -216,7 +277,7 @@ class SemanticCache:
     def keep(self, received: list[SharedEntry]) -> None:
         """Other workers' answers into this worker's index, with their writers' creation times."""
         for entry in received:
-            self.store.insert(entry.group, entry.vector, entry.answer, entry.created)
+            self.store.insert(entry.group, entry.vector, entry.answer, entry.created, entry.prompt)
 
     def record(self, metrics: HandlerMetrics) -> None:
         """This batch's figures (counters only when non-zero)."""
@@ -229,6 +290,8 @@ class SemanticCache:
                 metrics.record(name, self.counts[key])
         for reason, count in self.skipped.items():
             metrics.record("SemanticCacheSkipped", count, [("Reason", reason)])
+        for check, count in self.refused.items():
+            metrics.record("SemanticCacheRefused", count, [("Check", check)])
         if self.shared is not None:
             received = self.shared.drain_received()
             if received:
@@ -239,16 +302,22 @@ class SemanticCache:
         metrics.record("SemanticCacheEntries", len(self.store))
         self.counts.clear()
         self.skipped.clear()
+        self.refused.clear()
         self.lookup_ms = []
 
     def describe(self) -> dict[str, Any]:
         return {
             "threshold": self.threshold,
+            "candidates": self.settings["candidates"],
+            "exact_terms": self.settings["exact_terms"],
+            "lexical_check": self.settings["lexical_check"],
+            "verifier_threshold": self.settings["verifier_threshold"] if self.verifier is not None else None,
             "capacity": self.settings["capacity"],
             "max_bytes": self.settings["max_bytes"],
             "ttl_s": self.settings["ttl_s"],
             **self.store.describe(),
             "embedder": self.embedder.describe(),
+            "verifier": self.verifier.describe() if self.verifier is not None else None,
             "shared": self.shared.describe() if self.shared is not None else None,
         }
 
@@ -291,10 +360,26 @@ def open_semantic_cache(
             max_completion_tokens,
         )
         logger.info("semantic cache shared tier %s, stream %s", redacted(url), shared.stream_key)
-    cache = SemanticCache(settings, embedder, model, shared)
+    verifier = load_verifier(
+        model_dir,
+        settings["verifier"],
+        settings["verifier_handler"],
+        settings["verifier_label"],
+        model["name"],
+        model["version"],
+        threads,
+        gpu,
+    )
+    cache = SemanticCache(settings, embedder, model, shared, verifier)
     logger.info(
-        "semantic cache on: threshold %.3f, capacity %d, embedder %s %s",
+        "semantic cache on: threshold %.3f, %d candidate(s), lexical check %s, verifier %s, capacity %d, "
+        "embedder %s %s",
         settings["threshold"],
+        settings["candidates"],
+        "on" if settings["lexical_check"] else "off",
+        f"{verifier.handler.backend} {verifier.handler.precision} at {settings['verifier_threshold']}"
+        if verifier is not None
+        else "none",
         settings["capacity"],
         embedder.handler.backend,
         embedder.handler.precision,

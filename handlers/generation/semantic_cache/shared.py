@@ -8,9 +8,11 @@ carries entries between workers. Per batch with lookups, one ``XREAD`` from wher
 an ``EXPIRE`` of ``ttl_s``. A starting worker reads the stream's backlog once, so a restart loses nothing.
 
 A value is raw bytes, never pickle: a header (magic, format, dimension, the group hash, the embedder's fingerprint,
-creation time, completion tokens, finish reason, text length), the unit vector as little-endian float32, then the
-answer's UTF-8 text. Anything that fails a check (length, magic, dimension, fingerprint, non-finite or non-unit
-vector, undecodable text, an unknown finish reason, too old) is skipped and counted as a bad value. Failures follow
+creation time, completion tokens, finish reason, prompt and text lengths), the unit vector as little-endian float32,
+then the prompt's and the answer's UTF-8 text (the prompt: the cache verifies a candidate against the wording it was
+answered for). Anything that fails a check (length, magic, dimension, fingerprint, non-finite or non-unit vector,
+undecodable text, an unknown finish reason, too old) is skipped and counted as a bad value; a value of the earlier
+format (no prompt) is skipped silently. Failures follow
 the embedding tier's rules (handlers/text/shared_cache.py): a bounded timeout per call, no retries, a breaker;
 a failed call costs a request nothing but the chance of a hit.
 """
@@ -33,9 +35,10 @@ from handlers.text.shared_cache import RedisTier
 logger = logging.getLogger(__name__)
 
 MAGIC = b"TSSc"
-FORMAT_VERSION = 1
-# magic, format, finish reason, dimension, group hash, embedder fingerprint, created (ms), completion tokens, text bytes
-HEADER = struct.Struct("<4sBBH16s8sQII")
+FORMAT_VERSION = 2  # 1: no prompt
+# magic, format, finish reason, dimension, group hash, embedder fingerprint, created (ms), completion tokens,
+# prompt bytes, text bytes
+HEADER = struct.Struct("<4sBBH16s8sQIII")
 READ_COUNT = 512  # entries one XREAD may bring
 BACKLOG_SECONDS = 2.0  # how long a starting worker may spend reading the backlog
 
@@ -48,6 +51,7 @@ class SharedEntry:
     vector: torch.Tensor
     answer: StoredAnswer
     created: float  # wall-clock seconds
+    prompt: str = ""  # the wording the answer was generated for
 
 
 def embedder_fingerprint(name: str, backend: str, precision: str, dimension: int) -> bytes:
@@ -59,6 +63,7 @@ def embedder_fingerprint(name: str, backend: str, precision: str, dimension: int
 def encode_entry(entry: SharedEntry, fingerprint: bytes) -> bytes:
     vector = entry.vector.detach().to("cpu", torch.float32).contiguous().numpy().astype("<f4", copy=False)
     text = entry.answer.text.encode("utf-8")
+    prompt = entry.prompt.encode("utf-8")
     header = HEADER.pack(
         MAGIC,
         FORMAT_VERSION,
@@ -68,9 +73,10 @@ def encode_entry(entry: SharedEntry, fingerprint: bytes) -> bytes:
         fingerprint,
         int(entry.created * 1000),
         entry.answer.completion_tokens,
+        len(prompt),
         len(text),
     )
-    return header + vector.tobytes() + text
+    return header + vector.tobytes() + prompt + text
 
 
 def decode_entry(
@@ -79,7 +85,9 @@ def decode_entry(
     """The entry a stored value holds, or None when it fails any check (see the module docstring)."""
     if not isinstance(value, bytes) or len(value) < HEADER.size + 4 * dimension:
         return None
-    magic, version, finish, size, group, writer, created_ms, tokens, text_bytes = HEADER.unpack_from(value)
+    magic, version, finish, size, group, writer, created_ms, tokens, prompt_bytes, text_bytes = HEADER.unpack_from(
+        value
+    )
     if (
         magic != MAGIC
         or version != FORMAT_VERSION
@@ -87,19 +95,21 @@ def decode_entry(
         or size != dimension
         or writer != fingerprint
         or not 0 <= tokens <= max_completion_tokens
-        or len(value) != HEADER.size + 4 * dimension + text_bytes
+        or len(value) != HEADER.size + 4 * dimension + prompt_bytes + text_bytes
         or created_ms / 1000 < oldest
     ):
         return None
     vector = np.frombuffer(value, dtype="<f4", count=dimension, offset=HEADER.size).astype(np.float32)
     if not np.isfinite(vector).all() or abs(float(np.linalg.norm(vector)) - 1.0) > NORM_TOLERANCE:
         return None
+    start = HEADER.size + 4 * dimension
     try:
-        text = value[HEADER.size + 4 * dimension :].decode("utf-8")
+        prompt = value[start : start + prompt_bytes].decode("utf-8")
+        text = value[start + prompt_bytes :].decode("utf-8")
     except UnicodeDecodeError:
         return None
     answer = StoredAnswer(text, FINISH_REASONS[finish], tokens)
-    return SharedEntry(group, torch.from_numpy(vector), answer, created_ms / 1000)
+    return SharedEntry(group, torch.from_numpy(vector), answer, created_ms / 1000, prompt)
 
 
 class SemanticTier(RedisTier):
@@ -185,7 +195,7 @@ class SemanticTier(RedisTier):
                     entry = decode_entry(value, self.dimension, self.fingerprint, self.max_completion_tokens, oldest)
                 if entry is None:
                     # Too old is not bad: the stream keeps entries past their TTL until trimmed.
-                    if not (isinstance(value, bytes) and self.too_old(value, oldest)):
+                    if not (isinstance(value, bytes) and self.outdated(value, oldest)):
                         self.events.bad_values += 1
                     continue
                 entries.append(entry)
@@ -193,10 +203,13 @@ class SemanticTier(RedisTier):
         return entries
 
     @staticmethod
-    def too_old(value: bytes, oldest: float) -> bool:
-        if len(value) < HEADER.size or value[:4] != MAGIC:
+    def outdated(value: bytes, oldest: float) -> bool:
+        """Past its TTL, or of an earlier format (written before an upgrade): skipped, but not a bad value."""
+        if len(value) < 5 or value[:4] != MAGIC:
             return False
-        return HEADER.unpack_from(value)[6] / 1000 < oldest
+        if value[4] < FORMAT_VERSION:
+            return True
+        return len(value) >= HEADER.size and HEADER.unpack_from(value)[6] / 1000 < oldest
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "stream": self.stream_key, "last_id": self.last_id.decode(errors="replace")}

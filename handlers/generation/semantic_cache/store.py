@@ -1,15 +1,16 @@
 """One worker's similarity index: answered prompts' unit vectors, grouped by everything else that decides an answer.
 
 A lookup names its group (the hash of model, version, sampling settings, stop sequences, chat context, partition:
-:mod:`handlers.generation.semantic_cache.cache`) and a prompt's unit vector; it finds the most similar stored prompt
-of that group only, and answers with it when the cosine similarity reaches the lookup's threshold. Nothing is ever
-compared across groups, so no request parameter can reach another group's answers.
+:mod:`handlers.generation.semantic_cache.cache`) and a prompt's unit vector; it proposes the most similar stored
+prompts of that group only whose cosine similarity reaches the lookup's threshold, best first (the cache verifies
+them before one answers). Nothing is ever compared across groups, so no request parameter can reach another group's
+answers. Each entry keeps its prompt's wording (and what the lexical check read in it), for that verification.
 
 Each group keeps its vectors as rows of one float32 matrix (one matrix-vector product per lookup: ~1 ms per 10k
 entries of 384 floats on one core; docs/semantic-cache.md has the measured figures); freed rows are zeroed
 (similarity 0, below any threshold) and reused. The whole store is bounded in entries and in bytes (vector + answer
 text) with least-recently-used eviction (a group's matrix may hold up to twice the rows it uses, beyond that count),
-and every entry expires ``ttl_s`` after it was first answered.
+and every entry expires ``ttl_s`` after it was first answered. An entry's bytes count its prompt too.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -47,6 +49,8 @@ class Entry:
     answer: StoredAnswer
     created: float  # wall-clock seconds (entries from the shared tier carry their writer's time)
     nbytes: int
+    prompt: str = ""  # the wording it was answered for
+    reading: Any = None  # what the lexical check read in it (handlers/generation/semantic_cache/lexical.py)
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,16 @@ class Hit:
     answer: StoredAnswer
     similarity: float
     age_s: float
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A stored prompt a lookup proposes: verified before it answers (:meth:`SemanticStore.touch` on a hit)."""
+
+    entry_id: int
+    prompt: str
+    reading: Any
+    hit: Hit
 
 
 @dataclass
@@ -106,36 +120,65 @@ class SemanticStore:
     def __len__(self) -> int:
         return len(self.entries)
 
-    def entry_bytes(self, text: str) -> int:
-        return 4 * self.dimension + len(text.encode("utf-8")) + ENTRY_OVERHEAD_BYTES
+    def entry_bytes(self, text: str, prompt: str = "") -> int:
+        return 4 * self.dimension + len(text.encode("utf-8")) + len(prompt.encode("utf-8")) + ENTRY_OVERHEAD_BYTES
 
-    def lookup(self, group: bytes, vector: torch.Tensor, threshold: float) -> Hit | None:
-        """The most similar live entry of ``group`` when its cosine similarity to ``vector`` is >= ``threshold``."""
+    def candidates(self, group: bytes, vector: torch.Tensor, threshold: float, limit: int) -> list[Candidate]:
+        """Up to ``limit`` live entries of ``group`` whose cosine similarity to ``vector`` is >= ``threshold``, most
+        similar first; expired ones met on the way are dropped."""
         index = self.groups.get(group)
+        if index is None or not index.used:
+            return []
+        similarities = index.matrix[: len(index.entry_ids)] @ vector
         now = self.clock()
-        while index is not None and index.used:
-            rows = len(index.entry_ids)
-            similarities = index.matrix[:rows] @ vector
-            row = int(torch.argmax(similarities))
-            similarity = float(similarities[row])
+        found: list[Candidate] = []
+        # A few more than asked for: expired entries among the best are dropped, not counted.
+        best = torch.topk(similarities, min(len(similarities), limit + 4))
+        for similarity, row in zip(best.values.tolist(), best.indices.tolist(), strict=True):
             entry_id = index.entry_ids[row]
             # A unit vector's dot product with itself rounds to 1 +- a few float32 ulps; without this slack an
             # identical prompt would miss at threshold 1.0 about a third of the time.
-            if entry_id is None or similarity < threshold - ROUNDING_SLACK:
-                return None
+            if entry_id is None or similarity < threshold - ROUNDING_SLACK or len(found) == limit:
+                break
             entry = self.entries[entry_id]
-            if now - entry.created > self.ttl_s:  # expired: drop it, look again
+            if now - entry.created > self.ttl_s:
                 self.evict(entry_id)
-                index = self.groups.get(group)
                 continue
-            self.entries.move_to_end(entry_id)
-            return Hit(entry.answer, min(similarity, 1.0), max(0.0, now - entry.created))
-        return None
+            hit = Hit(entry.answer, min(similarity, 1.0), max(0.0, now - entry.created))
+            found.append(Candidate(entry_id, entry.prompt, entry.reading, hit))
+        return found
 
-    def insert(self, group: bytes, vector: torch.Tensor, answer: StoredAnswer, created: float | None = None) -> bool:
+    def touch(self, entry_id: int) -> None:
+        """A candidate answered: it is now the most recently used entry."""
+        if entry_id in self.entries:
+            self.entries.move_to_end(entry_id)
+
+    def set_reading(self, entry_id: int, reading: Any) -> None:
+        """What the lexical check read in an entry's prompt, kept for its next lookups."""
+        if entry_id in self.entries:
+            self.entries[entry_id].reading = reading
+
+    def lookup(self, group: bytes, vector: torch.Tensor, threshold: float) -> Hit | None:
+        """The most similar live entry of ``group`` when its cosine similarity to ``vector`` is >= ``threshold``
+        (unverified: the duplicate check when storing, and tests)."""
+        found = self.candidates(group, vector, threshold, 1)
+        if not found:
+            return None
+        self.touch(found[0].entry_id)
+        return found[0].hit
+
+    def insert(
+        self,
+        group: bytes,
+        vector: torch.Tensor,
+        answer: StoredAnswer,
+        created: float | None = None,
+        prompt: str = "",
+        reading: Any = None,
+    ) -> bool:
         """Store one answer; False when it is too big for the store or already expired. Older entries are evicted
         (least recently used first) until both bounds hold."""
-        nbytes = self.entry_bytes(answer.text)
+        nbytes = self.entry_bytes(answer.text, prompt)
         created = self.clock() if created is None else created
         if nbytes > self.max_bytes or self.capacity == 0 or self.clock() - created > self.ttl_s:
             return False
@@ -147,7 +190,7 @@ class SemanticStore:
             index = self.groups[group] = Group(torch.zeros(1, self.dimension, dtype=torch.float32))
         entry_id = next(self.ids)
         row = index.add(vector.to(torch.float32), entry_id)
-        self.entries[entry_id] = Entry(group, row, answer, created, nbytes)
+        self.entries[entry_id] = Entry(group, row, answer, created, nbytes, prompt, reading)
         self.nbytes += nbytes
         return True
 
