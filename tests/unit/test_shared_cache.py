@@ -378,3 +378,33 @@ def test_a_new_version_does_not_serve_the_old_versions_entries(tiny_minilm_dir, 
     assert total(new_metrics, "SharedCacheHits") == 0 and total(new_metrics, "CacheMisses") == 1
     keys = {key.decode().rsplit(":", 1)[0] for key in own_cache.client().scan_iter("emb:*")}
     assert keys == {"emb:minilm:1.0", "emb:minilm:2.0"}
+
+
+# ----------------------------------------------------------------------------------------------- other kinds' values
+def test_a_sparse_row_round_trips_and_a_damaged_one_is_a_miss():
+    from handlers.text.shared_cache import SPARSE
+
+    namespace = Namespace("splade", "1.0", "eager", "fp32", 256, 30522, SPARSE)
+    row = (torch.tensor([7, 2991, 15], dtype=torch.long), torch.tensor([2.5, 1.25, 0.5]))
+    value = encode_value(namespace, KEY, CachedRow(row, 9, False))
+    assert len(value) == HEADER.size + 8 * 3
+    ids_in_range = lambda v: bool((v[0] >= 0).all() and (v[0] < 30522).all())  # noqa: E731
+    decoded = decode_value(namespace, KEY, value, ids_in_range)
+    assert decoded is not None and torch.equal(decoded.value[0], row[0]) and torch.equal(decoded.value[1], row[1])
+    beyond = encode_value(namespace, KEY, CachedRow((torch.tensor([40000]), torch.tensor([1.0])), 9, False))
+    assert (
+        decode_value(namespace, KEY, beyond, ids_in_range) is None
+    )  # the kind's check refuses an id off the vocabulary
+    assert decode_value(namespace, KEY, value[:-4], ids_in_range) is None
+
+
+def test_token_vectors_round_trip_and_a_count_over_the_token_limit_is_a_miss():
+    from handlers.text.shared_cache import MATRIX
+
+    namespace = Namespace("colbert", "1.0", "eager", "fp32", 8, 4, MATRIX)
+    vectors = torch.randn(5, 4, generator=torch.Generator().manual_seed(0))
+    value = encode_value(namespace, KEY, CachedRow(vectors, 5, False))
+    decoded = decode_value(namespace, KEY, value, lambda v: True)
+    assert decoded is not None and torch.equal(decoded.value, vectors)
+    long = encode_value(namespace, KEY, CachedRow(torch.zeros(9, 4), 8, True))  # 9 vectors from an 8-token limit
+    assert decode_value(namespace, KEY, long, lambda v: True) is None
