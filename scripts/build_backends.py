@@ -210,6 +210,19 @@ def example_inputs(reference: Reference) -> tuple[Any, ...]:
     return tuple(tensor.to(reference.device) for tensor in padded_batch(reference.files, reference.rows[:4], tokens))
 
 
+def forward_shapes(model: Any, shapes: list[dict]) -> tuple:
+    """``shapes`` (one per positional input) arranged as torch.export matches them to ``model.forward``'s parameters:
+    those a *args parameter takes form one tuple in its place (none at all when it takes nothing: torch binds the
+    arguments as inspect does, and an empty *args is left out)."""
+    import inspect
+
+    parameters = list(inspect.signature(model.forward).parameters.values())
+    for position, parameter in enumerate(parameters):
+        if parameter.kind is inspect.Parameter.VAR_POSITIONAL and position < len(shapes):
+            return (*shapes[:position], tuple(shapes[position:]))
+    return tuple(shapes)
+
+
 def build_aot(
     model_dir: Path,
     fp32_model: Any,
@@ -232,10 +245,11 @@ def build_aot(
     batch = torch.export.Dim("batch", min=1, max=max_batch)
     tokens = torch.export.Dim("tokens", min=2, max=max_tokens)
     with torch.inference_mode():
-        # Every input is [rows, tokens] but a prompt-length column, [rows]; the model's own inputs after the first two
-        # are its forward's *extra (handlers/text/model.py TextModule), one tuple.
+        # Every input is [rows, tokens] but a prompt-length column, [rows]. dynamic_shapes follows the forward's own
+        # signature: a TextModule (handlers/text/model.py) takes its inputs after the first two as *extra (one nested
+        # tuple); a plain encoder names each.
         shapes = [{0: batch, 1: tokens} if tensor.dim() == 2 else {0: batch} for tensor in example]
-        exported = torch.export.export(model, example, dynamic_shapes=(shapes[0], shapes[1], tuple(shapes[2:])))
+        exported = torch.export.export(model, example, dynamic_shapes=forward_shapes(model, shapes))
     relative = f"{BACKENDS_DIR}/aot-{precision}.pt2"
     package = model_dir / relative
     package.unlink(missing_ok=True)

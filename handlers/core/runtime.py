@@ -93,10 +93,16 @@ def input_dtype(model: torch.nn.Module) -> torch.dtype:
 
 
 def min_cosine_similarity(reference: torch.Tensor, candidate: torch.Tensor) -> float:
-    """Smallest row-wise cosine similarity between two output batches (compared in fp32)."""
+    """Smallest row-wise cosine similarity between two output batches (compared in fp32).
+
+    Two all-zero rows are the same answer (1.0): a sparse row may activate nothing (SPLADE's log(1 + relu(x)) of a
+    text whose every logit is negative), and cosine_similarity would call that pair 0. A zero row against a non-zero
+    one stays 0."""
     reference = reference.float().flatten(1)
     candidate = candidate.float().flatten(1)
-    return torch.nn.functional.cosine_similarity(reference, candidate, dim=1).min().item()
+    similarity = torch.nn.functional.cosine_similarity(reference, candidate, dim=1)
+    both_zero = (reference.abs().amax(dim=1) == 0) & (candidate.abs().amax(dim=1) == 0)
+    return torch.where(both_zero, torch.ones_like(similarity), similarity).min().item()
 
 
 def compile_model(model: torch.nn.Module) -> Any:

@@ -21,6 +21,7 @@ from typing import Any
 import requests
 import torch
 
+from handlers.text.cache import CachedRow
 from scripts.ops.auth import bearer
 
 
@@ -29,15 +30,6 @@ class CheckError(Exception):
 
 
 # ------------------------------------------------------------------------------------------------ stand-ins
-@dataclass(frozen=True)
-class EmbeddedRow:
-    """What the cache reads of one embedded prompt (as the embedder's rows have it)."""
-
-    embedding: torch.Tensor
-    tokens: int = 0
-    truncated: bool = False
-
-
 class Vectors:
     """Stands in for the cache's embedder: each text's unit vector, computed beforehand by the real model."""
 
@@ -46,7 +38,7 @@ class Vectors:
         self.vectors = vectors
 
     def embed(self, texts: list[str]) -> list[Any]:
-        return [EmbeddedRow(self.vectors[text]) for text in texts]
+        return [CachedRow(self.vectors[text], tokens=0, truncated=False) for text in texts]
 
 
 class Scores:

@@ -344,8 +344,8 @@ def test_profiles_build_the_locust_command_lines(tmp_path):
     assert master[master.index("--rate") + 1] == "30" and master[master.index("--open-loop-users") + 1] == "3"
     with pytest.raises(ValueError, match="profile"):
         run.settings_for("minilm", "burst")
-    with pytest.raises(ValueError, match="model"):
-        run.settings_for("llama", "smoke")
+    with pytest.raises(ValueError, match="model name"):
+        run.settings_for("llama/7b", "smoke")
 
 
 def test_a_step_lasts_long_enough_for_its_minimum_number_of_requests():

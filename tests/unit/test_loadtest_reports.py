@@ -241,5 +241,9 @@ def test_response_checks_accept_good_answers_and_name_the_problem():
     assert "sum" in payloads.check_classifier({"label": 3, "probabilities": [0.2] * 10})
     assert "label" in payloads.check_classifier({"label": 10, "probabilities": [0.1] * 10})
     assert payloads.check_classifier([good]) is not None
-    with pytest.raises(ValueError, match="known"):
-        payloads.traffic("nope")
+    # Any other well-formed name is an embedding archive packaged from a user's folder; a malformed one is refused.
+    assert payloads.traffic("my-model").path == "/predictions/my-model"
+    assert payloads.traffic("my-model-openai").path == "/embeddings"
+    for bad in ("", "a/b", "x y", "../m"):
+        with pytest.raises(ValueError, match="not a model name"):
+            payloads.traffic(bad)
