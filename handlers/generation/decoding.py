@@ -7,10 +7,11 @@ The pieces, each usable without a server:
   every row's next token is at the last column.
 - :func:`choose_token`: greedy or seeded temperature/top-k/top-p sampling for one row, with that request's own
   generator, so a request's tokens never depend on its batch-mates.
-- :func:`generate`: the decoding loop. The prompt is run once (prefill); each later step feeds only the newest token
-  of every active row together with the cache (``use_cache=False`` recomputes the whole prefix every step instead:
-  the reference the tests and the benchmark compare against). A row that finishes leaves the batch at once: its rows
-  are dropped from the cache and from the mask, so the remaining rows compute exactly what they would alone.
+- :func:`generate`: a whole batch decoded to its end. The prompts are run once (prefill); each later step feeds only
+  the newest token of every active row together with the cache (:class:`handlers.generation.running.RunningBatch`;
+  ``use_cache=False`` recomputes the whole prefix every step instead: the reference the tests and the benchmark
+  compare against). A row that finishes leaves the batch at once: its rows are dropped from the cache and from the
+  mask, so the remaining rows compute exactly what they would alone.
 """
 
 from __future__ import annotations
@@ -39,9 +40,9 @@ class SamplingSettings:
         return self.temperature == 0
 
 
-@dataclass
+@dataclass(eq=False)  # a sequence is one request's state: equal only to itself (and usable as a dict key)
 class Sequence:
-    """One request's generation state; :func:`generate` appends to ``token_ids`` and sets ``finish_reason``."""
+    """One request's generation state; decoding appends to ``token_ids`` and sets ``finish_reason``."""
 
     prompt_ids: list[int]
     settings: SamplingSettings
@@ -147,71 +148,69 @@ def generate(
     pad_token_id: int,
     use_cache: bool = True,
     on_step: StepCallback | None = None,
+    prefix_cache: Any = None,
 ) -> list[Sequence]:
     """Decode every sequence until it stops or reaches its max_new_tokens; returns ``sequences`` (filled in place).
 
-    ``stop_token_ids``: the end-of-text token id(s) that finish a sequence (empty: only the length limit does).
+    ``stop_token_ids``: the end-of-text token id(s) that finish a sequence (empty: only the length limit does);
+    ``prefix_cache``: a :class:`handlers.generation.prefix_cache.PrefixCache` the prompts reuse and fill.
     """
-    stop_token_ids = frozenset(stop_token_ids or ())
-    device = next(model.parameters()).device
-    rows = [index for index, sequence in enumerate(sequences) if not sequence.finished]  # row -> sequence index
-    if not rows:
-        return sequences
-    input_ids, attention_mask, position_ids = left_pad([sequences[i].prompt_ids for i in rows], pad_token_id, device)
-    cache = empty_cache(model) if use_cache else None
+    if not use_cache:
+        return recompute(model, sequences, frozenset(stop_token_ids or ()), pad_token_id, on_step)
+    from handlers.generation.running import RunningBatch
+
+    index = {sequence: position for position, sequence in enumerate(sequences)}
+    batch = RunningBatch(model, pad_token_id, stop_token_ids, prefix_cache)
+    new_tokens = batch.prefill(list(sequences))
     while True:
-        logits, cache = model_step(model, input_ids, attention_mask, position_ids, cache)
-        new_tokens = append_tokens(logits, rows, sequences, stop_token_ids)
         if on_step is not None:
-            on_step(new_tokens)
-        kept_rows = [row for row, index in enumerate(rows) if not sequences[index].finished]
-        if not kept_rows:
+            on_step({index[sequence]: token for sequence, token in new_tokens.items()})
+        batch.remove_finished()
+        if not batch.rows:
             return sequences
-        if len(kept_rows) < len(rows):
-            # A finished row leaves the batch: the others no longer pay for it, and nothing they compute involves it.
-            keep = torch.tensor(kept_rows, device=device)
-            attention_mask = attention_mask[keep]
-            if cache is not None:
-                cache.batch_select_indices(keep)
-            rows = [rows[row] for row in kept_rows]
-        if cache is not None:
-            # Only the newest token goes in; its position (0-based) is the count of real tokens before it.
-            position_ids = attention_mask.sum(dim=1, keepdim=True)
-            input_ids = torch.tensor([[sequences[i].token_ids[-1]] for i in rows], device=device)
-            attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(rows), 1))], dim=1)
-        else:
-            input_ids, attention_mask, position_ids = left_pad(
-                [sequences[i].prompt_ids + sequences[i].token_ids for i in rows], pad_token_id, device
-            )
+        new_tokens = batch.step()
 
 
-def append_tokens(
-    logits: torch.Tensor, rows: list[int], sequences: list[Sequence], stop_token_ids: frozenset[int]
-) -> dict[int, int]:
-    """Choose each active row's next token and append it to its sequence, finishing the sequences that stop;
-    returns {sequence index: token id} for the rows that got one."""
-    new_tokens: dict[int, int] = {}
-    for row, index in enumerate(rows):
-        sequence = sequences[index]
+def recompute(
+    model: Any,
+    sequences: list[Sequence],
+    stop_token_ids: frozenset[int],
+    pad_token_id: int,
+    on_step: StepCallback | None,
+) -> list[Sequence]:
+    """:func:`generate` without a cache: every step runs each row's whole prefix again (the reference)."""
+    device = next(model.parameters()).device
+    while True:
+        rows = [sequence for sequence in sequences if not sequence.finished]
+        if not rows:
+            return sequences
+        input_ids, attention_mask, position_ids = left_pad(
+            [sequence.prompt_ids + sequence.token_ids for sequence in rows], pad_token_id, device
+        )
+        logits, _ = model_step(model, input_ids, attention_mask, position_ids, None)
+        new_tokens = append_tokens(logits, rows, stop_token_ids)
+        if on_step is not None:
+            position = {sequence: index for index, sequence in enumerate(sequences)}
+            on_step({position[sequence]: token for sequence, token in new_tokens.items()})
+
+
+def append_tokens(logits: torch.Tensor, rows: list[Sequence], stop_token_ids: frozenset[int]) -> dict[Sequence, int]:
+    """Choose each row's next token and append it to its sequence, finishing the sequences that stop; returns
+    {sequence: token id} for the rows that got one (a row whose logits are unusable finishes with an error)."""
+    new_tokens: dict[Sequence, int] = {}
+    for row, sequence in enumerate(rows):
         try:
             token = choose_token(logits[row], sequence.settings, sequence.generator)
         except NonFiniteLogits as error:  # this row stops with its own error; its batch-mates go on
             sequence.finish_reason, sequence.error = FINISH_ERROR, str(error)
             continue
         sequence.token_ids.append(token)
-        new_tokens[index] = token
+        new_tokens[sequence] = token
         if token in stop_token_ids:
             sequence.finish_reason = FINISH_STOP
         elif len(sequence.token_ids) >= sequence.settings.max_new_tokens:
             sequence.finish_reason = FINISH_LENGTH
     return new_tokens
-
-
-def empty_cache(model: Any) -> Any:
-    """A fresh dynamic key/value cache for this model (rows can be dropped from it with batch_select_indices)."""
-    from transformers import DynamicCache
-
-    return DynamicCache(config=model.config)
 
 
 def stop_token_ids(generation_config: Any, tokenizer: Any) -> list[int]:
