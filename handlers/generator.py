@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -72,6 +73,10 @@ logger = logging.getLogger(__name__)
 
 # The gRPC input a StreamPredictions caller adds beside "body" to get a streamed answer piece by piece.
 GRPC_STREAM_INPUT = "stream_pieces"
+# /predictions/<model>/<version>/describe answers what the customized describe answers. With continuousBatching,
+# TorchServe 0.12 puts a customized describe (GET /models/<model>?customized=true) back in the queue each time it
+# takes it, for ever: the worker then serves nothing else. This route is the safe way to ask.
+DESCRIBE_ROUTE = "describe"
 
 ModelInputs = dict[str, torch.Tensor]  # input_ids and attention_mask
 
@@ -105,7 +110,7 @@ class GeneratorHandler(ServingHandler):
         "semantic_cache": SEMANTIC_CACHE_OPTION,
     }
     # '' = the native API at /predictions/<model>; the OpenAI routes follow /predictions/<model>/<version>/.
-    routes = ("", COMPLETIONS_ROUTE, CHAT_ROUTE)
+    routes = ("", COMPLETIONS_ROUTE, CHAT_ROUTE, DESCRIBE_ROUTE)
     loaded: LoadedGenerator
 
     def __init__(self) -> None:
@@ -203,7 +208,11 @@ class GeneratorHandler(ServingHandler):
             },
             "stop_token_ids": self.loaded.stop_token_ids,
             "openai": {
-                "routes": [f"/predictions/{self.model_name}/{self.model_version}/{r}" for r in self.routes if r],
+                "routes": [
+                    f"/predictions/{self.model_name}/{self.model_version}/{r}"
+                    for r in self.routes
+                    if r and r != DESCRIBE_ROUTE
+                ],
                 "chat_template": "the model's" if chat.has_chat_template(self.loaded.tokenizer) else "plain",
             },
             "scheduling": {
@@ -219,8 +228,23 @@ class GeneratorHandler(ServingHandler):
         }
 
     # ----------------------------------------------------------------------------------------------- per request
-    def parse_request(self, body: Any, request: RequestView) -> AcceptedGeneration:
+    def accept(
+        self, data: list[Any], indices: Iterable[int], scope: BatchScope, responses: list[str | None]
+    ) -> list[tuple[int, Any]]:
+        """As the base; a request to the describe route is answered at once with the description."""
+        accepted = []
+        for idx, payload in super().accept(data, indices, scope, responses):
+            if payload == DESCRIBE_ROUTE:
+                self.set_content_type(scope.context, idx, None)
+                responses[idx] = to_json(self.describe())
+            else:
+                accepted.append((idx, payload))
+        return accepted
+
+    def parse_request(self, body: Any, request: RequestView) -> Any:
         """Validate one request (see handlers.generation.requests; OpenAI routes: handlers.generation.openai_api)."""
+        if request.url_path == DESCRIBE_ROUTE:
+            return DESCRIBE_ROUTE
         if request.url_path:
             served = Served(self.model_name, self.loaded.info, self.loaded.limits, self.loaded.tokenizer)
             try:

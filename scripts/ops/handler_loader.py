@@ -180,7 +180,7 @@ def parse_predict_response(message: bytes) -> tuple[int, dict[str, dict[str, Any
     {status, content_type, headers, body}})."""
     code, offset = read_int(message, 0)
     _, offset = read_bytes(message, offset)
-    predictions = {}
+    predictions: dict[str, dict[str, Any]] = {}
     while True:
         length, _ = read_int(message, offset)
         if length == -1:
