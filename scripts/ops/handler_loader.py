@@ -246,12 +246,16 @@ class ContinuousFrontend:
         self.ids = itertools.count()
         self.calls = 0
 
-    def submit(self, body: Any, headers: Mapping[str, str] | None = None, **inputs: Any) -> FrontendJob:
-        """Queue a request; ``headers`` default to an HTTP JSON request's."""
+    def submit(
+        self, body: Any, headers: Mapping[str, str] | None = None, over_grpc: bool = False, **inputs: Any
+    ) -> FrontendJob:
+        """Queue a request: an HTTP JSON request's headers plus ``headers`` (``over_grpc``: without a Host header,
+        as TorchServe's gRPC frontend sends it); ``inputs`` are other named inputs beside the body."""
+        host = {} if over_grpc else {"Host": "127.0.0.1:8080"}
         job = FrontendJob(
             request_id=f"job-{next(self.ids)}",
             request={"body": body, **inputs},
-            headers={"Host": "127.0.0.1:8080", "Content-Type": "application/json", **(headers or {})},
+            headers={**host, "Content-Type": "application/json", **(headers or {})},
         )
         self.queue.append(job)
         return job
@@ -284,7 +288,7 @@ class ContinuousFrontend:
             stream_next = prediction["headers"].get("ts_stream_next")
             if job.status is None:
                 job.status, job.content_type = prediction["status"], prediction["content_type"]
-            if stream_next is None and not job.chunks:
+            if stream_next in (None, "false") and not job.chunks:  # one answer (over gRPC it says it is the last)
                 job.body = prediction["body"]
             else:
                 job.chunks.append(prediction["body"])
