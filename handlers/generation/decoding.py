@@ -109,16 +109,32 @@ def choose_token(logits: torch.Tensor, settings: SamplingSettings, generator: to
     probabilities = torch.softmax(scaled, dim=-1)
     if settings.top_p < 1:
         probabilities = nucleus(probabilities, settings.top_p)
-    return int(torch.multinomial(probabilities, 1, generator=generator))
+    return draw(probabilities, generator)
+
+
+def draw(weights: torch.Tensor, generator: torch.Generator) -> int:
+    """A token drawn with probability proportional to ``weights`` (float64, >= 0): the first whose cumulative weight
+    exceeds a uniform point of the request's generator. A zero weight is never drawn. (torch.multinomial draws the
+    same way but takes about a millisecond on a 50k-token vocabulary, a step's worth at 16 rows; this, microseconds.)"""
+    cumulative = weights.cumsum(0)
+    point = torch.rand(1, generator=generator, dtype=torch.float64) * cumulative[-1]
+    return min(int(torch.searchsorted(cumulative, point, right=True)[0]), weights.numel() - 1)
+
+
+NUCLEUS_CANDIDATES = 256  # most likely tokens ranked first; the whole vocabulary only when they hold less than top_p
 
 
 def nucleus(probabilities: torch.Tensor, top_p: float) -> torch.Tensor:
-    """``probabilities`` with every token outside the top-p nucleus set to 0 (multinomial renormalises)."""
-    ordered, order = torch.sort(probabilities, descending=True, stable=True)
+    """``probabilities`` with every token outside the top-p nucleus set to 0 (the draw renormalises)."""
+    candidates = min(probabilities.numel(), NUCLEUS_CANDIDATES)
+    ordered, order = torch.topk(probabilities, candidates)  # in descending order
+    if candidates < probabilities.numel() and float(ordered.sum()) < top_p:
+        ordered, order = torch.sort(probabilities, descending=True, stable=True)
     mass_before = ordered.cumsum(0) - ordered  # probability of the tokens more likely than each one
-    outside = mass_before >= top_p
-    outside[0] = False  # the most likely token always stays
-    return probabilities.index_fill(0, order[outside], 0.0)
+    inside = mass_before < top_p
+    inside[0] = True  # the most likely token always stays
+    kept = order[inside]
+    return torch.zeros_like(probabilities).index_copy(0, kept, probabilities[kept])
 
 
 def model_step(
