@@ -301,3 +301,18 @@ def test_rows_join_with_padding_and_leave_freeing_their_columns(lm):
             batch.step()
             batch.remove_finished()
     assert long.token_ids == alone(model, long_prompt, SamplingSettings(40))
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"prefix_cache": {"max_bytes": -1}}, "handler.prefix_cache: max_bytes: -1 is outside"),
+        ({"prefix_cache": {"block_tokens": 0}}, "block_tokens: 0 is outside"),
+        ({"prefix_cache": {"blocks": 4}}, "unknown field(s) ['blocks']"),
+        ({"max_batch_tokens": 0}, "handler.max_batch_tokens: 0 is below the minimum"),
+        ({"max_batch_tokens": "lots"}, "expected auto or an integer"),
+    ],
+)
+def test_scheduling_options_are_checked_at_load(model_dir, overrides, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        load_handler(model_dir, "generator", overrides, continuous_batching=True)
