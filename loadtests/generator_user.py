@@ -196,9 +196,10 @@ class GeneratorUser(GenerationUser):
 
 
 class CompletionsUser(GenerationUser):
-    """OpenAI's completions: ``{"model", "prompt", "max_tokens", ...}``; a streamed answer is server-sent events
-    ending with ``data: [DONE]``. The token count is the usage chunk's when the server sends one
-    (``stream_options.include_usage``), else the pieces received."""
+    """OpenAI's completions: ``{"model", "prompt", "max_tokens", ...}``; a streamed answer is server-sent events, the
+    last of them with a ``finish_reason`` (then ``data: [DONE]``, which OpenAI sends and transformers serve does not).
+    The token count is the usage chunk's when the server sends one (``stream_options.include_usage``), else the
+    pieces received."""
 
     path = os.environ.get("GENERATOR_COMPLETIONS_PATH", "/predictions/generator/1.0/v1/completions")
     model = os.environ.get("GENERATOR_MODEL", "generator")
@@ -230,10 +231,12 @@ class CompletionsUser(GenerationUser):
             generation.tokens = chunk["usage"].get("completion_tokens")
         for choice in chunk.get("choices") or []:
             generation.piece(choice.get("text"))
+            if choice.get("finish_reason"):
+                generation.finish_reason = choice["finish_reason"]
 
     def check_end(self, generation):
-        if not getattr(generation, "done", False):
-            raise ValueError("stream ended without data: [DONE]")
+        if not getattr(generation, "done", False) and not getattr(generation, "finish_reason", None):
+            raise ValueError("stream ended without a finish_reason or data: [DONE]")
         if generation.tokens is None:
             generation.tokens = len(generation.piece_times)
         check_tokens(generation)

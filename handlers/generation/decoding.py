@@ -16,6 +16,7 @@ The pieces, each usable without a server:
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -140,16 +141,37 @@ def nucleus(probabilities: torch.Tensor, top_p: float) -> torch.Tensor:
 def model_step(
     model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, cache: Any
 ) -> tuple[torch.Tensor, Any]:
-    """One forward pass; returns (fp32 CPU logits of the last column, the updated cache or None)."""
+    """One forward pass; returns (fp32 CPU logits of the last column, the updated cache or None).
+
+    Only the last column's logits are wanted: a model that can skip the others (``logits_to_keep``, most causal LMs
+    of transformers) is asked to, which spares a prefill its output layer over every prompt token (for GPT-2 small,
+    50,257 x 768 multiply-adds per token: as much as a third of the model)."""
+    extra = {"logits_to_keep": 1} if keeps_last_logits(model) else {}
     output = model(
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=position_ids,
         cache=cache,
         use_cache=cache is not None,
+        **extra,
     )
     logits = output.logits[:, -1, :].float().cpu()
     return logits, getattr(output, "cache", None) if cache is not None else None
+
+
+def keeps_last_logits(model: Any) -> bool:
+    """Whether the model's forward takes ``logits_to_keep`` (asked once per model class)."""
+    forward = getattr(model, "forward", None)
+    kind = type(model)
+    if kind not in _KEEPS_LAST_LOGITS:
+        try:
+            _KEEPS_LAST_LOGITS[kind] = "logits_to_keep" in inspect.signature(forward).parameters  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            _KEEPS_LAST_LOGITS[kind] = False
+    return _KEEPS_LAST_LOGITS[kind]
+
+
+_KEEPS_LAST_LOGITS: dict[type, bool] = {}
 
 
 # on_step(new_tokens) is called after every step with {sequence index: token id} for the rows decoded in that step;
