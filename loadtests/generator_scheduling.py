@@ -28,14 +28,12 @@ import argparse
 import concurrent.futures
 import datetime
 import json
-import socket
 import statistics
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import requests
 
@@ -193,21 +191,10 @@ def idle_count(endpoint, settle=3.0, timeout=300):
     raise RuntimeError("the server did not become idle")
 
 
-def raw_request(endpoint, body):
-    """An HTTP request on a socket of our own, so that closing it is a client leaving."""
-    address = urlsplit(endpoint.native_url)
-    connection = socket.create_connection((address.hostname, address.port), timeout=600)
-    payload = json.dumps(body).encode()
-    connection.sendall(
-        f"POST {address.path} HTTP/1.1\r\nHost: {address.netloc}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(payload)}\r\n\r\n".encode()
-        + payload
-    )
-    return connection
-
-
 def disconnect_after_pieces(endpoint, pieces):
-    connection = raw_request(endpoint, {"prompt": "A long story", "max_new_tokens": 256, "stream": True})
+    connection = systems.post_on_socket(
+        endpoint.native_url, {"prompt": "A long story", "max_new_tokens": 256, "stream": True}
+    )
     received = b""
     while received.count(b'"done":false') < pieces:
         received += connection.recv(65536)
@@ -216,7 +203,7 @@ def disconnect_after_pieces(endpoint, pieces):
 
 
 def disconnect_after_seconds(endpoint, seconds):
-    connection = raw_request(endpoint, {"prompt": "A long story", "max_new_tokens": 256})
+    connection = systems.post_on_socket(endpoint.native_url, {"prompt": "A long story", "max_new_tokens": 256})
     time.sleep(seconds)
     connection.close()
 
@@ -265,14 +252,7 @@ def probe_streams(url, streams, tokens):
 
 def probe_disconnect(url):
     """Tokens the probe decoder made for a stream whose client left after 5 pieces (it counts them)."""
-    address = urlsplit(url)
-    connection = socket.create_connection((address.hostname, address.port), timeout=60)
-    payload = json.dumps({"tokens": 100000, "stream": True, "sleep_ms": 2}).encode()
-    connection.sendall(
-        f"POST {address.path} HTTP/1.1\r\nHost: {address.netloc}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(payload)}\r\n\r\n".encode()
-        + payload
-    )
+    connection = systems.post_on_socket(url, {"tokens": 100000, "stream": True, "sleep_ms": 2}, timeout=60)
     received = b""
     while received.count(b"t") < 5:
         received += connection.recv(4096)

@@ -16,9 +16,11 @@ build/generator-compare/ and rebuilt when the archive changes.
 import contextlib
 import json
 import shutil
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import requests
 
@@ -162,3 +164,17 @@ def warm_up(endpoint, log=print):
         complete(endpoint, "Warming up the server.", max_tokens)
         complete(endpoint, "Warming up the server, streamed.", max_tokens, stream=True)
     log(f"{endpoint.name}: warmed up in {time.perf_counter() - started:.1f} s")
+
+
+def post_on_socket(url, body, timeout=600):
+    """POST ``body`` as JSON to ``url`` on a connection of our own, returned open: closing it is a client leaving
+    (an HTTP library would keep the connection for reuse). Read the answer with ``recv``."""
+    address = urlsplit(url)
+    connection = socket.create_connection((address.hostname, address.port), timeout=timeout)
+    payload = json.dumps(body).encode()
+    connection.sendall(
+        f"POST {address.path} HTTP/1.1\r\nHost: {address.netloc}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(payload)}\r\n\r\n".encode()
+        + payload
+    )
+    return connection

@@ -7,14 +7,13 @@ scheduling (continuousBatching): requests join and leave the running batch betwe
 
 import concurrent.futures
 import json
-import socket
 import threading
 import time
-from urllib.parse import urlsplit
 
 import pytest
 import requests
 
+from loadtests.generator_systems import post_on_socket
 from loadtests.prometheus import parse
 from scripts.ops.grpc_client import GrpcError, TorchServeGrpc
 from scripts.ops.management import CustomizedDescribeRefused
@@ -169,14 +168,8 @@ def test_a_short_request_is_answered_while_a_long_stream_goes_on(predict, url):
 def test_a_stream_whose_client_goes_away_stops_decoding(ts_server, predict):
     """TorchServe drops the job of a closed connection from the next step; the worker frees its rows."""
     generated, cancelled = counter(ts_server, "GeneratedTokens"), counter(ts_server, "CancelledRequests")
-    address = urlsplit(ts_server.inference_url)
-    body = json.dumps({"prompt": "Once upon a time", "max_new_tokens": 256, "stream": True}).encode()
-    with socket.create_connection((address.hostname, address.port), timeout=30) as connection:
-        connection.sendall(
-            f"POST /predictions/{MODEL} HTTP/1.1\r\nHost: {address.netloc}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n".encode()
-            + body
-        )
+    body = {"prompt": "Once upon a time", "max_new_tokens": 256, "stream": True}
+    with post_on_socket(f"{ts_server.inference_url}/predictions/{MODEL}", body, timeout=30) as connection:
         received = b""
         while received.count(b'"done":false') < 3:
             received += connection.recv(65536)
