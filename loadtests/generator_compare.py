@@ -31,6 +31,8 @@ import sys
 import time
 from pathlib import Path
 
+import requests
+
 from loadtests import generator_systems as systems
 from scripts.ops import machine
 from scripts.ops.server import exit_on_sigterm
@@ -112,7 +114,24 @@ def measure(system, user_counts, seconds, settle, out_dir, log):
             elapsed = time.perf_counter() - started
             results[users] = figures(samples, duration, settle)
             log(f"{system} {users}u: {json.dumps(results[users])} ({elapsed:.0f} s)")
+            drain(endpoint, results[users], log)
     return results
+
+
+def drain(endpoint, figures_, log, timeout=180):
+    """Wait until the requests Locust left unanswered at the end of a run are done: they would hold places of the
+    next run's users (a plain request is not cancelled by its client's leaving; a whole batch never is)."""
+    started = time.perf_counter()
+    if endpoint.describe_url:  # ours: until nothing runs or waits in the worker
+        while time.perf_counter() - started < timeout:
+            scheduling = requests.post(endpoint.describe_url, timeout=60).json()["scheduling"]
+            if scheduling["running"] == 0 and scheduling["waiting"] == 0:
+                break
+            time.sleep(1.0)
+    else:  # the peer says nothing of its queue: the longest request's worth of steps at the run's pace
+        gap = figures_.get("inter_token_p50_s") or 0.2
+        time.sleep(min(timeout, 5 + 256 * gap))
+    log(f"{endpoint.name}: drained in {time.perf_counter() - started:.0f} s")
 
 
 def target_checks(results):

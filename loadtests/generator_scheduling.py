@@ -4,6 +4,7 @@
     python -m loadtests.generator_scheduling prefix   # time to first token with a 200-token shared system prompt
     python -m loadtests.generator_scheduling cancel   # decoding steps spent after a client disconnects
     python -m loadtests.generator_scheduling probe    # TorchServe's two per-step mechanisms: cost of one step
+    python -m loadtests.generator_scheduling steps    # in-process: a prefill and a decoding step by batch size
     python -m loadtests.generator_scheduling all      # each of the above (make generator-scheduling)
 
 short   per-step and static (loadtests/generator_systems.py): three long streams (256 tokens) and one short one
@@ -19,6 +20,8 @@ cancel  per-step and static: a stream (native API, 256 tokens) whose client read
 probe   no model: a decoder that makes one token per step in no time (loadtests/generator_probe/), served once with
         continuousBatching and once with asyncCommunication, shows what a step costs in TorchServe's frontend
         (one stream of 400 tokens; 8 streams of 200) and whether a client's disconnect reaches the worker.
+steps   in-process, no server: the median time of a decoding step of the measurement model with 1, 4, 8 and 16
+        running rows (about 150 columns wide), of prefilling one 9-token prompt into such a batch, and alone.
 
 Each writes loadtests/reports/generator-<name>-<time>.json and prints its figures. Exit codes: 0 measured, 1 a
 server failed, 2 bad arguments.
@@ -282,7 +285,66 @@ def measure_probe(log):
     return results
 
 
-MEASUREMENTS = {"short": measure_short, "prefix": measure_prefix, "cancel": measure_cancel, "probe": measure_probe}
+# ------------------------------------------------------------------------------------------------ step costs
+def measure_steps(log):
+    """In-process (no server): what a prefill and a decoding step of the measurement model cost, by batch size."""
+    import random
+    import zipfile
+
+    import torch
+
+    from handlers.generation.decoding import SamplingSettings, Sequence
+    from handlers.generation.running import RunningBatch
+    from scripts.ops.handler_loader import load_handler
+
+    folder = systems.VARIANTS / "unpacked"
+    archive = systems.built_archive(log)
+    if (
+        not (folder / "model-config.yaml").exists()
+        or (folder / "model-config.yaml").stat().st_mtime < archive.stat().st_mtime
+    ):
+        with zipfile.ZipFile(archive) as unpacked:
+            unpacked.extractall(folder)
+    handler, _ = load_handler(folder, systems.MODEL, continuous_batching=True)
+    torch.set_num_threads(1)
+    model, tokenizer = handler.loaded.model, handler.loaded.tokenizer
+    rng = random.Random(0)
+    prompt = tokenizer.encode("Once upon a time there was a small model")
+
+    def timed(action, repeats):
+        times = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            action()
+            times.append(time.perf_counter() - started)
+        return round(statistics.median(times), 4)
+
+    results = {"prompt_tokens": len(prompt), "threads": 1}
+    with torch.inference_mode():
+        for rows in (1, 4, 8, 16):
+            batch = RunningBatch(model, handler.loaded.pad_token_id, [])
+            for _ in range(rows):  # rows joined at different times: widths as in a running batch
+                batch.prefill([Sequence(prompt, SamplingSettings(1000, 0.8, seed=rng.randrange(2**31)))])
+                for _ in range(rng.randrange(20)):
+                    batch.step()
+            while batch.width < 150:
+                batch.step()
+            results[f"decode_step_{rows}_rows_s"] = timed(batch.step, 10)
+            joining = Sequence(prompt, SamplingSettings(1000))
+            results[f"prefill_1_joining_{rows}_rows_s"] = timed(lambda b=batch, s=joining: b.prefill([s]), 1)
+        alone = RunningBatch(model, handler.loaded.pad_token_id, [])
+        results["prefill_1_alone_s"] = timed(lambda: alone.prefill([Sequence(prompt, SamplingSettings(1))]), 5)
+    log(f"steps: {json.dumps(results)}")
+    return results
+
+
+MEASUREMENTS = {
+    "short": measure_short,
+    "prefix": measure_prefix,
+    "cancel": measure_cancel,
+    "probe": measure_probe,
+    "steps": measure_steps,
+}
 
 
 def main(argv=None):
