@@ -46,6 +46,9 @@ help:
 	@echo "make compare MODEL=minilm SLO_MS=100 [LOADTEST_ARGS='--systems ours,ours-eager,infinity,ideal']   ours vs"
 	@echo "             ours-eager (backend: eager), naive TorchServe, Flask, Ray Serve, Infinity (torch / ONNX engine),"
 	@echo "             in-process ceiling, ideal batcher at the SLO (ours / ideal; where a long text's time goes)"
+	@echo "make generator-compare   generation on a 124 M model: per-step vs whole batches vs transformers serve,"
+	@echo "             Locust at 1/4/16 users (LOADTEST_ARGS='--systems per-step --users 16')"
+	@echo "make generator-scheduling [WHAT=short|prefix|cancel|probe]   short among long, prefix reuse, cancellation"
 	@echo "make cache-report [SLO_MS=250]   shared embedding cache: hit rates, capacity L1 vs L1+L2, cost of a miss"
 	@echo "make semantic-cache-report   the generator's similarity cache: hit/false-hit rates (2 sets), costs, hit vs decode"
 	@echo "make clean   remove build outputs, logs, .run (keeps .venv)"
@@ -149,6 +152,16 @@ tune: mar
 
 compare: mar
 	$(WITH_JAVA) $(PY) -m loadtests.compare --model $(MODEL) $(SEARCH_OPTS) $(LOADTEST_ARGS)
+
+.PHONY: generator-compare generator-scheduling
+# Generation under concurrency on the 124 M measurement model (models/generator-124m, built on first use; docs/
+# performance.md): per-step scheduling against whole batches and `transformers serve --continuous-batching` (its own
+# venv, build/transformers-serve-venv), then the targeted measurements. Each takes tens of minutes.
+generator-compare: install
+	$(WITH_JAVA) $(PY) -m loadtests.generator_compare $(LOADTEST_ARGS)
+
+generator-scheduling: install
+	$(WITH_JAVA) $(PY) -m loadtests.generator_scheduling $(or $(WHAT),all)
 
 .PHONY: cache-report
 # The shared embedding cache (docs/cache.md): miss cost in process, then capacity and hit rates with the worker cache

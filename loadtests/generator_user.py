@@ -1,17 +1,23 @@
-"""Locust user for ``generator``: streamed generations timed to the first token and to the last.
+"""Locust users for ``generator``: generations timed to the first token, between tokens, and to the last.
 
     PYTHONPATH=. locust -f loadtests/generator_user.py --headless -H http://127.0.0.1:8080 -u 4 -t 60s GeneratorUser
 
-A streamed request is reported as two Locust entries, so that both get their own percentiles:
+Both users run a closed loop with a mix of lengths (``max_new_tokens`` drawn from 8 ... 256) and stream 3 requests out
+of 4; they differ in the API they speak:
 
-- ``generator stream: first token``: from sending the request to the first NDJSON line carrying text;
-- ``generator stream: total``: from sending it to the final line (``"done": true``, with the token counts).
+- ``GeneratorUser``: the native API (``POST /predictions/generator``, NDJSON stream);
+- ``CompletionsUser``: OpenAI's completions (``POST .../v1/completions``, server-sent events), which every server in
+  the comparison speaks (loadtests/generator_compare.py sets its path and model name through
+  ``$GENERATOR_COMPLETIONS_PATH`` and ``$GENERATOR_MODEL``).
 
-A smaller share of plain (non-streamed) requests goes through Locust's client as ``generator plain``. Every answer is
-checked (status, NDJSON shape, ``done`` last, token count) and a wrong one is a failure. Importing this module
-registers nothing: settings are class attributes (subclass to change them). Against a server with token
-authorization set ``$TS_INFERENCE_TOKEN`` to the inference key (e.g. ``jq -r .inference.key .run/key_file.json``):
-every request then carries ``Authorization: Bearer <key>``.
+A streamed request is reported as two Locust entries, ``generator stream: first token`` (to the first piece of text)
+and ``generator stream: total`` (to the end); a plain one as ``generator plain``. Every answer is checked (status,
+framing, the last piece, the token count) and a wrong one is a failure. With ``$GENERATOR_SAMPLES`` set to a file,
+each finished request also appends one JSON line there: its exact times (first token, every gap between two pieces,
+total), its token count and whether it succeeded; the comparison computes its percentiles from these, not from
+Locust's rounded buckets. Importing this module registers nothing: settings are class attributes (subclass to change
+them). Against a server with token authorization set ``$TS_INFERENCE_TOKEN`` to the inference key: every request
+then carries ``Authorization: Bearer <key>``.
 """
 
 import json
@@ -27,20 +33,52 @@ from scripts.ops import auth
 FIRST_TOKEN = "generator stream: first token"
 TOTAL = "generator stream: total"
 PLAIN = "generator plain"
+SAMPLES_ENV = "GENERATOR_SAMPLES"
+MAX_NEW_TOKENS = (8, 16, 32, 64, 128, 256)  # drawn uniformly: half the requests are short, a third long
 
 
-class GeneratorUser(HttpUser):
-    """Closed loop: one generation after another (streamed 3 times out of 4)."""
+class Generation:
+    """What one request received: pieces of text with their arrival times, the end, the token count."""
 
+    def __init__(self, started, stream, max_new_tokens):
+        self.started = started
+        self.stream = stream
+        self.max_new_tokens = max_new_tokens
+        self.piece_times = []
+        self.tokens = None
+        self.bytes = 0
+
+    def piece(self, text):
+        if text:
+            self.piece_times.append(time.perf_counter())
+
+    def sample(self, ended, error):
+        times = self.piece_times
+        return {
+            "started": self.started,
+            "ended": ended,
+            "stream": self.stream,
+            "max_new_tokens": self.max_new_tokens,
+            "tokens": self.tokens,
+            "first_token_s": times[0] - self.started if self.stream and times else None,
+            "gaps_s": [times[i + 1] - times[i] for i in range(len(times) - 1)] if self.stream else [],
+            "total_s": ended - self.started,
+            "error": None if error is None else str(error)[:300],
+        }
+
+
+class GenerationUser(HttpUser):
+    """The shared loop: a request, its checks, its Locust entries and its sample; subclasses frame the API."""
+
+    abstract = True
     wait_time = constant(0)
-    path = "/predictions/generator"
     prompts = (
         "Hello world",
         "Once upon a time there was a small model",
         "The quick brown fox jumps over the lazy dog.",
         "What is the answer? It is",
     )
-    max_new_tokens = 32
+    max_new_tokens_choices = MAX_NEW_TOKENS
     temperature = 0.8
     top_k = 50
 
@@ -52,19 +90,10 @@ class GeneratorUser(HttpUser):
         token_headers = auth.bearer(os.environ.get(auth.TOKEN_ENV))
         self.stream_session.headers.update(token_headers)
         self.client.headers.update(token_headers)
+        self.samples_path = os.environ.get(SAMPLES_ENV)
 
     def on_stop(self):
         self.stream_session.close()
-
-    def body(self, stream):
-        return {
-            "prompt": self.rng.choice(self.prompts),
-            "max_new_tokens": self.max_new_tokens,
-            "temperature": self.temperature,
-            "top_k": self.top_k,
-            "seed": self.rng.randrange(2**31),
-            "stream": stream,
-        }
 
     def report(self, name, started, length, error):
         self.environment.events.request.fire(
@@ -76,55 +105,144 @@ class GeneratorUser(HttpUser):
             context={},
         )
 
+    def record(self, generation, error):
+        if self.samples_path:
+            with open(self.samples_path, "a", encoding="utf-8") as samples:
+                samples.write(json.dumps(generation.sample(time.perf_counter(), error)) + "\n")
+
     @task(3)
     def streamed(self):
-        started = time.perf_counter()
-        first_token_reported, received, lines = False, 0, []
+        generation = Generation(time.perf_counter(), True, self.rng.choice(self.max_new_tokens_choices))
+        first_reported, error = False, None
         try:
             with self.stream_session.post(
-                self.host + self.path, json=self.body(stream=True), stream=True, timeout=120
+                self.host + self.path, json=self.body(generation), stream=True, timeout=600
             ) as response:
                 if response.status_code != 200:
                     raise RuntimeError(f"HTTP {response.status_code}: {response.text[:200]}")
                 for line in response.iter_lines():
                     if not line:
                         continue
-                    received += len(line) + 1
-                    lines.append(json.loads(line))
-                    if not first_token_reported and lines[-1].get("text"):
-                        self.report(FIRST_TOKEN, started, received, None)
-                        first_token_reported = True
-            check_stream(lines, self.max_new_tokens)
-        except Exception as error:  # any failure is reported under both names, never silently dropped
-            if not first_token_reported:
-                self.report(FIRST_TOKEN, started, received, error)
-            self.report(TOTAL, started, received, error)
-            return
-        if not first_token_reported:  # no text at all (e.g. an immediate stop token): the end is the first token
-            self.report(FIRST_TOKEN, started, received, None)
-        self.report(TOTAL, started, received, None)
+                    generation.bytes += len(line) + 1
+                    self.read_line(line, generation)
+                    if generation.piece_times and not first_reported:
+                        self.report(FIRST_TOKEN, generation.started, generation.bytes, None)
+                        first_reported = True
+            self.check_end(generation)
+        except Exception as failure:  # any failure is reported under both names, never silently dropped
+            error = failure
+        if not first_reported:  # no text at all (an immediate stop, or a failure): the end is the first token
+            self.report(FIRST_TOKEN, generation.started, generation.bytes, error)
+        self.report(TOTAL, generation.started, generation.bytes, error)
+        self.record(generation, error)
 
     @task(1)
     def plain(self):
-        with self.client.post(self.path, json=self.body(stream=False), name=PLAIN, catch_response=True) as response:
+        generation = Generation(time.perf_counter(), False, self.rng.choice(self.max_new_tokens_choices))
+        error = None
+        with self.client.post(self.path, json=self.body(generation), name=PLAIN, catch_response=True) as response:
             try:
-                answer = response.json()
-                if response.status_code != 200 or not isinstance(answer.get("text"), str):
+                if response.status_code != 200:
                     raise ValueError(f"HTTP {response.status_code}: {response.text[:200]}")
-                if not 1 <= answer["completion_tokens"] <= self.max_new_tokens:
-                    raise ValueError(f"completion_tokens {answer['completion_tokens']} out of range")
-            except (ValueError, KeyError) as error:
-                response.failure(str(error))
+                self.read_answer(response.json(), generation)
+                check_tokens(generation)
+            except (ValueError, KeyError, TypeError) as failure:
+                error = failure
+                response.failure(str(failure))
+        self.record(generation, error)
 
 
-def check_stream(lines, max_new_tokens):
-    """A streamed answer is NDJSON: text lines with done=false, then exactly one final line with the counts."""
-    if not lines or lines[-1].get("done") is not True:
-        raise ValueError("stream ended without a final line (done: true)")
-    if any(line.get("done") is not False for line in lines[:-1]):
-        raise ValueError("a line before the last one says done")
-    final = lines[-1]
-    if "code" in final:
-        raise ValueError(f"stream ended with an error: {final.get('message')}")
-    if not 1 <= final.get("completion_tokens", 0) <= max_new_tokens:
-        raise ValueError(f"completion_tokens {final.get('completion_tokens')} out of range")
+def check_tokens(generation):
+    if generation.tokens is None or not 1 <= generation.tokens <= generation.max_new_tokens:
+        raise ValueError(f"completion tokens {generation.tokens} out of range 1..{generation.max_new_tokens}")
+
+
+class GeneratorUser(GenerationUser):
+    """The native API: a JSON body with ``prompt``; a streamed answer is NDJSON (``done`` on the last line)."""
+
+    path = "/predictions/generator"
+
+    def body(self, generation):
+        return {
+            "prompt": self.rng.choice(self.prompts),
+            "max_new_tokens": generation.max_new_tokens,
+            "temperature": self.temperature,
+            "top_k": self.top_k,
+            "seed": self.rng.randrange(2**31),
+            "stream": generation.stream,
+        }
+
+    def read_line(self, line, generation):
+        parsed = json.loads(line)
+        if getattr(generation, "final", None) is not None:
+            raise ValueError("a line after the one that says done")
+        if parsed.get("done") is not False:
+            generation.final = parsed
+        generation.piece(parsed.get("text"))
+
+    def check_end(self, generation):
+        final = getattr(generation, "final", None)
+        if final is None or final.get("done") is not True:
+            raise ValueError("stream ended without a final line (done: true)")
+        if "code" in final:
+            raise ValueError(f"stream ended with an error: {final.get('message')}")
+        generation.tokens = final.get("completion_tokens")
+        check_tokens(generation)
+
+    def read_answer(self, answer, generation):
+        if not isinstance(answer.get("text"), str):
+            raise ValueError(f"no text in the answer: {str(answer)[:200]}")
+        generation.tokens = answer["completion_tokens"]
+
+
+class CompletionsUser(GenerationUser):
+    """OpenAI's completions: ``{"model", "prompt", "max_tokens", ...}``; a streamed answer is server-sent events, the
+    last of them with a ``finish_reason`` (then ``data: [DONE]``, which OpenAI sends and transformers serve does not).
+    The token count is the usage chunk's when the server sends one (``stream_options.include_usage``), else the
+    pieces received."""
+
+    path = os.environ.get("GENERATOR_COMPLETIONS_PATH", "/predictions/generator/1.0/v1/completions")
+    model = os.environ.get("GENERATOR_MODEL", "generator")
+
+    def body(self, generation):
+        body = {
+            "model": self.model,
+            "prompt": self.rng.choice(self.prompts),
+            "max_tokens": generation.max_new_tokens,
+            "temperature": self.temperature,
+            "seed": self.rng.randrange(2**31),
+            "stream": generation.stream,
+        }
+        if generation.stream:
+            body["stream_options"] = {"include_usage": True}
+        return body
+
+    def read_line(self, line, generation):
+        if not line.startswith(b"data: "):
+            return
+        data = line[len(b"data: ") :]
+        if data == b"[DONE]":
+            generation.done = True
+            return
+        chunk = json.loads(data)
+        if "error" in chunk:
+            raise ValueError(f"stream ended with an error: {str(chunk['error'])[:200]}")
+        if chunk.get("usage"):
+            generation.tokens = chunk["usage"].get("completion_tokens")
+        for choice in chunk.get("choices") or []:
+            generation.piece(choice.get("text"))
+            if choice.get("finish_reason"):
+                generation.finish_reason = choice["finish_reason"]
+
+    def check_end(self, generation):
+        if not getattr(generation, "done", False) and not getattr(generation, "finish_reason", None):
+            raise ValueError("stream ended without a finish_reason or data: [DONE]")
+        if generation.tokens is None:
+            generation.tokens = len(generation.piece_times)
+        check_tokens(generation)
+
+    def read_answer(self, answer, generation):
+        choices = answer.get("choices") or []
+        if not choices or not isinstance(choices[0].get("text"), str):
+            raise ValueError(f"no choices[0].text in the answer: {str(answer)[:200]}")
+        generation.tokens = (answer.get("usage") or {}).get("completion_tokens")

@@ -9,6 +9,12 @@ on a small corpus kept in this file, so the build needs no download. Weights com
 arguments give byte-identical files.
 
     python -m scripts.make_tiny_gpt2 --out build/generator/lm [--seed 0] [--layers 2] [--hidden 128]
+    python -m scripts.make_tiny_gpt2 --out build/generator-124m/lm --preset gpt2-small   # 124 M parameters
+
+``--preset gpt2-small`` is GPT-2 small's shape (12 layers, hidden 768, 12 heads, 1024 positions, a 50,257-token
+vocabulary, tied input and output embeddings: 124 M parameters), for measuring serving at a real model's cost. The
+small corpus below cannot train 50,257 BPE tokens, so the vocabulary is filled up with word tokens (" w0", " w1",
+...): every token still decodes to text, as a real model's do.
 
 Exit codes: 0 built, 2 bad arguments.
 """
@@ -59,7 +65,16 @@ def build_tokenizer(vocab_size):
     return tokenizer
 
 
-def build(out_dir, seed, layers, hidden, heads, positions, vocab_size):
+def fill_vocabulary(tokenizer, vocab_size):
+    """Add word tokens (" w0", " w1", ...) until the tokenizer has ``vocab_size`` tokens (none when it has them)."""
+    from tokenizers import AddedToken
+
+    missing = vocab_size - tokenizer.get_vocab_size()
+    if missing > 0:
+        tokenizer.add_tokens([AddedToken(f" w{index}", normalized=False) for index in range(missing)])
+
+
+def build(out_dir, seed, layers, hidden, heads, positions, vocab_size, tie_embeddings=False):
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
     from transformers.utils import logging as transformers_logging
@@ -69,6 +84,7 @@ def build(out_dir, seed, layers, hidden, heads, positions, vocab_size):
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(vocab_size)
+    fill_vocabulary(tokenizer, vocab_size)
     end_id = tokenizer.token_to_id(END_OF_TEXT)
     wrapped = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
@@ -79,10 +95,11 @@ def build(out_dir, seed, layers, hidden, heads, positions, vocab_size):
     )
     wrapped.save_pretrained(out_dir)
 
-    # Untied output layer and a wider initialisation than GPT-2's 0.02: with tied, near-zero weights the residual
-    # stream echoes the input embedding and greedy decoding repeats one token forever, which would make the
-    # cache-versus-recompute and batch-versus-alone tests trivially true. These weights give varied, context-dependent
-    # tokens with clear margins between the top logits.
+    # The demo's output layer is untied and its initialisation wider than GPT-2's 0.02: with tied, near-zero weights
+    # the residual stream echoes the input embedding and greedy decoding repeats one token forever, which would make
+    # the cache-versus-recompute and batch-versus-alone tests trivially true. These weights give varied,
+    # context-dependent tokens with clear margins between the top logits. The gpt2-small preset ties them, as GPT-2
+    # does (its parameter count is GPT-2 small's).
     config = GPT2Config(
         vocab_size=tokenizer.get_vocab_size(),
         n_positions=positions,
@@ -91,7 +108,7 @@ def build(out_dir, seed, layers, hidden, heads, positions, vocab_size):
         n_head=heads,
         bos_token_id=end_id,
         eos_token_id=end_id,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tie_embeddings,
         initializer_range=0.1,
     )
     torch.manual_seed(seed)
@@ -107,6 +124,19 @@ def build(out_dir, seed, layers, hidden, heads, positions, vocab_size):
         "seed": seed,
     }
 
+
+# Named sizes: build() arguments (besides the folder and the seed).
+PRESETS = {
+    "demo": {"layers": 2, "hidden": 128, "heads": 4, "positions": 1024, "vocab_size": 512},
+    "gpt2-small": {
+        "layers": 12,
+        "hidden": 768,
+        "heads": 12,
+        "positions": 1024,
+        "vocab_size": 50257,
+        "tie_embeddings": True,
+    },
+}
 
 # The model's size and seed: (flag, default, what it sets).
 SIZE_OPTIONS = (
@@ -128,7 +158,13 @@ def main(argv=None):
     parser.add_argument("--out", required=True, type=Path, help="folder for the Hugging Face model files")
     for flag, default, text in SIZE_OPTIONS:
         parser.add_argument(flag, type=int, default=default, help=f"{text} (default {default})")
+    parser.add_argument("--preset", choices=sorted(PRESETS), help="a named size (overrides the size flags)")
     args = parser.parse_args(argv)
+    if args.preset:
+        preset = PRESETS[args.preset]
+        summary = build(args.out, args.seed, **preset)
+        print(f"random-weight GPT-2 written to {args.out}: {json.dumps(summary)}")
+        return 0
     if min(args.layers, args.hidden, args.heads, args.positions) < 1 or args.hidden % args.heads:
         parser.error("--layers, --hidden, --heads, --positions must be positive and --hidden divisible by --heads")
     if args.vocab_size < 258:

@@ -44,6 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO / "models" / "generator" / "model-config.yaml"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 DEMO_NAME = "tiny-gpt2-random"
+RANDOM_NAMES = {"demo": DEMO_NAME, "gpt2-small": "gpt2-small-random"}  # by scripts/make_tiny_gpt2.py preset
 EMBEDDER_DIR = "embedder"  # handler.semantic_cache.embedder's default
 VERIFIER_DIR = "verifier"  # handler.semantic_cache.verifier's default
 DEMO_WEIGHTS = "random (demo)"
@@ -161,6 +162,13 @@ def main(argv=None):
     parser.add_argument("--name", default="", help="name shown in answers (default: the folder's name)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the demo's random weights (default 0)")
     parser.add_argument(
+        "--preset",
+        default="demo",
+        choices=("demo", "gpt2-small"),
+        help="size of the random model when no --model-dir is given: demo (0.66 M parameters) or gpt2-small "
+        "(GPT-2 small's shape, 124 M: the measurement model, models/generator-124m)",
+    )
+    parser.add_argument(
         "--config",
         type=Path,
         default=DEFAULT_CONFIG,
@@ -197,15 +205,14 @@ def main(argv=None):
 
             if lm_dir.exists():
                 shutil.rmtree(lm_dir)
-            summary = make_tiny_gpt2.build(
-                lm_dir, seed=args.seed, layers=2, hidden=128, heads=4, positions=1024, vocab_size=512
-            )
+            summary = make_tiny_gpt2.build(lm_dir, seed=args.seed, **make_tiny_gpt2.PRESETS[args.preset])
             info = {
-                "name": args.name or DEMO_NAME,
+                "name": args.name or RANDOM_NAMES[args.preset],
                 "weights": DEMO_WEIGHTS,
-                "source": f"scripts/make_tiny_gpt2.py seed {args.seed}: untrained, its text is meaningless",
+                "source": f"scripts/make_tiny_gpt2.py --preset {args.preset} seed {args.seed}: untrained, "
+                "its text is meaningless",
             }
-            print(f"built the random-weight demo model: {json.dumps(summary)}")
+            print(f"built the random-weight {args.preset} model: {json.dumps(summary)}")
             limits = check_limits(lm_dir, args.config)
         print(describe_limits(limits))
         stage_embedder(args)

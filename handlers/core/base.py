@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -228,15 +228,40 @@ class ServingHandler:
     # ----------------------------------------------------------------------------------------------- per batch
     def handle(self, data: list[Any], context: Any) -> list[str]:
         """Answer every request of the batch: its own error for an invalid one, a result for each of the others."""
-        if len(data) == 1 and RequestView(context, 0).header("describe") == "True":
-            # GET /models/{name}?customized=true arrives as a request with this header (TorchServe's convention).
+        if self.asks_describe(data, context):
             return [to_json(self.describe())]
         scope = BatchScope(context, HandlerMetrics(context, self.model_name))
         responses: list[str | None] = [None] * len(data)
+        accepted = self.accept(data, range(len(data)), scope, responses)
+        if accepted:
+            results = self.run_stages(accepted, scope)
+            for (idx, payload), result in zip(accepted, results, strict=True):
+                responses[idx] = self.answer(scope, idx, payload, result)
+        self.end_grpc_streams(context, len(data))
+        scope.metrics.record("Batches", 1)
+        scope.metrics.record("BatchRequests", len(data))
+        compiles = runtime.compile_count() - self.compiles_after_warmup if self.backend == "jit" else 0
+        if compiles > 0:
+            logger.warning("%d recompilation(s) after warm-up: a served shape was not warmed up", compiles)
+            scope.metrics.record("Recompilations", compiles)
+            self.compiles_after_warmup += compiles
+        return [response if response is not None else "" for response in responses]
+
+    @staticmethod
+    def asks_describe(data: list[Any], context: Any) -> bool:
+        """GET /models/{name}?customized=true arrives alone, as a request with this header (TorchServe's convention)."""
+        return len(data) == 1 and RequestView(context, 0).header("describe") == "True"
+
+    def accept(
+        self, data: list[Any], indices: Iterable[int], scope: BatchScope, responses: list[str | None]
+    ) -> list[tuple[int, Any]]:
+        """Parse the requests at ``indices`` of the batch: (index, payload) for each accepted one; a refused one gets
+        its error response in ``responses``."""
         accepted = []
-        for idx, request in enumerate(data):
+        for idx in indices:
+            request = data[idx]
             try:
-                view = RequestView(context, idx, request)
+                view = RequestView(scope.context, idx, request)
                 if view.content_type in FORM_CONTENT_TYPES:
                     # TorchServe splits form bodies into fields and drops the raw body: say so instead of "empty".
                     raise RequestError(
@@ -254,19 +279,7 @@ class ServingHandler:
             except Exception as error:  # a parser bug must cost this request only, never the batch
                 logger.error("request %d: validation failed unexpectedly", idx, exc_info=True)
                 responses[idx] = self.reject(scope, idx, None, server_failure(error))
-        if accepted:
-            results = self.run_stages(accepted, scope)
-            for (idx, payload), result in zip(accepted, results, strict=True):
-                responses[idx] = self.answer(scope, idx, payload, result)
-        self.end_grpc_streams(context, len(data))
-        scope.metrics.record("Batches", 1)
-        scope.metrics.record("BatchRequests", len(data))
-        compiles = runtime.compile_count() - self.compiles_after_warmup if self.backend == "jit" else 0
-        if compiles > 0:
-            logger.warning("%d recompilation(s) after warm-up: a served shape was not warmed up", compiles)
-            scope.metrics.record("Recompilations", compiles)
-            self.compiles_after_warmup += compiles
-        return [response if response is not None else "" for response in responses]
+        return accepted
 
     @staticmethod
     def end_grpc_streams(context: Any, count: int) -> None:

@@ -70,8 +70,18 @@ MODEL_METRICS: dict[str, MetricSpec] = {
         "counter", "count", "tokens of the computed texts; PaddedTokens / RealTokens = padding ratio (1.0 = none)"
     ),
     # generator
-    "TimeToFirstTokenSeconds": MetricSpec("histogram", "s", "from the start of a batch to its first generated token"),
+    "TimeToFirstTokenSeconds": MetricSpec(
+        "histogram", "s", "from a request's arrival at the worker to its first generated token"
+    ),
     "GeneratedTokens": MetricSpec("counter", "count", "tokens generated"),
+    "DecodeSteps": MetricSpec("counter", "count", "decoding steps; GeneratedTokens / DecodeSteps ~ rows per step"),
+    "PrefillTokens": MetricSpec("counter", "count", "prompt tokens run through the model (prefix reuse lowers it)"),
+    "RunningRequests": MetricSpec("gauge", "count", "requests decoding in the worker's running batch (per step)"),
+    "WaitingRequests": MetricSpec("gauge", "count", "requests the worker holds until the running batch has room"),
+    "CancelledRequests": MetricSpec("counter", "count", "requests dropped mid-generation because the client left"),
+    "PrefixCacheHits": MetricSpec("counter", "count", "prompts that reused a cached prefix's keys and values"),
+    "PrefixCacheMisses": MetricSpec("counter", "count", "prompts looked up in the prefix cache and not found"),
+    "PrefixCacheTokens": MetricSpec("counter", "count", "prompt tokens taken from the prefix cache, not recomputed"),
     # the generator's similarity cache (handlers/generation/semantic_cache); its shared tier's round trips, errors,
     # timeouts, breaker and bad values are the SharedCache* metrics above, under the generator's name
     "SemanticCacheHits": MetricSpec("counter", "count", "requests answered from the similarity cache (no decode)"),

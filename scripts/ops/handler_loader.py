@@ -10,13 +10,23 @@ Unit tests, benchmarks, the fuzzer's references and the cost check all call hand
 ``model_dir`` is a folder laid out like an unpacked archive (model-config.yaml and the model's files); the handler
 class is the one the model's spec names (``handler:`` in models/<model_name>/model.yaml), imported from this
 repository's handlers package. A real ``ts.context.Context`` carries the manifest, the config and request headers.
+
+A model served with TorchServe's ``continuousBatching: true`` (the generator) answers one step per ``handle`` call;
+``load_handler`` loads it without (one call answers the whole batch, as the callers here expect) unless
+``continuous_batching=True``. :class:`ContinuousFrontend` then plays TorchServe's frontend for it: it hands the
+handler its running and queued requests at every step and reads the answers off the wire format, so tests see what
+clients would.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import itertools
+import struct
+from collections import deque
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -102,9 +112,11 @@ def load_handler(
     model_name: str,
     handler_overrides: Mapping[str, Any] | None = None,
     batch_size: int | None = None,
+    continuous_batching: bool = False,
 ) -> tuple[Any, Any]:
     """(initialized handler, its context) for ``model_dir``; ``handler_overrides`` replace keys of the folder's
-    ``handler:`` config section, ``batch_size`` TorchServe's batchSize.
+    ``handler:`` config section, ``batch_size`` TorchServe's batchSize, ``continuous_batching`` TorchServe's
+    continuousBatching (False: whatever the folder's config says, so one call answers a whole batch).
 
     The shared embedding cache is off unless ``handler_overrides`` name one: an in-process handler (a test, a
     benchmark) must not answer from, or write into, the cache of a `make serve` server on the archive's url."""
@@ -114,7 +126,11 @@ def load_handler(
     overrides = dict(handler_overrides or {})
     if "shared_cache" in getattr(cls, "options", {}):
         overrides.setdefault("shared_cache", {"url": ""})
-    context.model_yaml_config = {**config, "handler": {**(config.get("handler") or {}), **overrides}}
+    context.model_yaml_config = {
+        **config,
+        "continuousBatching": continuous_batching,
+        "handler": {**(config.get("handler") or {}), **overrides},
+    }
     handler = cls()
     handler.initialize(context)
     return handler, context
@@ -155,3 +171,152 @@ def record_metrics(context: Any) -> MetricRecorder:
     recorder = MetricRecorder()
     context.metrics = recorder
     return recorder
+
+
+def read_int(buffer: bytes, offset: int) -> tuple[int, int]:
+    return struct.unpack_from("!i", buffer, offset)[0], offset + 4
+
+
+def read_bytes(buffer: bytes, offset: int) -> tuple[bytes, int]:
+    length, offset = read_int(buffer, offset)
+    return bytes(buffer[offset : offset + length]), offset + length
+
+
+def parse_predict_response(message: bytes) -> tuple[int, dict[str, dict[str, Any]]]:
+    """TorchServe's worker-to-frontend predict response (ts/protocol/otf_message_handler.py) -> (code, {request id:
+    {status, content_type, headers, body}})."""
+    code, offset = read_int(message, 0)
+    _, offset = read_bytes(message, offset)
+    predictions: dict[str, dict[str, Any]] = {}
+    while True:
+        length, _ = read_int(message, offset)
+        if length == -1:
+            return code, predictions
+        request_id, offset = read_bytes(message, offset)
+        content_type, offset = read_bytes(message, offset)
+        status, offset = read_int(message, offset)
+        _, offset = read_bytes(message, offset)
+        header_count, offset = read_int(message, offset)
+        headers = {}
+        for _ in range(header_count):
+            key, offset = read_bytes(message, offset)
+            value, offset = read_bytes(message, offset)
+            headers[key.decode()] = value.decode()
+        body, offset = read_bytes(message, offset)
+        predictions[request_id.decode()] = {
+            "status": status,
+            "content_type": content_type.decode(),
+            "headers": headers,
+            "body": body.decode(),
+        }
+
+
+@dataclass
+class FrontendJob:
+    """One request as the frontend stand-in holds it, and what its client has received so far."""
+
+    request_id: str
+    request: dict[str, Any]  # as TorchServe hands it to the worker: {"body": ...} (+ other inputs)
+    headers: dict[str, str]
+    cached: bool = False  # the worker holds its state: it is handed over without its body
+    connected: bool = True  # False: its client went away
+    status: int | None = None  # set by its first answer (a whole one, or a stream's first chunk)
+    content_type: str = ""
+    chunks: list[str] = field(default_factory=list)  # a stream's pieces (the last one included)
+    body: str | None = None  # a whole answer
+    done: bool = False
+    steps: int = 0  # handle() calls it was part of
+
+    @property
+    def text(self) -> str:
+        """What the client received: the whole answer, or the stream's chunks joined."""
+        return self.body if self.body is not None else "".join(self.chunks)
+
+
+class ContinuousFrontend:
+    """TorchServe 0.12's ContinuousBatching frontend (wlm/ContinuousBatching.java), in-process, for a handler loaded
+    with ``continuous_batching=True``.
+
+    Each :meth:`step` hands the handler the jobs it serves (a job whose answer went out as a stream chunk is handed
+    over cached: without its body), topped up from the queue to ``batch_size``, encodes the answers as the worker
+    does (``ts.protocol.otf_message_handler.create_predict_response``, which applies the handler's
+    ``stopping_criteria``) and delivers them: a job whose prediction carries ``ts_stream_next: true`` stays and is
+    sent again; one without the header, or with ``false``, is finished; one left out of the answer is sent again
+    with its body. A disconnected job is dropped after its next chunk, as TorchServe drops it."""
+
+    def __init__(self, handler: Any, context: Any, batch_size: int | None = None) -> None:
+        self.handler = handler
+        self.context = context
+        self.batch_size = batch_size or int(handler.max_batch_requests)
+        self.queue: deque[FrontendJob] = deque()
+        self.jobs: dict[str, FrontendJob] = {}
+        self.ids = itertools.count()
+        self.calls = 0
+
+    def submit(
+        self, body: Any, headers: Mapping[str, str] | None = None, over_grpc: bool = False, **inputs: Any
+    ) -> FrontendJob:
+        """Queue a request: an HTTP JSON request's headers plus ``headers`` (``over_grpc``: without a Host header,
+        as TorchServe's gRPC frontend sends it); ``inputs`` are other named inputs beside the body."""
+        host = {} if over_grpc else {"Host": "127.0.0.1:8080"}
+        job = FrontendJob(
+            request_id=f"job-{next(self.ids)}",
+            request={"body": body, **inputs},
+            headers={**host, "Content-Type": "application/json", **(headers or {})},
+        )
+        self.queue.append(job)
+        return job
+
+    def step(self) -> list[FrontendJob]:
+        """One handle() call; returns the jobs it finished."""
+        from ts.context import RequestProcessor
+        from ts.protocol.otf_message_handler import create_predict_response
+
+        while self.queue and len(self.jobs) < self.batch_size:
+            job = self.queue.popleft()
+            self.jobs[job.request_id] = job
+        batch = list(self.jobs.values())
+        if not batch:
+            return []
+        self.context.request_processor = [RequestProcessor(dict(job.headers)) for job in batch]
+        self.context.request_ids = {idx: job.request_id for idx, job in enumerate(batch)}
+        data = [{} if job.cached else dict(job.request) for job in batch]
+        answers = self.handler.handle(data, self.context)
+        self.calls += 1
+        message = create_predict_response(answers, self.context.request_ids, "Prediction success", 200, self.context)
+        _, predictions = parse_predict_response(message)
+        finished = []
+        for job in batch:
+            job.steps += 1
+            prediction = predictions.get(job.request_id)
+            if prediction is None:  # left out: handed over again, with its body
+                job.cached = False
+                continue
+            stream_next = prediction["headers"].get("ts_stream_next")
+            if job.status is None:
+                job.status, job.content_type = prediction["status"], prediction["content_type"]
+            if stream_next in (None, "false") and not job.chunks:  # one answer (over gRPC it says it is the last)
+                job.body = prediction["body"]
+            else:
+                job.chunks.append(prediction["body"])
+            if stream_next in (None, "false") or not job.connected:
+                job.done = stream_next in (None, "false")
+                del self.jobs[job.request_id]
+                finished.append(job)
+            else:
+                job.cached = True
+        return finished
+
+    def disconnect(self, job: FrontendJob) -> None:
+        """Its client goes away: TorchServe drops the job after its next chunk (a plain job runs to its end)."""
+        job.connected = False
+
+    def run(self, max_calls: int = 10_000) -> int:
+        """Step until every queued and running job is finished; returns the handle() calls made."""
+        calls = 0
+        while (self.queue or self.jobs) and calls < max_calls:
+            self.step()
+            calls += 1
+        if self.queue or self.jobs:
+            raise RuntimeError(f"jobs still unanswered after {max_calls} steps")
+        return calls

@@ -1,14 +1,22 @@
 """The generator through a real TorchServe started from config.properties (session server, free ports).
 
 Streaming is checked on the wire: the client reads the HTTP chunks as they arrive (requests' iter_content with
-chunk_size=None yields one chunk of the chunked transfer encoding at a time).
+chunk_size=None yields one chunk of the chunked transfer encoding at a time). The archive is served with per-step
+scheduling (continuousBatching): requests join and leave the running batch between steps.
 """
 
 import concurrent.futures
 import json
+import threading
+import time
 
 import pytest
 import requests
+
+from loadtests.generator_systems import post_on_socket
+from loadtests.prometheus import parse
+from scripts.ops.grpc_client import GrpcError, TorchServeGrpc
+from scripts.ops.management import CustomizedDescribeRefused
 
 MODEL = "generator"
 
@@ -116,3 +124,89 @@ def test_a_tiny_temperature_does_not_fail_the_requests_batched_with_it(url):
         assert [r.status_code for r in responses] == [200, 200, 200, 200], [r.text[:200] for r in responses]
         texts = {r.json()["text"] for r in responses}
         assert len(texts) == 1  # a vanishing temperature samples greedy's token
+
+
+def counter(ts_server, name):
+    text = requests.get(f"{ts_server.metrics_url}/metrics", timeout=30).text
+    return sum(
+        value for (metric, labels), value in parse(text).items() if metric == name and ("ModelName", MODEL) in labels
+    )
+
+
+def test_a_short_request_is_answered_while_a_long_stream_goes_on(predict, url):
+    """Per-step scheduling: the short request joins the running batch and leaves as soon as it is done."""
+    long_body = {"prompt": "Once upon a time", "max_new_tokens": 256, "temperature": 0.8, "seed": 5}
+    ended = threading.Event()
+    result = {}
+
+    def long_stream():
+        response = requests.post(url, json={**long_body, "stream": True}, stream=True, timeout=120)
+        lines = []
+        for line in response.iter_lines():
+            lines.append(json.loads(line))
+            if len(lines) == 1:
+                result["first"] = True
+        ended.set()
+        result["lines"] = lines
+
+    thread = threading.Thread(target=long_stream)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while "first" not in result and time.monotonic() < deadline:
+        time.sleep(0.005)
+    short = predict(MODEL, json={"prompt": "Hello", "max_new_tokens": 3})
+    short_done_while_long_ran = not ended.is_set()
+    thread.join(timeout=120)
+    assert short.status_code == 200 and short.json()["completion_tokens"] == 3
+    assert "Content-Length" in short.headers  # a plain answer is one response, not a chunked stream
+    assert short_done_while_long_ran
+    lines = result["lines"]
+    assert lines[-1]["done"] is True and lines[-1]["completion_tokens"] == 256
+    assert "".join(line["text"] for line in lines) == predict(MODEL, json=long_body).json()["text"]
+
+
+def test_a_stream_whose_client_goes_away_stops_decoding(ts_server, predict):
+    """TorchServe drops the job of a closed connection from the next step; the worker frees its rows."""
+    generated, cancelled = counter(ts_server, "GeneratedTokens"), counter(ts_server, "CancelledRequests")
+    body = {"prompt": "Once upon a time", "max_new_tokens": 256, "stream": True}
+    with post_on_socket(f"{ts_server.inference_url}/predictions/{MODEL}", body, timeout=30) as connection:
+        received = b""
+        while received.count(b'"done":false') < 3:
+            received += connection.recv(65536)
+    # The next request runs after the worker saw the job gone; nothing else decodes meanwhile.
+    assert predict(MODEL, json={"prompt": "Hi", "max_new_tokens": 1}).status_code == 200
+    deadline = time.monotonic() + 30
+    while counter(ts_server, "CancelledRequests") == cancelled and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert counter(ts_server, "CancelledRequests") == cancelled + 1
+    spent = counter(ts_server, "GeneratedTokens") - generated - 1  # less the 1-token request
+    assert spent < 64, f"{spent} tokens generated for a client that left after 3 chunks"
+
+
+def test_a_shared_prompt_prefix_is_reused_with_the_same_answer(predict, ts_server):
+    system = "You are a helpful assistant that answers questions about TorchServe. " * 4
+    first = predict(MODEL, json={"prompt": system + "What is a handler?", "max_new_tokens": 8}).json()
+    describe = f"{ts_server.inference_url}/predictions/{MODEL}/1.0/describe"
+    hits = requests.post(describe, timeout=30).json()["prefix_cache"]["hits"]
+    again = predict(MODEL, json={"prompt": system + "What is a handler?", "max_new_tokens": 8}).json()
+    other = predict(MODEL, json={"prompt": system + "What is a worker?", "max_new_tokens": 8})
+    prefix_cache = requests.post(describe, timeout=30).json()["prefix_cache"]
+    assert again["text"] == first["text"]  # the reused keys and values give the same tokens
+    assert other.status_code == 200
+    assert prefix_cache["hits"] >= hits + 2 and prefix_cache["reused_tokens"] > 0
+
+
+def test_a_customized_describe_is_refused_and_the_describe_route_answers(ts_server, predict):
+    """TorchServe 0.12 re-queues a customized describe of a continuous-batching model for ever: the project's
+    clients refuse to send it, and the handler answers the same description on its describe route."""
+    client = ts_server.management()
+    with pytest.raises(CustomizedDescribeRefused, match="continuousBatching"):
+        client.describe(MODEL, customized=True)
+    assert client.handler_choices(MODEL) == {}
+    assert client.description(MODEL)["continuousBatching"] is True
+    with TorchServeGrpc.for_server(ts_server) as grpc_client, pytest.raises(GrpcError, match="continuousBatching"):
+        grpc_client.describe(MODEL, customized=True)
+    described = requests.post(f"{ts_server.inference_url}/predictions/{MODEL}/1.0/describe", timeout=30)
+    assert described.status_code == 200
+    assert described.json()["scheduling"]["per_step"] is True and described.json()["limits"]["max_new_tokens"] > 0
+    assert predict(MODEL, json={"prompt": "Hello", "max_new_tokens": 2}).status_code == 200

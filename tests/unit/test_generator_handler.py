@@ -1,14 +1,14 @@
-"""The generator handler called directly (no server): answers, streaming inside a batch, validation, config checks."""
+"""The generator handler called directly (no server), decoding whole batches (continuousBatching off): answers,
+streaming inside a batch, validation, config checks. Per-step scheduling: test_generator_scheduling.py."""
 
 import json
-import struct
 
 import pytest
 import torch
 
 from handlers.core.config import ConfigError
 from handlers.generation.decoding import SamplingSettings, Sequence, generate
-from scripts.ops.handler_loader import ChunkRecorder, load_handler, set_requests, statuses
+from scripts.ops.handler_loader import ChunkRecorder, load_handler, parse_predict_response, set_requests, statuses
 
 JSON = {"Content-Type": "application/json"}
 
@@ -85,43 +85,6 @@ def test_streams_go_only_to_streaming_requests_and_add_up_to_the_plain_answer(ge
     assert answers[3]["text"] == handler.loaded.tokenizer.decode(
         alone(handler, sampled["prompt"], SamplingSettings(20, 0.9, 50, 4)).token_ids, skip_special_tokens=True
     )
-
-
-def read_int(buffer, offset):
-    return struct.unpack_from("!i", buffer, offset)[0], offset + 4
-
-
-def read_bytes(buffer, offset):
-    length, offset = read_int(buffer, offset)
-    return bytes(buffer[offset : offset + length]), offset + length
-
-
-def parse_predict_response(message):
-    """TorchServe's worker-to-frontend predict response (ts/protocol/otf_message_handler.py) -> per request id."""
-    code, offset = read_int(message, 0)
-    _, offset = read_bytes(message, offset)
-    predictions = {}
-    while True:
-        length, _ = read_int(message, offset)
-        if length == -1:
-            return code, predictions
-        request_id, offset = read_bytes(message, offset)
-        content_type, offset = read_bytes(message, offset)
-        status, offset = read_int(message, offset)
-        _, offset = read_bytes(message, offset)
-        header_count, offset = read_int(message, offset)
-        headers = {}
-        for _ in range(header_count):
-            key, offset = read_bytes(message, offset)
-            value, offset = read_bytes(message, offset)
-            headers[key.decode()] = value.decode()
-        body, offset = read_bytes(message, offset)
-        predictions[request_id.decode()] = {
-            "status": status,
-            "content_type": content_type.decode(),
-            "headers": headers,
-            "body": body.decode(),
-        }
 
 
 class FakeSocket:
@@ -298,7 +261,7 @@ def test_non_finite_logits_stop_only_their_own_request(generator, monkeypatch):
     assert answers[0] == answers[3] and answers[0]["completion_tokens"] == 3
 
 
-def test_every_batch_records_rows_generated_tokens_and_time_to_first_token(generator):
+def test_every_batch_records_rows_generated_tokens_and_each_requests_time_to_first_token(generator):
     from scripts.ops.handler_loader import record_metrics
 
     handler, context = generator
@@ -313,4 +276,4 @@ def test_every_batch_records_rows_generated_tokens_and_time_to_first_token(gener
         context.metrics = None
     assert metrics.values("BatchRows") == [2] and metrics.values("Batches") == [1]
     assert metrics.values("GeneratedTokens") == [answers[0]["completion_tokens"] + 2]
-    assert len(metrics.values("TimeToFirstTokenSeconds")) == 1
+    assert len(metrics.values("TimeToFirstTokenSeconds")) == 2  # one per request, from its arrival

@@ -1,0 +1,190 @@
+"""Per-step scheduling: which requests decode in the next forward pass, and what each pass was.
+
+TorchServe's ``continuousBatching`` frontend hands the worker, at every step, the requests it is serving: the ones
+already decoding (by request id) and newly arrived ones, up to ``batchSize``; a request whose client has gone is no
+longer among them. :class:`StepScheduler` keeps each request's decoding state between those calls and decides what the
+next forward pass does:
+
+- newly arrived requests wait for room (:attr:`StepScheduler.max_batch_tokens`), then are **prefilled** together in a
+  pass of their own, which gives each its first token: a new request does not wait for the others' generations, and
+  its first token is not delayed by a decoding step of theirs;
+- otherwise every running request **steps** once (one new token each).
+
+A request leaves as soon as it is finished (length, end-of-text, a stop sequence, an error) or missing (cancelled), so
+its answer goes out at once and its rows stop costing steps. The room a request needs is counted at its longest
+(prompt + max_new_tokens) for every row of the batch, as the batch's cache is as wide as its longest row: the running
+batch never holds more than ``max_batch_tokens`` tokens' worth of keys and values. Nothing here knows about HTTP or
+TorchServe's messages (handlers/generator.py does); each piece can be tested in-process.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from handlers.generation.decoding import FINISH_ERROR, Sequence
+from handlers.generation.running import NewTokens, RunningBatch
+
+logger = logging.getLogger(__name__)
+
+PREFILL = "prefill"
+DECODE = "decode"
+IDLE = "idle"
+
+
+@dataclass
+class Active:
+    """One request the worker is serving, from its arrival to its answer."""
+
+    request_id: str
+    generation: Any  # handlers.generation.requests.Generation: its sequence, text and request
+    arrived: float  # perf_counter when the worker first saw it
+    reserve: int  # tokens it may need: prompt + max_new_tokens
+    extra: dict[str, Any] = field(default_factory=dict)  # the handler's own per-request state (stream opened, ...)
+    first_token_at: float | None = None
+    admitted: bool = False
+
+    @property
+    def sequence(self) -> Sequence:
+        sequence: Sequence = self.generation.sequence
+        return sequence
+
+
+@dataclass
+class Iteration:
+    """What one call did: ``kind`` (prefill, decode or idle), the tokens it produced, and which requests failed."""
+
+    kind: str
+    new_tokens: dict[str, int] = field(default_factory=dict)  # request id -> token
+    failed: dict[str, str] = field(default_factory=dict)  # request id -> why its pass failed
+    rows: int = 0  # sequences in the forward pass
+    seconds: float = 0.0
+
+
+class StepScheduler:
+    def __init__(self, batch: RunningBatch, max_batch_tokens: int) -> None:
+        self.batch = batch
+        self.max_batch_tokens = max_batch_tokens
+        self.active: dict[str, Active] = {}  # by request id, in arrival order
+        self.decode_steps = 0
+        self.prefills = 0
+
+    def knows(self, request_id: str) -> bool:
+        return request_id in self.active
+
+    def add(self, active: Active) -> None:
+        self.active[active.request_id] = active
+
+    @property
+    def running(self) -> list[Active]:
+        return [active for active in self.active.values() if active.admitted]
+
+    @property
+    def waiting(self) -> list[Active]:
+        return [active for active in self.active.values() if not active.admitted]
+
+    def cancel_missing(self, present: Iterable[str]) -> list[Active]:
+        """Forget the requests TorchServe no longer sends (their clients went away); returns them."""
+        present = set(present)
+        gone = [active for request_id, active in self.active.items() if request_id not in present]
+        self.release(gone)
+        return gone
+
+    def release(self, leaving: list[Active]) -> None:
+        """Take requests out: their rows leave the batch, their state is dropped."""
+        if not leaving:
+            return
+        self.batch.remove(active.sequence for active in leaving if active.admitted)
+        for active in leaving:
+            self.active.pop(active.request_id, None)
+
+    def finished(self) -> list[Active]:
+        """The requests whose sequences are finished; they are released."""
+        done = [active for active in self.active.values() if active.sequence.finished]
+        self.release(done)
+        return done
+
+    def admissible(self) -> list[Active]:
+        """The waiting requests that fit beside the running ones, in arrival order (the first that does not fit
+        stops the scan, so a long request is not passed by ever more short ones)."""
+        running = self.running
+        rows = len(running)
+        longest = max((active.reserve for active in running), default=0)
+        admitted = []
+        for active in self.waiting:
+            widest = max(longest, active.reserve)
+            if (rows + 1) * widest > self.max_batch_tokens and rows > 0:
+                break
+            rows, longest = rows + 1, widest
+            admitted.append(active)
+        return admitted
+
+    def iterate(self) -> Iteration:
+        """One forward pass: prefill the requests that can join, else step the running ones."""
+        started = time.perf_counter()
+        joining = self.admissible()
+        if joining:
+            iteration = self.prefill(joining)
+        elif self.batch.rows:
+            iteration = self.step()
+        else:
+            iteration = Iteration(IDLE)
+        iteration.seconds = time.perf_counter() - started
+        now = time.perf_counter()
+        for request_id in iteration.new_tokens:
+            active = self.active[request_id]
+            if active.first_token_at is None:
+                active.first_token_at = now
+        return iteration
+
+    def prefill(self, joining: list[Active]) -> Iteration:
+        self.prefills += 1
+        by_sequence = {active.sequence: active for active in joining}
+        iteration = Iteration(PREFILL, rows=len(joining))
+        try:
+            new_tokens = self.batch.prefill([active.sequence for active in joining])
+        except Exception as error:
+            if len(joining) == 1 or any(active.sequence.token_ids for active in joining):
+                self.fail(joining, error, iteration)
+                return iteration
+            # Whatever broke the pass may be one prompt's doing: each prompt alone, so only that one fails.
+            logger.warning("prefill of %d requests failed; prefilling them one at a time", len(joining), exc_info=True)
+            new_tokens = {}
+            for active in joining:
+                single = self.prefill([active])
+                iteration.new_tokens.update(single.new_tokens)
+                iteration.failed.update(single.failed)
+            self.prefills -= len(joining)
+        for active in joining:
+            active.admitted = True
+        iteration.new_tokens.update(self.by_request(new_tokens, by_sequence))
+        return iteration
+
+    def step(self) -> Iteration:
+        self.decode_steps += 1
+        running = self.running
+        iteration = Iteration(DECODE, rows=len(running))
+        try:
+            new_tokens = self.batch.step()
+        except Exception as error:  # no one request's parameters can break a step: the pass failed for all in it
+            self.fail(running, error, iteration)
+            return iteration
+        iteration.new_tokens = self.by_request(new_tokens, {active.sequence: active for active in running})
+        return iteration
+
+    @staticmethod
+    def by_request(new_tokens: NewTokens, by_sequence: dict[Sequence, Active]) -> dict[str, int]:
+        return {by_sequence[sequence].request_id: token for sequence, token in new_tokens.items()}
+
+    @staticmethod
+    def fail(actives: list[Active], error: Exception, iteration: Iteration) -> None:
+        logger.error("a forward pass of %d request(s) failed", len(actives), exc_info=error)
+        for active in actives:
+            sequence = active.sequence
+            sequence.finish_reason = FINISH_ERROR
+            sequence.error = f"{type(error).__name__}: {error}"
+            active.admitted = True  # its rows (if any) leave with it
+            iteration.failed[active.request_id] = sequence.error

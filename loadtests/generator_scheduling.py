@@ -1,0 +1,383 @@
+"""Targeted measurements of the generator's scheduling on the measurement model (GPT-2 small's shape).
+
+    python -m loadtests.generator_scheduling short    # a short request among long ones: when does its answer leave?
+    python -m loadtests.generator_scheduling prefix   # time to first token with a 200-token shared system prompt
+    python -m loadtests.generator_scheduling cancel   # decoding steps spent after a client disconnects
+    python -m loadtests.generator_scheduling probe    # TorchServe's two per-step mechanisms: cost of one step
+    python -m loadtests.generator_scheduling steps    # in-process: a prefill and a decoding step by batch size
+    python -m loadtests.generator_scheduling all      # each of the above (make generator-scheduling)
+
+short   per-step and static (loadtests/generator_systems.py): three long streams (256 tokens) and one short one
+        (8 tokens), sent together and, again, the short one while the long ones decode. A decoding step is the
+        median gap between two pieces of the long streams meanwhile; the short request's answer leaves
+        ``(end - first piece) / step - (tokens - 1)`` steps after its last token (0: with it).
+prefix  per-step with prefix reuse (as packaged) and without (handler.prefix_cache.max_bytes 0): one request at a
+        time, each a 200-token system prompt (exactly, in the model's tokens) and a question of its own, 8 tokens
+        streamed; the first request of each server fills the cache and is reported apart.
+cancel  per-step and static: a stream (native API, 256 tokens) whose client reads 5 pieces and closes the
+        connection, and a plain request whose client leaves after 2 s; tokens generated after the disconnect are
+        read from the server's GeneratedTokens counter once it is idle (a decoding step gives one token per row).
+probe   no model: a decoder that makes one token per step in no time (loadtests/generator_probe/), served once with
+        continuousBatching and once with asyncCommunication, shows what a step costs in TorchServe's frontend
+        (one stream of 400 tokens; 8 streams of 200) and whether a client's disconnect reaches the worker.
+steps   in-process, no server: the median time of a decoding step of the measurement model with 1, 4, 8 and 16
+        running rows (about 150 columns wide), of prefilling one 9-token prompt into such a batch, and alone.
+
+Each writes loadtests/reports/generator-<name>-<time>.json and prints its figures. Exit codes: 0 measured, 1 a
+server failed, 2 bad arguments.
+"""
+
+import argparse
+import concurrent.futures
+import datetime
+import json
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import requests
+
+from loadtests import generator_systems as systems
+from loadtests.prometheus import parse
+from scripts.ops import machine
+from scripts.ops.server import exit_on_sigterm, private_server
+from scripts.ops.stats import percentile
+
+REPO = Path(__file__).resolve().parent.parent
+REPORTS = REPO / "loadtests" / "reports"
+PROBE = REPO / "loadtests" / "generator_probe"
+QUESTIONS = [f"Question {n}: how do I serve model number {n} with {n + 1} workers?" for n in range(12)]
+SYSTEM_PROMPT_TOKENS = 200
+SYSTEM_TEXT = (
+    "You are the support assistant of a model-serving platform. Answer questions about deploying PyTorch models "
+    "with TorchServe: model archives, handlers, batching, workers, metrics, the management API and streaming. Be "
+    "precise, name the configuration keys a user must change, and say when a question is outside your scope. "
+)
+
+
+# ------------------------------------------------------------------------------------------------ short among long
+def stream_times(endpoint, prompt, max_tokens, into, key, started_event=None):
+    """Stream a completion; put (piece times, end time, start time) under ``into[key]``."""
+    body = {"model": endpoint.model, "prompt": prompt, "max_tokens": max_tokens, "stream": True, "temperature": 0}
+    started = time.perf_counter()
+    times = []
+    with requests.post(endpoint.completions_url, json=body, stream=True, timeout=600) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if line.startswith(b"data: {") and any(c.get("text") for c in json.loads(line[6:]).get("choices") or []):
+                times.append(time.perf_counter())
+                if started_event is not None and len(times) >= 10:
+                    started_event.set()
+    into[key] = {"pieces": times, "end": time.perf_counter(), "start": started}
+
+
+def short_among_long(endpoint, together):
+    """Three long streams and one short one; ``together``: all sent at once, else the short once the long ones
+    have given 10 pieces each."""
+    runs, threads, events = {}, [], []
+    for n in range(3):
+        event = threading.Event()
+        events.append(event)
+        args = (endpoint, f"A long story number {n}", 256, runs, f"long{n}", event)
+        threads.append(threading.Thread(target=stream_times, args=args))
+    for thread in threads:
+        thread.start()
+    if not together:
+        for event in events:
+            event.wait(timeout=300)
+    stream_times(endpoint, "A short answer please", 8, runs, "short")
+    for thread in threads:
+        thread.join()
+    short = runs["short"]
+    window = (short["start"], short["end"])
+    gaps = [
+        later - earlier
+        for n in range(3)
+        for earlier, later in zip(runs[f"long{n}"]["pieces"], runs[f"long{n}"]["pieces"][1:], strict=False)
+        if window[0] <= earlier and later <= window[1]
+    ]
+    step = statistics.median(gaps) if gaps else None
+    tokens = len(short["pieces"])
+    first = short["pieces"][0] if short["pieces"] else short["end"]
+    extra = None if step is None or not tokens else (short["end"] - first) / step - (tokens - 1)
+    long_end = max(runs[f"long{n}"]["end"] for n in range(3))
+    return {
+        "arrival": "with the long ones" if together else "while the long ones decode",
+        "short_first_token_s": round(first - short["start"], 4),
+        "short_total_s": round(short["end"] - short["start"], 4),
+        "short_pieces": tokens,
+        "decode_step_s": None if step is None else round(step, 4),
+        "steps_after_its_last_token": None if extra is None else round(extra, 1),
+        "short_done_before_long_ones_s": round(long_end - short["end"], 2),
+    }
+
+
+def measure_short(log):
+    results = {}
+    for system in ("per-step", "static"):
+        with systems.start(system, log) as endpoint:
+            results[system] = [short_among_long(endpoint, together) for together in (True, False)]
+        log(f"short/{system}: {json.dumps(results[system])}")
+    return results
+
+
+# ------------------------------------------------------------------------------------------------ prefix reuse
+def system_prompt(log):
+    """A text of exactly SYSTEM_PROMPT_TOKENS tokens of the measurement model (and a space to end it)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(systems.lm_folder(log), local_files_only=True)
+    text = SYSTEM_TEXT * 8
+    for cut in range(SYSTEM_PROMPT_TOKENS, SYSTEM_PROMPT_TOKENS - 20, -1):
+        candidate = tokenizer.decode(tokenizer.encode(text)[:cut])
+        if len(tokenizer.encode(candidate)) == SYSTEM_PROMPT_TOKENS:
+            return candidate
+        text = candidate + " ."
+    raise RuntimeError(f"no prompt of exactly {SYSTEM_PROMPT_TOKENS} tokens found")
+
+
+def first_token_times(endpoint, system, describe=True):
+    """Time to first token of each question after the shared system prompt, one request at a time."""
+    times = []
+    for question in QUESTIONS:
+        pieces, piece_times, started = systems.complete(endpoint, system + question, 8, stream=True, temperature=0)
+        times.append(piece_times[0] - started)
+    described = requests.post(endpoint.describe_url, timeout=60).json() if describe else {}
+    return times, described.get("prefix_cache")
+
+
+def measure_prefix(log):
+    system = system_prompt(log)
+    results = {"system_prompt_tokens": SYSTEM_PROMPT_TOKENS, "requests": len(QUESTIONS)}
+    no_prefix = systems.variant_store("no-prefix", {}, {"prefix_cache": {"max_bytes": 0, "block_tokens": 16}}, log)
+    for name, store in (("prefix reuse", None), ("no prefix reuse", no_prefix)):
+        start = systems.start("per-step", log) if store is None else systems.torchserve("per-step", store, log)
+        with start as endpoint:
+            times, cache = first_token_times(endpoint, system)
+        warm = times[1:]
+        results[name] = {
+            "first_request_s": round(times[0], 4),
+            "first_token_p50_s": round(percentile(warm, 0.5), 4),
+            "first_token_max_s": round(max(warm), 4),
+            "prefix_cache": cache,
+        }
+        log(f"prefix/{name}: {json.dumps(results[name])}")
+    on, off = results["prefix reuse"]["first_token_p50_s"], results["no prefix reuse"]["first_token_p50_s"]
+    results["speedup"] = round(off / on, 2)
+    return results
+
+
+# ------------------------------------------------------------------------------------------------ cancellation
+def generated_tokens(endpoint):
+    text = requests.get(f"{endpoint.metrics_url}/metrics", timeout=30).text
+    return sum(
+        value
+        for (metric, labels), value in parse(text).items()
+        if metric == "GeneratedTokens" and ("ModelName", systems.MODEL) in labels
+    )
+
+
+def idle_count(endpoint, settle=3.0, timeout=300):
+    """GeneratedTokens once it has not moved for ``settle`` seconds."""
+    deadline = time.monotonic() + timeout
+    last, since = generated_tokens(endpoint), time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = generated_tokens(endpoint)
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= settle:
+            return now
+    raise RuntimeError("the server did not become idle")
+
+
+def disconnect_after_pieces(endpoint, pieces):
+    connection = systems.post_on_socket(
+        endpoint.native_url, {"prompt": "A long story", "max_new_tokens": 256, "stream": True}
+    )
+    received = b""
+    while received.count(b'"done":false') < pieces:
+        received += connection.recv(65536)
+    connection.close()
+    return received.count(b'"done":false')
+
+
+def disconnect_after_seconds(endpoint, seconds):
+    connection = systems.post_on_socket(endpoint.native_url, {"prompt": "A long story", "max_new_tokens": 256})
+    time.sleep(seconds)
+    connection.close()
+
+
+def measure_cancel(log):
+    results = {}
+    for system in ("per-step", "static"):
+        with systems.start(system, log) as endpoint:
+            before = idle_count(endpoint)
+            read = disconnect_after_pieces(endpoint, 5)
+            after = idle_count(endpoint)
+            stream = {"pieces_read": read, "tokens_generated": int(after - before)}
+            stream["tokens_after_disconnect"] = int(after - before) - read
+            disconnect_after_seconds(endpoint, 2.0)
+            plain = {"left_after_s": 2.0, "tokens_generated": int(idle_count(endpoint) - after)}
+        results[system] = {"stream": stream, "plain": plain}
+        log(f"cancel/{system}: {json.dumps(results[system])}")
+    return results
+
+
+# ------------------------------------------------------------------------------------------------ frontend probe
+def probe_archive(kind, log):
+    """build/generator-probe/<kind>/probe-<kind>.mar from loadtests/generator_probe (torch-model-archiver)."""
+    store = REPO / "build" / "generator-probe" / kind
+    store.mkdir(parents=True, exist_ok=True)
+    command = [str(Path(sys.executable).parent / "torch-model-archiver"), "--model-name", f"probe-{kind}"]
+    command += ["--version", "1.0", "--handler", str(PROBE / f"{kind}_handler.py")]
+    command += ["--config-file", str(PROBE / f"{kind}.yaml"), "--export-path", str(store), "--force"]
+    subprocess.run(command, check=True, capture_output=True)
+    return store
+
+
+def probe_streams(url, streams, tokens):
+    """Milliseconds per step: ``streams`` concurrent streams of ``tokens`` tokens each."""
+
+    def one(_):
+        with requests.post(url, json={"tokens": tokens, "stream": True}, stream=True, timeout=300) as response:
+            response.raise_for_status()
+            return sum(1 for _ in response.iter_content(None))
+
+    started = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(streams) as pool:
+        chunks = list(pool.map(one, range(streams)))
+    return round((time.perf_counter() - started) / tokens * 1000, 3), chunks
+
+
+def probe_disconnect(url):
+    """Tokens the probe decoder made for a stream whose client left after 5 pieces (it counts them)."""
+    connection = systems.post_on_socket(url, {"tokens": 100000, "stream": True, "sleep_ms": 2}, timeout=60)
+    received = b""
+    while received.count(b"t") < 5:
+        received += connection.recv(4096)
+    connection.close()
+    time.sleep(3.0)
+    return requests.post(url, json={"stats": True}, timeout=60).json()
+
+
+def measure_probe(log):
+    results = {}
+    for kind in ("continuous", "async"):
+        store = probe_archive(kind, log)
+        with private_server(f"probe-{kind}", store, [f"probe-{kind}"]) as server:
+            url = f"{server.inference_url}/predictions/probe-{kind}"
+            probe_streams(url, 1, 20)  # warm
+            one_ms, _ = probe_streams(url, 1, 400)
+            eight_ms, _ = probe_streams(url, 8, 200)
+            stats = probe_disconnect(url)
+        results[kind] = {
+            "ms_per_step_1_stream": one_ms,
+            "ms_per_step_8_streams": eight_ms,
+            "worker_saw_the_disconnect": bool(stats["cancelled"]),
+            # tokens made for the stream whose client left after 5 pieces: when the worker dropped it, or 3 s later
+            "disconnected_stream_tokens": (stats["cancelled"] or list(stats["running"].values()) or [None])[-1],
+        }
+        log(f"probe/{kind}: {json.dumps(results[kind])}")
+    return results
+
+
+# ------------------------------------------------------------------------------------------------ step costs
+def measure_steps(log):
+    """In-process (no server): what a prefill and a decoding step of the measurement model cost, by batch size."""
+    import random
+    import zipfile
+
+    import torch
+
+    from handlers.generation.decoding import SamplingSettings, Sequence
+    from handlers.generation.running import RunningBatch
+    from scripts.ops.handler_loader import load_handler
+
+    folder = systems.VARIANTS / "unpacked"
+    archive = systems.built_archive(log)
+    if (
+        not (folder / "model-config.yaml").exists()
+        or (folder / "model-config.yaml").stat().st_mtime < archive.stat().st_mtime
+    ):
+        with zipfile.ZipFile(archive) as unpacked:
+            unpacked.extractall(folder)
+    handler, _ = load_handler(folder, systems.MODEL, continuous_batching=True)
+    torch.set_num_threads(1)
+    model, tokenizer = handler.loaded.model, handler.loaded.tokenizer
+    rng = random.Random(0)
+    prompt = tokenizer.encode("Once upon a time there was a small model")
+
+    def timed(action, repeats):
+        times = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            action()
+            times.append(time.perf_counter() - started)
+        return round(statistics.median(times), 4)
+
+    results = {"prompt_tokens": len(prompt), "threads": 1}
+    with torch.inference_mode():
+        for rows in (1, 4, 8, 16):
+            batch = RunningBatch(model, handler.loaded.pad_token_id, [])
+            for _ in range(rows):  # rows joined at different times: widths as in a running batch
+                batch.prefill([Sequence(prompt, SamplingSettings(1000, 0.8, seed=rng.randrange(2**31)))])
+                for _ in range(rng.randrange(20)):
+                    batch.step()
+            while batch.width < 150:
+                batch.step()
+            results[f"decode_step_{rows}_rows_s"] = timed(batch.step, 10)
+            joining = Sequence(prompt, SamplingSettings(1000))
+            results[f"prefill_1_joining_{rows}_rows_s"] = timed(lambda b=batch, s=joining: b.prefill([s]), 1)
+        alone = RunningBatch(model, handler.loaded.pad_token_id, [])
+        results["prefill_1_alone_s"] = timed(lambda: alone.prefill([Sequence(prompt, SamplingSettings(1))]), 5)
+    log(f"steps: {json.dumps(results)}")
+    return results
+
+
+MEASUREMENTS = {
+    "short": measure_short,
+    "prefix": measure_prefix,
+    "cancel": measure_cancel,
+    "probe": measure_probe,
+    "steps": measure_steps,
+}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtests.generator_scheduling",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("measurement", choices=[*MEASUREMENTS, "all"])
+    args = parser.parse_args(argv)
+    exit_on_sigterm()
+    REPORTS.mkdir(parents=True, exist_ok=True)
+    names = list(MEASUREMENTS) if args.measurement == "all" else [args.measurement]
+    status = 0
+    for name in names:
+        try:
+            figures = MEASUREMENTS[name](print)
+        except Exception as error:
+            print(f"{name}: failed: {error}", file=sys.stderr)
+            status = 1
+            continue
+        report = {
+            "measurement": name,
+            "date": f"{datetime.datetime.now():%Y-%m-%d %H:%M}",
+            "machine": machine.describe(),
+            "cpu_tag": machine.cpu_kind(),
+            "figures": figures,
+        }
+        path = REPORTS / f"generator-{name}-{datetime.datetime.now():%Y%m%d-%H%M%S}.json"
+        path.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"{name}: {json.dumps(figures)}\nreport: {path}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,180 @@
+"""The generation servers the generator measurements compare, each a context manager that starts one on free
+loopback ports, warms it up, yields an :class:`Endpoint` and stops it afterwards.
+
+  per-step            the measurement archive (models/generator-124m: GPT-2 small's shape, random weights) as
+                      packaged: per-step scheduling (continuousBatching), prefix reuse
+  static              the same archive with the generator's settings before per-step scheduling: whole batches
+                      (continuousBatching off), batchSize 4, maxBatchDelay 10 ms
+  transformers-serve  ``transformers serve --continuous-batching`` (transformers' own OpenAI-compatible server) on the
+                      very model folder the archive packs, in its own venv (build/transformers-serve-venv,
+                      loadtests/baselines/baseline_env.py), with one torch thread as the archive's worker has
+
+Variants of the archive (loadtests/variants.py: model-config.yaml keys changed) are written under
+build/generator-compare/ and rebuilt when the archive changes.
+"""
+
+import contextlib
+import json
+import shutil
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import requests
+
+from loadtests.baselines import baseline_env
+from loadtests.baselines.systems import subprocess_server
+from loadtests.variants import variant_archive
+from scripts import package
+from scripts.ops.server import private_server
+
+REPO = Path(__file__).resolve().parent.parent
+MODEL = "generator-124m"
+STORE = REPO / "model_store"
+VARIANTS = REPO / "build" / "generator-compare"
+# The generator's TorchServe settings before per-step scheduling: whole batches of up to 4 collected for 10 ms.
+STATIC = {"continuousBatching": False, "batchSize": 4, "maxBatchDelay": 10}
+SYSTEMS = ("static", "per-step", "transformers-serve")
+DESCRIPTIONS = {
+    "static": "whole batches (continuousBatching off), batchSize 4, maxBatchDelay 10 ms: the generator before",
+    "per-step": "per-step scheduling (continuousBatching), batchSize 16, prefix reuse: the generator as packaged",
+    "transformers-serve": "transformers serve --continuous-batching (transformers 5.24, paged attention), 1 thread",
+}
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where a system answers OpenAI completions, and what else the measurements may ask of it."""
+
+    name: str
+    base_url: str  # scheme://host:port
+    completions_path: str  # POST here: OpenAI completions
+    model: str  # the "model" its completions expect
+    native_url: str | None = None  # ours: POST /predictions/<model> (the native API)
+    metrics_url: str | None = None  # ours: TorchServe's Prometheus endpoint
+    describe_url: str | None = None  # ours: the handler's description
+
+    @property
+    def completions_url(self) -> str:
+        return self.base_url + self.completions_path
+
+
+def built_archive(log=print):
+    """model_store/generator-124m.mar, built first if it is missing or out of date (minutes the first time)."""
+    package.build(MODEL, STORE, log=log)
+    return STORE / f"{MODEL}.mar"
+
+
+def variant_store(name, config_overrides, handler_overrides=None, log=print):
+    """A model store holding the archive with model-config keys changed (reused while the archive is unchanged)."""
+    source = built_archive(log)
+    store = VARIANTS / name
+    target = store / f"{MODEL}.mar"
+    if not target.exists() or target.stat().st_mtime < source.stat().st_mtime:
+        shutil.rmtree(store, ignore_errors=True)
+        log(f"writing the {name} variant of {source.name} into {store}")
+        variant_archive(source, target, config_overrides, handler_overrides or {})
+    return store
+
+
+def lm_folder(log=print):
+    """The model folder the archive packs (its prepare step's output): what the peer serves."""
+    built_archive(log)
+    folder = REPO / "build" / MODEL / "lm"
+    if not (folder / "config.json").is_file():
+        raise RuntimeError(f"{folder} is missing: rebuild with python -m scripts.package {MODEL} --force")
+    return folder
+
+
+@contextlib.contextmanager
+def torchserve(name, store, log=print, log_dir=None):
+    with private_server(f"generator-{name}", store, [MODEL], keep_logs_in=log_dir) as server:
+        version_path = f"/predictions/{MODEL}/1.0"
+        endpoint = Endpoint(
+            name=name,
+            base_url=server.inference_url,
+            completions_path=f"{version_path}/v1/completions",
+            model=MODEL,
+            native_url=f"{server.inference_url}/predictions/{MODEL}",
+            metrics_url=server.metrics_url,
+            describe_url=f"{server.inference_url}{version_path}/describe",
+        )
+        warm_up(endpoint, log)
+        yield endpoint
+
+
+@contextlib.contextmanager
+def transformers_serve(log=print, log_dir=None):
+    python = baseline_env.ENVS["transformers-serve"].ensure(log=log)
+    folder = lm_folder(log)
+    command = [str(Path(python).parent / "transformers"), "serve", str(folder), "--continuous-batching"]
+    command += ["--device", "cpu", "--host", "127.0.0.1", "--port", "{port}", "--log-level", "warning"]
+    threads = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # the archive's worker runs one torch thread
+    log_dir = Path(log_dir or VARIANTS / "logs")
+    with subprocess_server(command, "transformers-serve", log_dir, None, threads, ready=answers_models) as url:
+        endpoint = Endpoint("transformers-serve", url, "/v1/completions", str(folder))
+        warm_up(endpoint, log)
+        yield endpoint
+
+
+def answers_models(url):
+    try:
+        requests.get(f"{url}/v1/models", timeout=5).raise_for_status()
+    except requests.RequestException as error:
+        time.sleep(1)
+        raise RuntimeError(f"not answering yet: {error}") from None
+
+
+def start(name, log=print, log_dir=None):
+    """The context manager of system ``name`` (one of SYSTEMS)."""
+    if name == "per-step":
+        built_archive(log)
+        return torchserve(name, STORE, log, log_dir)
+    if name == "static":
+        return torchserve(name, variant_store("static", STATIC, log=log), log, log_dir)
+    if name == "transformers-serve":
+        return transformers_serve(log, log_dir)
+    raise ValueError(f"unknown system {name!r}; known: {', '.join(SYSTEMS)}")
+
+
+def complete(endpoint, prompt, max_tokens, stream=False, timeout=600, **fields):
+    """One OpenAI completion; streamed: (text pieces, their arrival times, the start time)."""
+    body = {"model": endpoint.model, "prompt": prompt, "max_tokens": max_tokens, "stream": stream, **fields}
+    started = time.perf_counter()
+    response = requests.post(endpoint.completions_url, json=body, stream=stream, timeout=timeout)
+    response.raise_for_status()
+    if not stream:
+        return response.json()
+    pieces, times = [], []
+    for line in response.iter_lines():
+        if line.startswith(b"data: {"):
+            for choice in json.loads(line[6:]).get("choices") or []:
+                if choice.get("text"):
+                    pieces.append(choice["text"])
+                    times.append(time.perf_counter())
+    return pieces, times, started
+
+
+def warm_up(endpoint, log=print):
+    """First requests allocate caches and buffers (transformers serve's first took 26 s): not part of a run."""
+    started = time.perf_counter()
+    for max_tokens in (16, 8):
+        complete(endpoint, "Warming up the server.", max_tokens)
+        complete(endpoint, "Warming up the server, streamed.", max_tokens, stream=True)
+    log(f"{endpoint.name}: warmed up in {time.perf_counter() - started:.1f} s")
+
+
+def post_on_socket(url, body, timeout=600):
+    """POST ``body`` as JSON to ``url`` on a connection of our own, returned open: closing it is a client leaving
+    (an HTTP library would keep the connection for reuse). Read the answer with ``recv``."""
+    address = urlsplit(url)
+    connection = socket.create_connection((address.hostname, address.port), timeout=timeout)
+    payload = json.dumps(body).encode()
+    connection.sendall(
+        f"POST {address.path} HTTP/1.1\r\nHost: {address.netloc}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(payload)}\r\n\r\n".encode()
+        + payload
+    )
+    return connection

@@ -1,0 +1,318 @@
+"""Per-step scheduling in-process: the generator handler under TorchServe's continuous batching, played by
+scripts.ops.handler_loader.ContinuousFrontend (the worker's answers read off TorchServe's wire format), and the
+pieces under it (handlers.generation.running, scheduler, prefix_cache, kv_cache) on the demo model.
+
+No expected text is hard-coded (the weights are random): every answer is compared with the same request decoded
+alone by the whole-batch path, whatever joined or left the batch around it.
+"""
+
+import json
+
+import pytest
+import torch
+
+from handlers.core.config import ConfigError
+from handlers.generation.decoding import SamplingSettings, Sequence, generate
+from handlers.generation.prefix_cache import PrefixCache
+from handlers.generation.running import RunningBatch
+from scripts.ops.handler_loader import ContinuousFrontend, load_handler, record_metrics, set_requests
+
+LONG = {"prompt": "Once upon a time", "max_new_tokens": 120, "temperature": 0.9, "seed": 3}
+SHORT = {"prompt": "Hello world", "max_new_tokens": 4}
+
+
+@pytest.fixture(scope="module")
+def model_dir(prepared_model_dir):
+    return prepared_model_dir("generator")
+
+
+@pytest.fixture(scope="module")
+def stepper(model_dir):
+    """The handler as TorchServe's continuous batching runs it (per step)."""
+    torch.set_num_threads(1)
+    return load_handler(model_dir, "generator", continuous_batching=True)
+
+
+@pytest.fixture(scope="module")
+def whole(model_dir):
+    """The same model decoding whole batches: the reference answers."""
+    return load_handler(model_dir, "generator")
+
+
+def reference(whole, body):
+    """The answer's text for ``body`` decoded alone, not streamed."""
+    handler, context = whole
+    set_requests(context, [{"Content-Type": "application/json"}])
+    [answer] = handler.handle([{"body": {**body, "stream": False}}], context)
+    return json.loads(answer)
+
+
+def received(job):
+    """(text, final object) a client of ``job`` reads: the whole answer, or the stream's lines joined."""
+    if job.body is not None:
+        answer = json.loads(job.body)
+        return answer.get("text"), answer
+    lines = [json.loads(line) for chunk in job.chunks for line in chunk.splitlines()]
+    assert [line["done"] for line in lines] == [False] * (len(lines) - 1) + [True]
+    return "".join(line["text"] for line in lines), lines[-1]
+
+
+def test_requests_that_join_and_leave_a_running_batch_get_their_answers_alone(stepper, whole):
+    handler, context = stepper
+    frontend = ContinuousFrontend(handler, context)
+    first = [
+        {**LONG, "stream": True},
+        {"prompt": "The quick brown fox", "max_new_tokens": 30, "temperature": 1.2, "top_k": 40, "seed": 9},
+        {"prompt": "A", "max_new_tokens": 16},
+    ]
+    later = [
+        SHORT,
+        {**SHORT, "stream": True, "max_new_tokens": 9},
+        {"prompt": "Tell me a story about a model", "max_new_tokens": 25, "temperature": 0.7, "seed": 1},
+    ]
+    jobs = [frontend.submit(body) for body in first]
+    for _ in range(5):
+        frontend.step()
+    jobs += [frontend.submit(body) for body in later]
+    frontend.run()
+    for job, body in zip(jobs, first + later, strict=True):
+        text, final = received(job)
+        expected = reference(whole, body)
+        assert job.status == 200 and text == expected["text"], body
+        assert final["completion_tokens"] == expected["completion_tokens"]
+        assert final["finish_reason"] == expected["finish_reason"]
+        if body.get("stream"):
+            assert job.content_type == "application/x-ndjson" and len(job.chunks) >= 3
+        else:
+            assert job.body is not None and not job.chunks and job.content_type == "application/json"
+    assert not handler.scheduler.active and handler.scheduler.batch.rows == 0
+
+
+def test_a_short_request_leaves_within_a_step_of_its_last_token_while_long_ones_go_on(stepper):
+    handler, context = stepper
+    frontend = ContinuousFrontend(handler, context)
+    longs = [frontend.submit({**LONG, "seed": seed, "stream": True}) for seed in range(3)]
+    for _ in range(10):
+        frontend.step()
+    short = frontend.submit(SHORT)
+    calls = 0
+    while not short.done:
+        frontend.step()
+        calls += 1
+    # One call prefills it (its first token), three more steps give tokens 2..4; the answer goes with the last.
+    assert calls == SHORT["max_new_tokens"]
+    assert not any(job.done for job in longs) and handler.scheduler.batch.rows == 3
+    frontend.run()
+
+
+def test_a_disconnected_stream_is_dropped_and_its_rows_freed(stepper):
+    handler, context = stepper
+    frontend = ContinuousFrontend(handler, context)
+    metrics = record_metrics(context)
+    try:
+        leaving = frontend.submit({**LONG, "stream": True})
+        staying = frontend.submit({**LONG, "seed": 4, "stream": True})
+        for _ in range(6):
+            frontend.step()
+        frontend.disconnect(leaving)
+        steps = 0
+        while leaving.request_id in frontend.jobs:  # at its next chunk TorchServe sees the closed connection
+            frontend.step()
+            steps += 1
+        assert steps <= 3  # a step whose token completes no text (part of a character) sends no chunk
+        tokens_when_gone = handler.scheduler.active[leaving.request_id].sequence.token_ids.copy()
+        frontend.step()  # the worker no longer gets it: cancelled, rows freed
+        assert leaving.request_id not in handler.scheduler.active
+        assert handler.scheduler.batch.rows == 1 and len(tokens_when_gone) < LONG["max_new_tokens"]
+        assert metrics.values("CancelledRequests") == [1]
+        frontend.run()
+        assert staying.done and received(staying)[1]["completion_tokens"] == LONG["max_new_tokens"]
+    finally:
+        context.metrics = None
+
+
+def test_a_refused_request_is_answered_at_once_with_its_status_beside_running_ones(stepper):
+    handler, context = stepper
+    frontend = ContinuousFrontend(handler, context)
+    running = frontend.submit({**LONG, "stream": True})
+    frontend.step()
+    frontend.step()
+    bad = frontend.submit({"prompt": "x", "max_new_tokens": 0})
+    frontend.step()
+    assert bad.done and bad.status == 400 and "'max_new_tokens' is 0" in json.loads(bad.body)["message"]
+    assert not running.done
+    frontend.run()
+    assert running.status == 200
+
+
+def test_a_request_that_does_not_fit_waits_for_room(model_dir, whole):
+    limits_sum = 256 + 256  # the demo's max_prompt_tokens + max_new_tokens: room for one request at its longest
+    handler, context = load_handler(model_dir, "generator", {"max_batch_tokens": limits_sum}, continuous_batching=True)
+    frontend = ContinuousFrontend(handler, context)
+    # The first may need its prompt + 256 tokens: two rows that long would exceed the room, so the second waits.
+    bodies = [{**SHORT, "max_new_tokens": 256}, {**SHORT, "prompt": "Second", "max_new_tokens": 3}]
+    first, second = (frontend.submit(body) for body in bodies)
+    frontend.step()
+    assert handler.scheduler.batch.rows == 1 and len(handler.scheduler.waiting) == 1
+    frontend.run()
+    assert second.steps > first.steps  # it waited for the first to finish
+    for job, body in ((first, bodies[0]), (second, bodies[1])):
+        assert received(job)[0] == reference(whole, body)["text"]
+    with pytest.raises(ConfigError, match="max_batch_tokens"):
+        load_handler(model_dir, "generator", {"max_batch_tokens": 100}, continuous_batching=True)
+
+
+def test_a_failed_step_fails_the_requests_in_it_and_the_worker_goes_on(stepper, monkeypatch):
+    handler, context = stepper
+    frontend = ContinuousFrontend(handler, context)
+    stream, plain = frontend.submit({**LONG, "stream": True}), frontend.submit({**LONG, "seed": 8})
+    for _ in range(4):
+        frontend.step()
+    import handlers.generation.running as running
+
+    real_step = running.model_step
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated decoding failure")
+
+    monkeypatch.setattr(running, "model_step", broken)
+    frontend.step()
+    monkeypatch.setattr(running, "model_step", real_step)
+    assert stream.done and plain.done
+    assert plain.status == 500 and "simulated decoding failure" in json.loads(plain.body)["message"]
+    last = json.loads(stream.chunks[-1])
+    assert stream.status == 200 and last["done"] is True and last["code"] == 500  # the stream had started
+    after = frontend.submit(SHORT)
+    frontend.run()
+    assert after.status == 200 and not handler.scheduler.active
+
+
+def test_each_request_records_its_time_to_first_token_and_steps_are_counted(stepper):
+    handler, context = stepper
+    frontend = ContinuousFrontend(handler, context)
+    metrics = record_metrics(context)
+    try:
+        frontend.submit(SHORT)
+        frontend.submit({**SHORT, "stream": True})
+        frontend.run()
+    finally:
+        context.metrics = None
+    assert len(metrics.values("TimeToFirstTokenSeconds")) == 2
+    assert sum(metrics.values("GeneratedTokens")) == 2 * SHORT["max_new_tokens"]
+    assert sum(metrics.values("DecodeSteps")) == SHORT["max_new_tokens"] - 1  # the prefill gave the first tokens
+
+
+def test_a_grpc_stream_gets_its_answer_in_one_message_under_continuous_batching(stepper, whole):
+    """TorchServe 0.12's continuous batching drops a gRPC call it sent a piece to (GRPCJob.isOpen answers the
+    opposite): a StreamPredictions caller gets the whole stream in its last message, which says it is the last."""
+    handler, context = stepper
+    frontend = ContinuousFrontend(handler, context)
+    body = {**SHORT, "stream": True, "max_new_tokens": 8}
+    job = frontend.submit(body, over_grpc=True, stream_pieces=b"true")
+    frontend.run()
+    assert job.chunks == [] and job.body is not None and job.done
+    lines = [json.loads(line) for line in job.body.splitlines()]
+    assert lines[-1]["done"] is True and "".join(line["text"] for line in lines) == reference(whole, body)["text"]
+
+
+def test_the_describe_route_answers_the_description(stepper):
+    handler, context = stepper
+    frontend = ContinuousFrontend(handler, context)
+    job = frontend.submit(b"", headers={"url_path": "describe"})
+    frontend.run()
+    described = json.loads(job.body)
+    assert job.status == 200 and described["scheduling"]["per_step"] is True
+    assert described["prefix_cache"]["block_tokens"] == 16
+
+
+# ------------------------------------------------------------------------------ the pieces, without the handler
+@pytest.fixture(scope="module")
+def lm(stepper):
+    handler, _ = stepper
+    return handler.loaded.model, handler.loaded.tokenizer
+
+
+def alone(model, prompt_ids, settings):
+    sequence = Sequence(list(prompt_ids), settings)
+    with torch.inference_mode():
+        generate(model, [sequence], [], pad_token_id=0)
+    return sequence.token_ids
+
+
+def test_prefix_reuse_gives_the_tokens_of_a_full_prefill_and_skips_the_cached_part(lm):
+    model, tokenizer = lm
+    system = tokenizer.encode("You are a terse assistant. Answer in one line. " * 3)
+    prompts = [system + tokenizer.encode(question) for question in (" What is TorchServe?", " Why a cache?")]
+    settings = [SamplingSettings(12), SamplingSettings(12, temperature=1.0, seed=2)]
+    expected = [alone(model, ids, s) for ids, s in zip(prompts, settings, strict=True)]
+    cache = PrefixCache(max_bytes=1 << 24, block_tokens=8)
+    batch = RunningBatch(model, 0, [], cache)
+    with torch.inference_mode():
+        first = Sequence(prompts[0], settings[0])
+        batch.prefill([first])
+        computed_alone = batch.computed_prompt_tokens
+        second = Sequence(prompts[1], settings[1])
+        batch.prefill([second])
+        while batch.rows:
+            batch.step()
+            batch.remove_finished()
+    assert [first.token_ids, second.token_ids] == expected
+    shared_blocks = len(system) // 8
+    assert cache.stats.hits == 1 and cache.stats.reused_tokens == shared_blocks * 8
+    assert batch.computed_prompt_tokens - computed_alone == len(prompts[1]) - shared_blocks * 8
+
+
+def test_the_prefix_cache_stays_within_its_bytes_and_evicts_least_recently_used_chains_last_block_first():
+    layers, heads, head_dim = 2, 2, 4
+
+    def kv(tokens):
+        return [(torch.randn(heads, tokens, head_dim), torch.randn(heads, tokens, head_dim)) for _ in range(layers)]
+
+    block_bytes = layers * 2 * heads * 4 * head_dim * 4  # 4 tokens of fp32 keys and values
+    cache = PrefixCache(max_bytes=5 * block_bytes, block_tokens=4)
+    a, b = list(range(12)), list(range(100, 112))
+    cache.store(a, 0, kv(12))  # 3 blocks
+    cache.store(b, 0, kv(12))  # 3 more: one block of a's chain must go, its last
+    assert cache.bytes <= cache.max_bytes and len(cache.blocks) == 5
+    assert cache.lookup(a + [7]).length == 8  # a's first two blocks are still there
+    assert cache.lookup(b + [7]).length == 12
+    assert cache.lookup([999] + a).length == 0 and cache.stats.misses == 1
+    assert cache.lookup(a[:4]).length == 0  # at least one prompt token is always computed
+
+
+def test_rows_join_with_padding_and_leave_freeing_their_columns(lm):
+    model, tokenizer = lm
+    batch = RunningBatch(model, 0, [])
+    long_prompt = tokenizer.encode("The quick brown fox jumps over the lazy dog, again and again.")
+    with torch.inference_mode():
+        long = Sequence(long_prompt, SamplingSettings(40))
+        batch.prefill([long])
+        for _ in range(5):
+            batch.step()
+        short = Sequence(tokenizer.encode("Hi"), SamplingSettings(3))
+        batch.prefill([short])
+        assert batch.rows == 2 and batch.width == len(long_prompt) + 5
+        assert batch.mask[1].sum() == len(short.prompt_ids)  # padded on its left
+        batch.step()
+        batch.step()
+        assert batch.remove_finished() == [short] and batch.rows == 1
+        assert batch.width == len(long_prompt) + 7  # no column only the short row used is kept
+        while batch.rows:
+            batch.step()
+            batch.remove_finished()
+    assert long.token_ids == alone(model, long_prompt, SamplingSettings(40))
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"prefix_cache": {"max_bytes": -1}}, "handler.prefix_cache: max_bytes: -1 is outside"),
+        ({"prefix_cache": {"block_tokens": 0}}, "block_tokens: 0 is outside"),
+        ({"prefix_cache": {"blocks": 4}}, "unknown field(s) ['blocks']"),
+        ({"max_batch_tokens": 0}, "handler.max_batch_tokens: 0 is below the minimum"),
+        ({"max_batch_tokens": "lots"}, "expected auto or an integer"),
+    ],
+)
+def test_scheduling_options_are_checked_at_load(model_dir, overrides, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        load_handler(model_dir, "generator", overrides, continuous_batching=True)
