@@ -67,7 +67,7 @@ BAD = {
     "token ids for langchain": ({"input": [[101, 102]]}, JSON, "check_embedding_ctx_length=False"),
     "one token id array": ({"input": [101, 7592, 102]}, JSON, "'input' is token ids: token-id arrays"),
     "empty item": ({"input": ["a", ""]}, JSON, "'input'[1] is empty"),
-    "unknown encoding": ({"input": "a", "encoding_format": "float16"}, JSON, "use 'float' or 'base64'"),
+    "unknown encoding": ({"input": "a", "encoding_format": "float16"}, JSON, "use one of 'float', 'base64', 'int8'"),
     "null encoding": ({"input": "a", "encoding_format": None}, JSON, "'encoding_format' None is not supported"),
     "other dimensions": ({"input": "a", "dimensions": 256}, JSON, "'dimensions' 256 is not supported"),
     "dimensions as string": ({"input": "a", "dimensions": "384"}, JSON, "'dimensions' '384'"),
