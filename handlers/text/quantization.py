@@ -4,8 +4,8 @@ are scaled with.
 
 - ``float``: the float32 values; ``base64``: their little-endian float32 bytes, base64 (what OpenAI's client asks for).
 - ``int8`` / ``uint8``: per dimension, the value's place between that dimension's smallest and largest value over the
-  calibration sentences, in 256 steps (-128..127 / 0..255), as sentence-transformers' ``quantize_embeddings`` computes
-  it with those ranges (values outside a range are clipped to its ends instead of wrapping around).
+  calibration sentences, in 256 steps (0..255, and for int8 minus 128), values outside a range clipped to its ends:
+  sentence-transformers' ``quantize_embeddings`` with those ranges.
 - ``binary`` / ``ubinary``: one bit per dimension, 1 where the value is positive, packed 8 to a byte, first dimension
   in the highest bit (numpy's ``packbits``), as Cohere packs them: ``ubinary`` the bytes 0..255, ``binary`` each byte
   minus 128 (-128..127). A vector whose size is not a multiple of 8 is padded with 0 bits.
@@ -101,11 +101,10 @@ def quantize(vectors: np.ndarray, kind: str, ranges: tuple[np.ndarray, np.ndarra
     if ranges is None:
         raise ValueError(f"{kind} needs calibration ranges")
     low, high = ranges
-    steps = np.maximum((high - low) / 255, np.finfo(np.float32).tiny)
-    scaled = (vectors - low) / steps
-    if kind == "int8":
-        return np.clip(scaled - 128, -128, 127).astype(np.int8)
-    return np.clip(scaled, 0, 255).astype(np.uint8)
+    steps = (high - low) / 255
+    steps = np.where(steps == 0, 1, steps)
+    steps_taken = np.clip(np.floor((vectors - low) / steps), 0, 255)
+    return (steps_taken - 128).astype(np.int8) if kind == "int8" else steps_taken.astype(np.uint8)
 
 
 def float32_base64(vector: np.ndarray) -> str:
