@@ -74,7 +74,7 @@ ASPECTS = {
         "How do I get around {c} by public transport?",
         [
             "{c} has {n} tram lines and a metro that runs until midnight; a day pass covers the {w} ferry too.",
-            "Buses in {c} leave every {n} minutes from the central station, and bikes can be rented near the {w} square.",
+            "Buses in {c} leave every {n} minutes from the central station, bikes are rented by the {w} square.",
             "Getting around {c} is easy: the {w} line links the airport to the old town in about {n} minutes.",
         ],
     ),
@@ -198,7 +198,11 @@ def rankings(questions: dict[str, list], passages: dict[str, list]) -> dict[str,
 
 
 def recall_at(order: np.ndarray, relevant: list[set[int]], k: int = K) -> float:
-    return float(np.mean([len(set(row[:k].tolist()) & wanted) / len(wanted) for row, wanted in zip(order, relevant)]))
+    return float(
+        np.mean(
+            [len(set(row[:k].tolist()) & wanted) / len(wanted) for row, wanted in zip(order, relevant, strict=True)]
+        )
+    )
 
 
 def time_answers(handler, context, texts: list[str], repeats: int) -> list[dict]:
@@ -232,13 +236,16 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
         prog="python -m scripts.embedding_quality", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
     parser.add_argument("--archive", type=Path, default=REPO / "model_store" / "minilm.mar", help="an embedding .mar")
+    parser.add_argument(
+        "--model-dir", type=Path, help="a staged model folder with its model-config.yaml, instead of --archive"
+    )
     parser.add_argument("--precision", default="auto", help="handler.precision of the worker (default: as served)")
     parser.add_argument("--backend", default="auto", help="handler.backend of the worker (default: as served)")
     parser.add_argument("--repeats", type=int, default=15, help="timed repeats per encoding (default 15)")
     parser.add_argument("--out", type=Path, default=REPO / "build" / "reports", help="folder for the report files")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args(argv)
-    if not args.archive.is_file():
+    if args.model_dir is None and not args.archive.is_file():
         parser.error(f"{args.archive} is not a file (build it with: python -m scripts.package minilm)")
     return args
 
@@ -253,9 +260,7 @@ def markdown(report: dict) -> str:
     ]
     for row in report["quality"]:
         target = f">= {TARGETS[row['type']]}" if row["type"] in TARGETS else ""
-        lines.append(
-            f"| {row['type']} | {row['recall@10']:.4f} | {row['relative']:.4f} | {row['bytes']} | {target} |"
-        )
+        lines.append(f"| {row['type']} | {row['recall@10']:.4f} | {row['relative']:.4f} | {row['bytes']} | {target} |")
     lines += ["", "| answer of 16 texts | server time (median) | bytes |", "|---|---:|---:|"]
     lines += [f"| {r['encoding']} | {r['median_ms']} ms | {r['bytes']} |" for r in report["timing"]]
     return "\n".join(lines) + f"\n\n`{report['command']}`\n"
@@ -268,10 +273,10 @@ def main(argv: list[str] | None = None) -> int:
     from scripts.ops import machine
     from scripts.ops.handler_loader import load_handler
 
-    model_dir = unpack(args.archive, REPO / "build" / "quality" / args.archive.stem)
-    handler, context = load_handler(
-        model_dir, args.archive.stem, {"cache_size": 0, "precision": args.precision, "backend": args.backend}
-    )
+    name = args.archive.stem if args.model_dir is None else args.model_dir.name
+    model_dir = args.model_dir or unpack(args.archive, REPO / "build" / "quality" / name)
+    overrides = {"cache_size": 0, "precision": args.precision, "backend": args.backend}
+    handler, context = load_handler(model_dir, "minilm" if args.model_dir else name, overrides)
     questions, passages, relevant = labelled_set()
     batch = handler.config["max_inputs"]
     asked = embed_all(handler, context, questions, "search_query", batch)
@@ -291,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, order in orders.items()
     ]
     report = {
-        "model": args.archive.stem,
+        "model": name,
         "served": f"{handler.backend} {handler.precision}",
         "set": f"{len(questions)} questions, {len(passages)} passages, {len(relevant[0])} relevant each",
         "machine": machine.describe(),
