@@ -468,30 +468,25 @@ def test_zero_shot_on_a_users_nli_model_answers_as_the_pipeline(post, folders):
         assert all(math.isclose(a, b, abs_tol=0.01) for a, b in zip(got["scores"], want["scores"], strict=True))
 
 
+class FineText:
+    """The good request the reliability suite's corpus run sends after each bad one (scripts/reliability)."""
+
+    def __init__(self, model):
+        self.name = model
+
+    def body(self, index):
+        return json.dumps({"inputs": ["fine text"]})
+
+    def matches(self, index, answer):
+        return len(answer["results"]) == 1
+
+
 @pytest.mark.parametrize("model", ["t-rerank", "t-deberta"])
 def test_the_bad_input_corpus_of_a_users_reranker_and_nli_model(server, reranker, model):
     """Every route's refusals (tests/data/bad_requests/<model>.yaml) in that API's shape, a good request after each,
-    no worker restarted."""
-    from scripts.reliability import corpus
+    no worker restarted: the reliability suite's corpus run (scripts/reliability/correctness.py)."""
+    from scripts.reliability import correctness
 
-    client = server.management()
-    pids_before = client.worker_pids(model)
-    session, failures = requests.Session(), []
-    for case in corpus.load(model):
-        response = session.post(
-            case.url(server.inference_url, model),
-            data=case.body,
-            headers={"Content-Type": case.content_type},
-            timeout=60,
-        )
-        try:
-            message = corpus.error_message(response.json())
-        except ValueError:
-            message = None
-        if response.status_code != case.status or case.message not in str(message or ""):
-            failures.append(f"{case.name}: {response.status_code} {response.text[:200]}")
-        good = session.post(f"{server.inference_url}/predictions/{model}", json={"inputs": ["fine text"]}, timeout=60)
-        if good.status_code != 200:
-            failures.append(f"good request after {case.name!r}: {good.status_code} {good.text[:200]}")
-    assert not failures, "\n".join(failures)
-    assert client.worker_pids(model) == pids_before
+    cases, failures, pids_before, pids_after = correctness.run_bad_input(server, FineText(model))
+    assert cases and not failures, "\n".join(failures)
+    assert pids_after == pids_before

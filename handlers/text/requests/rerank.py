@@ -22,7 +22,7 @@ once per document, as it is computed once per document) and tokens.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,25 +148,33 @@ def parse_rerank(api: RequestContext, body: Any, content_type: str, route: str) 
     return request
 
 
+def ranked_results(
+    scores: list[float],
+    top_n: int | None,
+    documents: list[str],
+    score_key: str = "relevance_score",
+    text: Callable[[str], Any] = lambda document: {"text": document},
+) -> list[dict[str, Any]]:
+    """Documents best first (equal scores in document order), at most ``top_n``: ``{"index", score_key[, "document"
+    or "text"]}`` (TEI names them "score" and "text"); the documents are returned where ``documents`` holds them."""
+    order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))[:top_n]
+    text_key = "document" if score_key == "relevance_score" else "text"
+    results = []
+    for index in order:
+        result: dict[str, Any] = {"index": index, score_key: Float32(scores[index])}
+        if documents:
+            result[text_key] = text(documents[index])
+        results.append(result)
+    return results
+
+
 def format_rerank(api: RequestContext, request: RerankRequest, rows: Sequence[Any]) -> Any:
     logits = torch.stack([row.value.to(torch.float32) for row in rows])
     scores = (logits if request.raw_scores else probabilities(logits, api.info.activation))[:, 0].tolist()
-    order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))[: request.top_n]
     tokens = sum(row.tokens for row in rows)
     if request.api == TEI_RERANK:
-        ranked = []
-        for index in order:
-            entry: dict[str, Any] = {"index": index, "score": Float32(scores[index])}
-            if request.documents:
-                entry["text"] = request.documents[index]
-            ranked.append(entry)
-        return ranked
-    results = []
-    for index in order:
-        result: dict[str, Any] = {"index": index, "relevance_score": Float32(scores[index])}
-        if request.documents:
-            result["document"] = {"text": request.documents[index]}
-        results.append(result)
+        return ranked_results(scores, request.top_n, request.documents, "score", str)
+    results = ranked_results(scores, request.top_n, request.documents)
     version = "1" if request.api == COHERE_V1 else "2"
     meta: dict[str, Any] = {"api_version": {"version": version}, "billed_units": {"search_units": 1}}
     answer: dict[str, Any] = {"id": uuid.uuid4().hex, "results": results, "meta": meta}

@@ -113,9 +113,10 @@ def parse_zero_shot(api: RequestContext, body: dict[str, Any]) -> ZeroShotReques
             f"allowed per request (handler.max_inputs)"
         )
     hypotheses = [template.replace("{}", label, 1) for label in labels]
-    texts: list[Row] = [(sequence, hypothesis) for sequence in sequences for hypothesis in hypotheses]
+    pairs_of: list[tuple[str, str]] = [(sequence, hypothesis) for sequence in sequences for hypothesis in hypotheses]
     names = [f"'{text_field}'[{s}] with label {labels[h]!r}" for s in range(len(sequences)) for h in range(len(labels))]
-    check_request_chars(sum(len(a) + len(b) for a, b in texts), api.limits)
+    check_request_chars(sum(len(premise) + len(hypothesis) for premise, hypothesis in pairs_of), api.limits)
+    texts: list[Row] = list(pairs_of)
     single = isinstance(body[text_field], str)
     return ZeroShotRequest(texts, names, truncate_flag(body), sequences, labels, multi_label, single)
 
