@@ -11,8 +11,10 @@ once, so each type is exactly what a client receives. Per type, recall@10 (the s
 passages among its first 10) is averaged over the questions:
 
 - ``float``: cosine similarity of the float32 vectors (the reference);
-- ``int8``: the dot product of the int8 vectors (the calibration's per-dimension ranges);
-- ``uint8``: Euclidean distance of the uint8 vectors (a dot product of unsigned values favours large ones);
+- ``int8`` and ``uint8``: Euclidean distance of the quantized vectors. Each dimension's 0 sits at its calibration
+  range's middle, not at 0.0, so a dot product of the integers adds every dimension's offset times the other
+  vector's values; a distance does not (vector stores' int8 scalar quantization ranks by distance). The dot product
+  of the int8 vectors is reported too, as ``int8 (dot product)``;
 - ``binary``: Hamming distance of the packed bits;
 - ``binary + rescore``: the first 4 x 10 passages by Hamming distance, re-ranked by the float32 question vector's dot
   product with each passage's bits read as +1/-1 (the passages are stored as bits only).
@@ -175,15 +177,19 @@ def bits(packed: np.ndarray, dimension: int) -> np.ndarray:
     return np.unpackbits(packed.astype(np.uint8), axis=-1)[:, :dimension]
 
 
+def squared_distances(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a**2).sum(1)[:, None] - 2 * a @ b.T + (b**2).sum(1)[None, :]
+
+
 def rankings(questions: dict[str, list], passages: dict[str, list]) -> dict[str, np.ndarray]:
     """Per type, each question's passages best first (indices), as a vector store ranks that type."""
     q_float, p_float = (np.array(x["float"], dtype=np.float32) for x in (questions, passages))
     dimension = q_float.shape[1]
     scores = {"float": q_float @ p_float.T}
-    q8, p8 = (np.array(x["int8"], dtype=np.int32) for x in (questions, passages))
-    scores["int8"] = (q8 @ p8.T).astype(np.float64)
-    qu, pu = (np.array(x["uint8"], dtype=np.float64) for x in (questions, passages))
-    scores["uint8"] = -((qu**2).sum(1)[:, None] - 2 * qu @ pu.T + (pu**2).sum(1)[None, :])
+    q8, p8 = (np.array(x["int8"], dtype=np.float64) for x in (questions, passages))
+    scores["int8 (dot product)"] = q8 @ p8.T
+    scores["int8"] = -squared_distances(q8, p8)
+    scores["uint8"] = -squared_distances(*(np.array(x["uint8"], dtype=np.float64) for x in (questions, passages)))
     q_bits, p_bits = (bits(np.array(x["ubinary"]), dimension) for x in (questions, passages))
     hamming = q_bits.astype(np.int32) @ (1 - p_bits).T + (1 - q_bits).astype(np.int32) @ p_bits.T
     scores["binary"] = -hamming.astype(np.float64)
@@ -284,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     orders = rankings(asked, stored)
     dimension = len(stored["float"][0])
     sizes = {"float": 4 * dimension, "int8": dimension, "uint8": dimension, "binary": (dimension + 7) // 8}
-    sizes["binary + rescore"] = sizes["binary"]
+    sizes["binary + rescore"], sizes["int8 (dot product)"] = sizes["binary"], dimension
     float_recall = recall_at(orders["float"], relevant)
     quality = [
         {
