@@ -272,10 +272,19 @@ class MiniLMOracle:
         return shape, texts, truncate
 
     def route_limit(self, case):
-        """The token limit a route's request cuts its texts to (Cohere's max_tokens, else the model's)."""
+        """Cohere's max_tokens where it is below the model's limit (each text is cut to that many tokens before its
+        special tokens are added), else None."""
         body = meant_json(case) if case.path == "v2/embed" else None
         wanted = body.get("max_tokens") if isinstance(body, dict) else None
-        return min(wanted, self.max_tokens) if type(wanted) is int and wanted > 0 else self.max_tokens
+        return wanted if type(wanted) is int and 0 < wanted < self.max_tokens else None
+
+    def refused_for_length(self, case, counts, truncate):
+        """(whether a text is over its limit with truncation off, the request's tokens after truncation)."""
+        cut = self.route_limit(case)
+        if cut is not None:  # the text is cut to `cut` tokens (special tokens not counted), then its 2 are added
+            words = [count - 2 for count in counts]
+            return (not truncate and max(words) > cut), sum(min(w, cut) + 2 for w in words)
+        return (not truncate and max(counts) > self.max_tokens), sum(min(c, self.max_tokens) for c in counts)
 
     def token_count(self, text):
         if text not in self.tokens:
@@ -297,13 +306,9 @@ class MiniLMOracle:
                 case.expect = ERROR
                 continue
             counts = [self.token_count(text) for text in texts]
-            limit = self.route_limit(case)
+            too_long, tokens = self.refused_for_length(case, counts, truncate)
             if any(not text.strip() for text in texts) or (
-                shape != "tokenize"
-                and (
-                    (not truncate and max(counts) > limit)
-                    or sum(min(c, limit) for c in counts) > limits.get("max_request_tokens", float("inf"))
-                )
+                shape != "tokenize" and (too_long or tokens > limits.get("max_request_tokens", float("inf")))
             ):
                 case.expect = ERROR
                 continue
@@ -376,7 +381,7 @@ class MiniLMOracle:
         if shape == "cohere":
             if not isinstance(answer, dict) or answer.get("texts") != texts:
                 return f"a Cohere answer echoing the texts expected, got {str(answer)[:120]}"
-            full = self.route_limit(case) == self.max_tokens  # a shorter max_tokens answers another vector
+            full = self.route_limit(case) is None  # a shorter max_tokens answers another vector
             for kind in dict.fromkeys(body.get("embedding_types") or ["float"]):
                 problem = self.encoded_problem(answer["embeddings"].get(kind), kind, texts, kind, full)
                 if problem:

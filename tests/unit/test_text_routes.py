@@ -288,3 +288,18 @@ def test_tokenize_and_decode_as_tei_answers_them_for_every_kind(staged, workers)
 def test_an_unknown_path_is_a_404_listing_the_routes(workers):
     status, [answer] = workers["rerank"].post("v3/rerank", {"query": "q"})
     assert status == [404] and "v2/rerank" in answer["message"] and "tokenize" in answer["message"]
+
+
+def test_cohere_max_tokens_cuts_each_text_and_truncate_none_refuses_a_longer_one(workers):
+    tokenizer = workers["mpnet"].handler.loaded.tokenizer.untruncated()
+    offsets = tokenizer.encode(TEXTS[0], add_special_tokens=False).offsets
+    cut = TEXTS[0][: offsets[2][1]]
+    status, [answer, refused, whole] = workers["mpnet"].post(
+        "v2/embed",
+        {"texts": [TEXTS[0]], "max_tokens": 3},
+        {"texts": [TEXTS[0]], "max_tokens": 3, "truncate": "NONE"},
+        {"texts": [cut]},
+    )
+    assert status == [200, 400, 200]
+    assert answer["embeddings"]["float"] == whole["embeddings"]["float"] and answer["texts"] == [TEXTS[0]]
+    assert "more than 'max_tokens' 3" in refused["message"]

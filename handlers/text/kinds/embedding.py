@@ -160,7 +160,7 @@ class EmbeddingKind(SentenceTransformersKind):
     def parse_cohere(self, api: RequestContext, body: Any, request: RequestView) -> Any:
         preparation = text_preparation(api.info, api.tokenizer)
         return parse_cohere_embed(
-            body, request.content_type, vector_space(api), api.limits, preparation, api.served_name, api.info.max_tokens
+            body, request.content_type, vector_space(api), api.limits, preparation, api.served_name, api.tokenizer
         )
 
     def parse_tei(self, api: RequestContext, body: Any, request: RequestView) -> Any:

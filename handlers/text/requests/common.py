@@ -172,3 +172,24 @@ def token_ids(inputs: list[Any]) -> bool:
     if all(type(item) is int for item in inputs):
         return True
     return all(isinstance(item, list) and item and all(type(i) is int for i in item) for item in inputs)
+
+
+def cut_to_tokens(tokenizer: ServedTokenizer, texts: list[str], limit: int) -> list[str]:
+    """Each text cut after its first ``limit`` tokens (special tokens not counted), at the end of that token's
+    characters: Cohere's ``max_tokens_per_doc`` (rerank) and ``max_tokens`` (embed). Cutting the text, not the ids,
+    keeps one tokenizer for every request whatever limit it names (a tokenizer per limit would be a copy each)."""
+    encodings = tokenizer.untruncated().encode_batch(texts, add_special_tokens=False)
+    return [
+        text if len(encoding.ids) <= limit else text[: encoding.offsets[limit - 1][1]]
+        for text, encoding in zip(texts, encodings, strict=True)
+    ]
+
+
+def tokens_over(tokenizer: ServedTokenizer, texts: list[str], limit: int, names: list[str]) -> None:
+    """Refuse the first text with more than ``limit`` tokens (special tokens not counted)."""
+    encodings = tokenizer.untruncated().encode_batch(texts, add_special_tokens=False)
+    for name, encoding in zip(names, encodings, strict=True):
+        if len(encoding.ids) > limit:
+            raise RequestError(
+                f"{name} has {len(encoding.ids)} tokens, more than 'max_tokens' {limit}, and 'truncate' is 'NONE'"
+            )

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -58,13 +58,16 @@ from handlers.text.requests.common import (
     check_model_name,
     check_request_chars,
     check_text,
+    cut_to_tokens,
     decoded_body,
     positive_int,
     text_list,
     token_ids,
+    tokens_over,
     truncate_flag,
 )
 from handlers.text.rows import RowOptions
+from handlers.text.tokenization import ServedTokenizer
 
 TEXT_FIELDS = {"text", "truncate", "prompt_name"}
 OPENAI_FIELDS = {"input", "model", "encoding_format", "dimensions", "user", "truncate", "prompt_name"}
@@ -326,10 +329,10 @@ def parse_cohere_embed(
     limits: TextLimits,
     preparation: TextPreparation,
     served: str,
-    model_max_tokens: int,
+    tokenizer: ServedTokenizer,
 ) -> EmbeddingRequest:
     """Cohere's embed v2 body (what ``cohere.ClientV2.embed`` sends) into an :class:`EmbeddingRequest`;
-    ``max_tokens`` below the model's own limit cuts each text there."""
+    ``max_tokens`` below the model's own limit cuts each text there (``truncate: NONE``: refuses a longer one)."""
     body = decoded_body(body, content_type, "'texts' (a list of strings)")
     if not isinstance(body, dict):
         raise RequestError(f"body must be a JSON object with 'texts' (a list of strings), got {type(body).__name__}")
@@ -350,20 +353,22 @@ def parse_cohere_embed(
         raise RequestError(f"'priority' must be an integer, got {shown(priority)}")
     prompt = input_type_prompt(preparation, body.get("input_type"))
     dimensions = space.check_size(body.get("output_dimension"), "output_dimension")
-    options = preparation.options(len(texts), prompt)
+    inputs = texts
     max_tokens = positive_int(body, "max_tokens")
-    if max_tokens is not None and max_tokens < model_max_tokens:
-        options = [replace(option, max_tokens=max_tokens) for option in options or [RowOptions()] * len(texts)]
+    if max_tokens is not None and max_tokens < tokenizer.max_tokens:
+        if truncate == "NONE":
+            tokens_over(tokenizer, texts, max_tokens, names)
+        texts = cut_to_tokens(tokenizer, texts, max_tokens)
     request = EmbeddingRequest(
         preparation.apply(texts, prompt),
         names,
         "cohere",
         truncate == "END",
-        options=options,
+        options=preparation.options(len(texts), prompt),
         encodings=tuple(dict.fromkeys(types)),
         dimensions=dimensions,
         normalize=dimensions is not None and space.normalizes,
-        inputs=texts,
+        inputs=inputs,
     )
     check_request_chars(sum(map(len, request.texts)), limits)
     return request

@@ -39,6 +39,7 @@ from handlers.text.requests.common import (
     check_model_name,
     check_request_chars,
     check_text,
+    cut_to_tokens,
     json_object,
     positive_int,
 )
@@ -91,16 +92,6 @@ def document_texts(api: RequestContext, documents: Any, where: str) -> list[str]
     return texts
 
 
-def cut_to_tokens(api: RequestContext, texts: list[str], limit: int) -> list[str]:
-    """Each text cut after its first ``limit`` tokens (no special tokens counted), at the end of that token's
-    characters: what Cohere's ``max_tokens_per_doc`` does to a document before it is paired with the query."""
-    encodings = api.tokenizer.untruncated().encode_batch(texts, add_special_tokens=False)
-    return [
-        text if len(encoding.ids) <= limit else text[: encoding.offsets[limit - 1][1]]
-        for text, encoding in zip(texts, encodings, strict=True)
-    ]
-
-
 def check_v1_extras(body: dict[str, Any]) -> None:
     """Cohere v1's options, served where they mean what is computed: ranking the text, one chunk per document."""
     fields = body.get("rank_fields")
@@ -139,7 +130,7 @@ def parse_rerank(api: RequestContext, body: Any, content_type: str, route: str) 
         request = RerankRequest([], names, True, route, None if top_n is None else min(top_n, len(documents)))
         limit = positive_int(body, "max_tokens_per_doc") or COHERE_MAX_TOKENS_PER_DOC
         if limit < api.info.max_tokens:
-            cut = cut_to_tokens(api, documents, limit)
+            cut = cut_to_tokens(api.tokenizer, documents, limit)
             request.texts = [(query, text) for text in cut]
     if not request.texts:
         request.texts = [(query, text) for text in documents]
