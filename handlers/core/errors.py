@@ -57,7 +57,7 @@ def error_body(error: RequestError, shape: str) -> dict[str, object]:
     if shape == RERANK_V1:
         return {"message": error.message, "detail": error.message}
     if shape == TEI:
-        kind = "Backend" if error.code >= 500 else ("Overloaded" if error.code == 413 else "Validation")
+        kind = "Backend" if error.code >= 500 else "Validation"
         return {"error": error.message, "error_type": kind}
     return error.to_body()
 
