@@ -9,15 +9,16 @@ Where each model's request is parsed, batched, computed and answered (paths unde
   a ``ClassifierBatch`` (every request's rows in one tensor); computed by classification/nets.py ``MLPClassifier``;
   answered by classification/requests.py ``answer_requests``.
 - minilm and every text model packaged from its folder, of any kind (``embeddings.py``, ``text_classifier.py``,
-  ``text_model.py``): parsed by the kind's request module, handlers/text/requests/ (embedding.py
-  ``parse_embedding_request``, classification.py ``parse_classification_request``, sparse.py, multi_vector.py), called
-  through the kind's class (handlers/text/kinds/); batched by text/batch.py ``assemble_batch``, called from
-  text/handler.py ``TextModelHandler.preprocess`` (the LRU cache in text/cache.py, the shared tier in
+  ``text_model.py``): routed by the URL path to one of the kind's API surfaces (text/routes.py ``Route``: its own body,
+  OpenAI, Cohere, TEI, rerank shapes, the tokenizer; listed by the kind's class, handlers/text/kinds/), and parsed by
+  that route's request module, handlers/text/requests/ (embedding.py ``parse_embedding_request``, classification.py,
+  rerank.py, zero_shot.py, sparse.py, multi_vector.py, tokenize.py); batched by text/batch.py ``assemble_batch``, called
+  from text/handler.py ``TextModelHandler.preprocess`` (the LRU cache in text/cache.py, the shared tier in
   text/shared_cache.py, length buckets in text/buckets.py); computed by text/model.py ``TextModule`` (text/bert.py's
   plain-torch BERT or the transformers class the packaging step recorded, then the folder's sentence-transformers
-  modules, text/modules.py) through the backend that serves it (text/backends.py: eager, jit, aot, openvino), each
-  row turned into its kind's value (``TextKind.row_value``); answered by text/batch.py ``answer_requests`` with the
-  kind's answer shape (its request module).
+  modules, text/modules.py) through the backend that serves it (text/backends.py: eager, jit, aot, openvino), each row
+  turned into its kind's value (``TextKind.row_value``); answered by text/batch.py ``answer_requests`` with the route's
+  answer shape (its request module), refusals in the route's error shape (core/errors.py ``error_body``).
 - generator (``generator.py``): parsed in generation/requests.py ``parse_generation_request`` (the OpenAI routes
   v1/completions and v1/chat/completions in generation/openai_api.py ``parse_openai_request``, chat messages rendered
   by generation/chat.py); batched by generation/requests.py ``start_generations``; computed by generation/decoding.py

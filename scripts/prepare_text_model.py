@@ -185,10 +185,12 @@ def check_weights_load(out: Path, info: Any, body_class: str) -> None:
         )
 
 
-def parity(out: Path, kind: Any, reference: Any, sentences: list[str]) -> float:
+def parity(out: Path, kind: Any, reference: Any, sentences: list[str]) -> tuple[float, dict[str, Any]]:
     """The project's fp32 module against the reference library on the kind's reference cases (1.0 = the same), one
     unpadded case at a time (so the comparison is about the model alone); then one row of the model's full token
-    limit must run (a limit the folder states beyond what its positions hold fails here, not in a worker)."""
+    limit must run (a limit the folder states beyond what its positions hold fails here, not in a worker).
+
+    Returns the agreement and what the kind stored from its fp32 values (an embedding model's int8 calibration)."""
     import torch
 
     from handlers.text.batch import encode_rows, model_inputs
@@ -219,7 +221,7 @@ def parity(out: Path, kind: Any, reference: Any, sentences: list[str]) -> float:
                 f"max_seq_length (sentence_bert_config.json) or model_max_length (tokenizer_config.json) to what its "
                 f"positions hold"
             ) from None
-    return agreement
+    return agreement, kind.package_records(out, info, cases, ours)
 
 
 def stage(
@@ -240,7 +242,7 @@ def stage(
     served = served_record(out, info, reference, sentences)
     check_weights_load(out, info, served["body"]["class"])
     (out / SERVED_FILE).write_text(json.dumps(served, indent=2) + "\n")
-    agreement = parity(out, kind, reference, sentences)
+    agreement, records = parity(out, kind, reference, sentences)
     bound = PARITY_BOUND if min_parity is None else min_parity
     if agreement < bound:
         raise PrepareError(
@@ -260,6 +262,7 @@ def stage(
         "trust_remote_code": info.remote_code,
         "files": copied,
         "parity": {"reference": kind.reference_library, "fp32_agreement": round(agreement, 7), "bound": bound},
+        **records,
     }
     if weights.is_file():
         source_record["model.safetensors sha256"] = hashlib.sha256(weights.read_bytes()).hexdigest()

@@ -41,17 +41,54 @@ class RequestError(Exception):
             return "Error"
 
 
-class OpenAIShaped(RequestError):
-    """A request's error reported in OpenAI's shape (:meth:`RequestError.to_openai_body`): raise it from
-    ``parse_request`` for a request of an OpenAI-compatible route (errors after that are shaped by the handler's
-    ``error_value``, which knows the request's route from its payload)."""
+# The error bodies of the APIs this project speaks, by name: a route says which one its refusals take.
+NATIVE, OPENAI, COHERE, RERANK_V1, TEI = "native", "openai", "cohere", "rerank-v1", "tei"
 
-    def __init__(self, error: RequestError) -> None:
-        super().__init__(error.message, code=error.code, error_type=error.error_type)
-        self.param = getattr(error, "param", None)
+
+def error_body(error: RequestError, shape: str) -> dict[str, object]:
+    """``error`` as the API named by ``shape`` reports one, so that its clients raise their own exception with the
+    message: OpenAI's ``{"error": {"message", "type", "param", "code"}}``, Cohere's ``{"message"}``, Cohere v1's and
+    Jina's (both at /v1/rerank) ``{"message", "detail"}``, TEI's ``{"error", "error_type"}``; anything else is this
+    project's own ``{"code", "type", "message"}``. Every shape keeps ``message`` reachable where its clients look."""
+    if shape == OPENAI:
+        return error.to_openai_body()
+    if shape == COHERE:
+        return {"message": error.message}
+    if shape == RERANK_V1:
+        return {"message": error.message, "detail": error.message}
+    if shape == TEI:
+        kind = "Backend" if error.code >= 500 else "Validation"
+        return {"error": error.message, "error_type": kind}
+    return error.to_body()
+
+
+class ShapedError(RequestError):
+    """A refusal whose body takes the shape of the API the request came by (:func:`error_body`), with the field it is
+    about (``param``, OpenAI's name for it). Raise it (or :func:`shaped`) where a request is refused before its route
+    is known to the code that answers; after that, a route's own error shape applies."""
+
+    def __init__(
+        self,
+        message: str,
+        code: int = 400,
+        param: str | None = None,
+        error_type: str = "InvalidRequest",
+        shape: str = OPENAI,
+    ) -> None:
+        super().__init__(message, code=code, error_type=error_type)
+        self.param = param
+        self.shape = shape
 
     def to_body(self) -> dict[str, object]:
-        return self.to_openai_body()
+        return error_body(self, self.shape)
+
+
+def shaped(error: RequestError, shape: str) -> ShapedError:
+    """``error`` in ``shape`` (the field a shared check names, ``field`` or ``param``, is kept as ``param``)."""
+    if isinstance(error, ShapedError) and error.shape == shape:
+        return error
+    param = getattr(error, "param", None) or getattr(error, "field", None)
+    return ShapedError(error.message, error.code, param, error.error_type, shape)
 
 
 class ServerError(RequestError):

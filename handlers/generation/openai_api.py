@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from handlers.core.errors import RequestError, shown
+from handlers.core.errors import OPENAI, RequestError, ShapedError, shaped, shown
 from handlers.generation import chat
 from handlers.generation.answers import Outcome
 from handlers.generation.decoding import SamplingSettings
@@ -153,24 +153,14 @@ class Served:
         return tuple(dict.fromkeys((self.model_name, self.model_info["name"])))
 
 
-class OpenAIError(RequestError):
-    """A refusal reported in OpenAI's error shape; ``param`` names the field it is about (or None)."""
-
-    def __init__(
-        self, message: str, code: int = 400, param: str | None = None, error_type: str = "InvalidRequest"
-    ) -> None:
-        super().__init__(message, code=code, error_type=error_type)
-        self.param = param
-
-    def to_body(self) -> dict[str, object]:
-        return self.to_openai_body()
+# A refusal in OpenAI's error shape, with the field it is about as ``param``: the one shaped-error helper of every
+# OpenAI-, Cohere- and TEI-compatible route (handlers/core/errors.py).
+OpenAIError = ShapedError
 
 
-def as_openai_error(error: RequestError) -> OpenAIError:
+def as_openai_error(error: RequestError) -> ShapedError:
     """A refusal raised by the shared checks, in OpenAI's shape (the field it names becomes ``param``)."""
-    if isinstance(error, OpenAIError):
-        return error
-    return OpenAIError(error.message, error.code, getattr(error, "field", None), error.error_type)
+    return shaped(error, OPENAI)
 
 
 # ------------------------------------------------------------------------------------------------------ parsing

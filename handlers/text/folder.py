@@ -70,6 +70,7 @@ class TextModelFolder:
     problem_type: str = ""
     activation: str = ""  # what turns logits into the answer's scores: softmax | sigmoid | identity
     truncate_dim: int | None = None  # the folder's config_sentence_transformers.json truncate_dim: rows are cut to it
+    matryoshka_dims: tuple[int, ...] = ()  # sizes the folder says its vectors may be cut to (matryoshka_dimensions)
     max_active_dims: int | None = None  # sparse: weights kept per row (the folder's max_active_dims), None = all
     skiplist_words: tuple[str, ...] = ()  # multi-vector: tokens dropped from scoring ...
     skiplist_tasks: tuple[str, ...] = ()  # ... for texts of these tasks

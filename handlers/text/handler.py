@@ -25,7 +25,7 @@ import torch
 from handlers.core import memory, runtime
 from handlers.core.base import BatchScope, Candidate, Loaded, ServingHandler
 from handlers.core.config import COMMON_OPTIONS, ConfigError, Option
-from handlers.core.errors import RequestError
+from handlers.core.errors import NATIVE, RequestError, error_body, shaped
 from handlers.core.http import RequestView
 from handlers.core.metrics import HandlerMetrics
 from handlers.text import backends
@@ -45,7 +45,9 @@ from handlers.text.folder import FolderError, TextModelFolder, read_json, read_s
 from handlers.text.kinds import kind_named
 from handlers.text.kinds.base import TextKind
 from handlers.text.model import build_module, read_model_files
+from handlers.text.quantization import load_calibration
 from handlers.text.requests.common import RequestContext, TextLimits
+from handlers.text.routes import Routed, route_table
 from handlers.text.rows import DEFAULT_OPTIONS, Row, RowOptions
 from handlers.text.shared_cache import (
     SHARED_CACHE_OPTION,
@@ -59,6 +61,13 @@ from handlers.text.tokenization import ServedTokenizer
 logger = logging.getLogger(__name__)
 
 Tokens = tuple[torch.Tensor, ...]  # the model's arguments (TextModelFolder.model_inputs), [rows, length]
+
+
+def check_dimensions(option: Option, key: str, value: Any) -> Any:
+    if isinstance(value, list) and all(type(size) is int and size >= 1 for size in value):
+        return sorted(set(value))
+    option.refuse(key, f"expected a list of positive integers (embedding sizes a request may ask for), got {value!r}")
+    return value
 
 
 def check_length_buckets(option: Option, key: str, value: Any) -> Any:
@@ -158,6 +167,13 @@ TEXT_MODEL_OPTIONS: dict[str, Option] = {
         help="after a batch of at least this many padded tokens, return freed heap memory to the OS (~2 ms); 0 = never",
     ),
     "reference_sentences": Option(str, "reference_sentences.json", help="accuracy-gate sentences in the archive"),
+    "dimensions": Option(
+        object,
+        [],
+        validator=check_dimensions,
+        help="embedding models: the shorter sizes a request's 'dimensions' may ask for (a Matryoshka-trained model's "
+        "sizes); each answer is the vector's first N values, re-normalised where the model normalises",
+    ),
 }
 
 
@@ -185,9 +201,18 @@ class TextModelHandler(ServingHandler):
         self.cache = RowCache(self.config["cache_size"])
         # The name the model is registered (and routed) under, which OpenAI clients send as 'model'.
         served_name = str(getattr(context, "model_name", None) or self.model_name)
+        info = self.loaded.info
         self.api = RequestContext(
-            self.loaded.info, self.loaded.tokenizer, self.loaded.limits, self.model_name, served_name
+            info,
+            self.loaded.tokenizer,
+            self.loaded.limits,
+            self.model_name,
+            served_name,
+            dimensions=self.kind.allowed_dimensions(info, self.config["dimensions"]),
+            calibration=load_calibration(model_dir, info.output_size),
+            max_request_tokens=self.config["max_request_tokens"],
         )
+        self.route_table = route_table(self.kind.routes())
         # The shared tier's keys name everything that determines a row, so no other model, version, backend or
         # precision can read this worker's entries (handlers/text/shared_cache.py).
         namespace = Namespace(
@@ -199,7 +224,6 @@ class TextModelHandler(ServingHandler):
             self.loaded.dimension,
             self.kind.value_layout,
         )
-        info = self.loaded.info
         self.shared_cache: SharedCache | None = open_shared_cache(
             self.config["shared_cache"], namespace, lambda value: self.kind.check_value(info, value)
         )
@@ -225,7 +249,7 @@ class TextModelHandler(ServingHandler):
 
     @property
     def routes(self) -> tuple[str, ...]:  # type: ignore[override]
-        return self.kind.routes
+        return tuple(self.route_table)
 
     def load_model(self, model_dir: str) -> LoadedTextModel:
         return load_text_model(model_dir, self.config, self.kind)
@@ -371,6 +395,8 @@ class TextModelHandler(ServingHandler):
             "cached": len(self.cache),
             "shared_cache": self.shared_cache.describe() if self.shared_cache is not None else None,
             "dimension": self.loaded.dimension,
+            "routes": {path or "": route.api for path, route in self.route_table.items()},
+            **self.kind.describe_requests(self.api),
             "limits": {
                 key: self.config[key]
                 for key in ("max_inputs", "max_text_chars", "max_request_chars", "max_request_tokens")
@@ -378,11 +404,21 @@ class TextModelHandler(ServingHandler):
         }
 
     # ----------------------------------------------------------------------------------------------- per batch
-    def parse_request(self, body: Any, request: RequestView) -> Any:
-        return self.kind.parse_request(self.api, body, request)
+    def parse_request(self, body: Any, request: RequestView) -> Routed:
+        """The request validated by its route's parser (the base has checked the path is one of the routes); a
+        refusal takes the route's error shape."""
+        route = self.route_table[request.url_path]
+        try:
+            return Routed(route, route.parse(self.api, body, request))
+        except RequestError as error:
+            if route.error_shape == NATIVE:
+                raise
+            raise shaped(error, route.error_shape) from None
 
     def error_value(self, payload: Any, error: RequestError) -> dict[str, Any]:
-        return self.kind.error_value(payload, error) or super().error_value(payload, error)
+        if isinstance(payload, Routed):
+            return error_body(error, payload.route.error_shape)
+        return super().error_value(payload, error)
 
     def cache_key(self, row: Row, options: RowOptions = DEFAULT_OPTIONS) -> CacheKey:
         return cache_key(row, self.model_version, self.precision, self.loaded.max_tokens, options)
@@ -415,7 +451,7 @@ class TextModelHandler(ServingHandler):
             computed,
             payloads,
             self.cache,
-            lambda payload, rows: self.kind.answer(self.api, payload, rows),
+            lambda payload, rows: payload.route.answer(self.api, payload.request, rows),
             self.shared_cache,
         )
 

@@ -56,6 +56,17 @@ class ServedTokenizer:
             self.limited[max_tokens] = configure(copy, max_tokens, self.truncation_side)
         return self.limited[max_tokens]
 
+    def untruncated(self) -> Any:
+        """A copy that keeps every token (what /tokenize answers, so that a client can count and chunk)."""
+        if -1 not in self.limited:
+            from tokenizers import Tokenizer
+
+            copy = Tokenizer.from_str(self.tokenizer.to_str())
+            copy.no_padding()
+            copy.no_truncation()
+            self.limited[-1] = copy
+        return self.limited[-1]
+
     def prompt_length(self, prompt: str) -> int:
         """Tokens of a prompt at the start of a text, as sentence-transformers counts them for ``include_prompt:
         false``: the prompt tokenized alone, without a trailing special token (an end-of-text or [SEP])."""

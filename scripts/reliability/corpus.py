@@ -16,6 +16,21 @@ class BadRequest:
     content_type: str
     status: int
     message: str
+    path: str = ""  # after /predictions/<model>/<version>/: a route of the model's other APIs ('' = its own URL)
+
+    def url(self, inference_url, model, version="1.0"):
+        return f"{inference_url}/predictions/{model}" + (f"/{version}/{self.path}" if self.path else "")
+
+
+def error_message(body):
+    """The message of an error body in any of the shapes the models answer (handlers/core/errors.py error_body):
+    this project's and Cohere's ``message``, OpenAI's ``error.message``, TEI's ``error`` text; None if it has none."""
+    if not isinstance(body, dict):
+        return None
+    error = body.get("error")
+    if isinstance(error, dict):
+        return error.get("message")
+    return body.get("message") if "message" in body else error
 
 
 def build_body(entry):
@@ -38,7 +53,12 @@ def load(model):
     entries = yaml.safe_load(path.read_text())
     return [
         BadRequest(
-            e["name"], build_body(e), e.get("content_type", "application/json"), int(e["status"]), e.get("message", "")
+            e["name"],
+            build_body(e),
+            e.get("content_type", "application/json"),
+            int(e["status"]),
+            e.get("message", ""),
+            e.get("path", ""),
         )
         for e in entries
     ]

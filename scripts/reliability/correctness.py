@@ -51,7 +51,7 @@ def judge_bad_answer(case, status, text):
         body = strict_json(text)
     except ValueError as error:
         return f"{case.name}: the {status} answer is not strict JSON ({error}): {text[:200]}"
-    message = body.get("message") if isinstance(body, dict) else None
+    message = corpus.error_message(body)
     if not isinstance(message, str) or not message:
         return f"{case.name}: the {status} answer has no 'message': {text[:200]}"
     if not case.message:
@@ -73,7 +73,12 @@ def run_bad_input(server, reference):
     pids_before = client.worker_pids(model)
     failures = []
     for case in cases:
-        response = session.post(url, data=case.body, headers={"Content-Type": case.content_type}, timeout=60)
+        response = session.post(
+            case.url(server.inference_url, model),
+            data=case.body,
+            headers={"Content-Type": case.content_type},
+            timeout=60,
+        )
         problem = judge_bad_answer(case, response.status_code, response.text)
         if problem:
             failures.append(problem)

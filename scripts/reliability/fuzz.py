@@ -26,6 +26,7 @@ each one. Exit code: 0 all passed, 1 a criterion failed, 2 usage error.
 """
 
 import argparse
+import base64
 import http.client
 import json
 import math
@@ -41,9 +42,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import numpy as np
 import torch
 import yaml
 
+from scripts.reliability import corpus
 from scripts.reliability.fuzz_grammar import EITHER, ERROR, FLT_MAX, OK, Grammar, Limits
 
 REPO = Path(__file__).resolve().parents[2]
@@ -237,6 +240,8 @@ class MiniLMOracle:
 
     def request(self, case):
         """(shape, texts, truncate) of a body as the API defines it, or None if it cannot be one."""
+        if case.path:
+            return self.route_request(case)
         if media_type(case.content_type).startswith("text/"):
             text = meant_text(case)
             return ("text", [text], True) if text is not None else None
@@ -252,6 +257,38 @@ class MiniLMOracle:
         if isinstance(inputs, list) and inputs and all(isinstance(t, str) for t in inputs):
             return "openai", inputs, truncate
         return None
+
+    @staticmethod
+    def route_request(case):
+        """(shape, texts, truncate) of a body sent to another API's route (OpenAI, Cohere, TEI, /tokenize)."""
+        body = meant_json(case)
+        if not isinstance(body, dict):
+            return None
+        shapes = {"v1/embeddings": ("openai", "input"), "v2/embed": ("cohere", "texts"), "embed": ("tei", "inputs")}
+        shape, field = shapes.get(case.path, ("tokenize", "inputs"))
+        texts = body.get(field)
+        texts = [texts] if isinstance(texts, str) and shape != "cohere" else texts
+        if not isinstance(texts, list) or not texts or not all(isinstance(text, str) for text in texts):
+            return None
+        truncate = {"cohere": body.get("truncate") != "NONE", "tei": body.get("truncate", False)}.get(
+            shape, body.get("truncate", True)
+        )
+        return shape, texts, truncate
+
+    def route_limit(self, case):
+        """Cohere's max_tokens where it is below the model's limit (each text is cut to that many tokens before its
+        special tokens are added), else None."""
+        body = meant_json(case) if case.path == "v2/embed" else None
+        wanted = body.get("max_tokens") if isinstance(body, dict) else None
+        return wanted if type(wanted) is int and 0 < wanted < self.max_tokens else None
+
+    def refused_for_length(self, case, counts, truncate):
+        """(whether a text is over its limit with truncation off, the request's tokens after truncation)."""
+        cut = self.route_limit(case)
+        if cut is not None:  # the text is cut to `cut` tokens (special tokens not counted), then its 2 are added
+            words = [count - 2 for count in counts]
+            return (not truncate and max(words) > cut), sum(min(w, cut) + 2 for w in words)
+        return (not truncate and max(counts) > self.max_tokens), sum(min(c, self.max_tokens) for c in counts)
 
     def token_count(self, text):
         if text not in self.tokens:
@@ -273,10 +310,9 @@ class MiniLMOracle:
                 case.expect = ERROR
                 continue
             counts = [self.token_count(text) for text in texts]
-            if (
-                any(not text.strip() for text in texts)
-                or (not truncate and max(counts) > self.max_tokens)
-                or sum(min(c, self.max_tokens) for c in counts) > limits.get("max_request_tokens", float("inf"))
+            too_long, tokens = self.refused_for_length(case, counts, truncate)
+            if any(not text.strip() for text in texts) or (
+                shape != "tokenize" and (too_long or tokens > limits.get("max_request_tokens", float("inf")))
             ):
                 case.expect = ERROR
                 continue
@@ -301,10 +337,70 @@ class MiniLMOracle:
             return f"{where}: truncated={got.get('truncated')!r} for a text of {self.token_count(text)} tokens"
         return None
 
+    def vector_problem(self, vector, text, where):
+        try:
+            got = torch.tensor(vector, dtype=torch.float32)
+        except (TypeError, ValueError):
+            return f"{where}: not a vector: {str(vector)[:120]}"
+        want = self.vectors[text]
+        if got.shape != want.shape or not torch.nn.functional.cosine_similarity(got, want, dim=0).item() >= 0.999:
+            return f"{where}: not the reference vector of its text"
+        return None
+
+    def encoded_problem(self, rows, kind, texts, where, compare=True):
+        """Rows of one embedding type (OpenAI's encoding_format, Cohere's embedding_types) for ``texts``."""
+        if not isinstance(rows, list) or len(rows) != len(texts):
+            return f"{where}: {len(texts)} rows expected, got {str(rows)[:120]}"
+        dimension = self.model.get_embedding_dimension()
+        for index, (row, text) in enumerate(zip(rows, texts, strict=True)):
+            if kind == "base64":
+                try:
+                    row = np.frombuffer(base64.b64decode(row, validate=True), dtype="<f4").tolist()
+                except (TypeError, ValueError):
+                    return f"{where}[{index}]: not base64 float32 bytes"
+            if kind in ("float", "base64"):
+                problem = self.vector_problem(row, text, f"{where}[{index}]") if compare else None
+            else:
+                low, high, size = {"int8": (-128, 127, dimension), "uint8": (0, 255, dimension)}.get(
+                    kind, (-128, 127, (dimension + 7) // 8) if kind == "binary" else (0, 255, (dimension + 7) // 8)
+                )
+                valid = isinstance(row, list) and len(row) == size
+                valid = valid and all(type(v) is int and low <= v <= high for v in row)
+                problem = None if valid else f"{where}[{index}]: not {size} {kind} values: {str(row)[:120]}"
+            if problem:
+                return problem
+        return None
+
+    def route_problem(self, case, shape, texts, answer):
+        body = meant_json(case)
+        if shape == "tokenize":
+            special = body.get("add_special_tokens", True) if isinstance(body, dict) else True
+            for index, (tokens, text) in enumerate(zip(answer, texts, strict=True)):
+                want = self.model.tokenizer(text, add_special_tokens=special, truncation=False)["input_ids"]
+                if not isinstance(tokens, list) or [t.get("id") for t in tokens] != want:
+                    return f"tokens of text {index} differ from the tokenizer's"
+            return None if len(answer) == len(texts) else f"{len(texts)} token lists expected"
+        if shape == "tei":
+            return self.encoded_problem(answer, "float", texts, "answer")
+        if shape == "cohere":
+            if not isinstance(answer, dict) or answer.get("texts") != texts:
+                return f"a Cohere answer echoing the texts expected, got {str(answer)[:120]}"
+            full = self.route_limit(case) is None  # a shorter max_tokens answers another vector
+            for kind in dict.fromkeys(body.get("embedding_types") or ["float"]):
+                problem = self.encoded_problem(answer["embeddings"].get(kind), kind, texts, kind, full)
+                if problem:
+                    return problem
+            return None
+        data = answer.get("data") if isinstance(answer, dict) else None
+        rows = [row.get("embedding") for row in data] if isinstance(data, list) else None
+        return self.encoded_problem(rows, body.get("encoding_format", "float"), texts, "data")
+
     def check(self, case, answer):
         if case.index not in self.expected:
             return "no valid request could be read from this body, yet it was answered 200"
         shape, texts = self.expected[case.index]
+        if case.path:
+            return self.route_problem(case, shape, texts, answer)
         if not isinstance(answer, dict):
             return f"answer is not an object: {str(answer)[:120]}"
         if shape == "text":
@@ -512,10 +608,10 @@ class TextClassifierOracle:
             return True
         return sum(len(encoding.ids) for encoding in encodings) > limits["max_request_tokens"]
 
-    def call(self, content_type, body):
+    def call(self, content_type, body, path=""):
         from scripts.ops.handler_loader import set_requests
 
-        set_requests(self.context, [{"Content-Type": content_type}])
+        set_requests(self.context, [{"Content-Type": content_type, "url_path": path}])
         [response] = self.handler.handle([{"body": body}], self.context)
         return self.context.get_response_status(0)[0] or 200, json.loads(response)
 
@@ -541,6 +637,15 @@ class TextClassifierOracle:
                 continue
             request = self.request(case)
             if request is None:
+                continue
+            if case.path or is_zero_shot(request[1]):  # another API's shape: the same request alone, compared whole
+                key = json.dumps([case.path, request], sort_keys=True)
+                if key not in self.references:
+                    self.references[key] = ("route", *self.call(*request, path=case.path))
+                if self.references[key][1] != 200:
+                    case.expect = ERROR
+                else:
+                    self.expected[case.index] = key
                 continue
             rows = self.rows(request[1])
             if rows is not None and self.over_limits(*rows):
@@ -590,7 +695,10 @@ class TextClassifierOracle:
     def check(self, case, answer):
         if case.index not in self.expected:
             return "no valid request could be read from this body, yet it was answered 200"
-        status, want, shape, probabilities, documents = self.references[self.expected[case.index]]
+        reference = self.references[self.expected[case.index]]
+        if reference[0] == "route":
+            return same_answer(answer, reference[2])
+        status, want, shape, probabilities, documents = reference
         if status != 200:
             return f"answered 200, but the request alone in-process gets {status} {str(want)[:120]}"
         if probabilities is None:
@@ -684,26 +792,6 @@ def as_numbers(value):
     return None
 
 
-def same_answer(got, want, where, cosine):
-    """None when ``got`` is ``want`` but for the numbers a reduced precision moves (compared as vectors by cosine),
-    else what differs; everything else must be equal."""
-    numbers = as_numbers(want)
-    if numbers is not None:
-        found = as_numbers(got) if isinstance(got, type(want)) else None
-        return vector_problem(found, numbers, where, cosine)
-    if isinstance(want, dict):
-        if not isinstance(got, dict) or set(got) != set(want):
-            return f"{where}: fields {sorted(got) if isinstance(got, dict) else got!r}, expected {sorted(want)}"
-        pairs = [(got[key], want[key], f"{where}.{key}") for key in want]
-    elif isinstance(want, list):
-        if not isinstance(got, list) or len(got) != len(want):
-            return f"{where}: a list of {len(want)} expected, got {str(got)[:120]}"
-        pairs = [(item, expected, f"{where}[{i}]") for i, (item, expected) in enumerate(zip(got, want, strict=True))]
-    else:
-        return None if got == want else f"{where}: {got!r}, the request alone {want!r}"
-    return next((p for p in (same_answer(a, b, w, cosine) for a, b, w in pairs) if p), None)
-
-
 def vector_problem(got, want, where, cosine):
     """Two {position: number} maps (a vector, or a sparse row's listed entries) as vectors over their union."""
     if not isinstance(got, dict) or not all(type(v) in (int, float) and math.isfinite(v) for v in got.values()):
@@ -717,6 +805,45 @@ def vector_problem(got, want, where, cosine):
         float(torch.nn.functional.cosine_similarity(a, b, dim=0)) if a.norm() and b.norm() else float(torch.equal(a, b))
     )
     return None if similarity >= cosine else f"{where}: cosine {similarity:.4f} to the request alone"
+
+
+def same_answer(got, want, where="answer", cosine=None):
+    """Why ``got`` is not the request alone's answer ``want``, or None: the same fields and values. With ``cosine``,
+    numbers a reduced precision moves (a vector, a sparse row, token vectors) are compared as vectors by cosine;
+    otherwise a float within TOLERANCE. Ranked entries (by "index", or zero-shot's labels) are compared by what they
+    rank, since a near tie may order them either way; a response "id" is the answer's own."""
+    if cosine is not None:
+        numbers = as_numbers(want)
+        if numbers is not None:
+            found = as_numbers(got) if isinstance(got, type(want)) else None
+            return vector_problem(found, numbers, where, cosine)
+    if isinstance(want, dict):
+        return same_object(got, want, where, cosine)
+    if isinstance(want, list):
+        if not isinstance(got, list) or len(got) != len(want):
+            return f"{where}: {len(want)} entries expected, got {str(got)[:160]}"
+        if want and all(isinstance(item, dict) and "index" in item for item in want + got):
+            got, want = (sorted(items, key=lambda item: item["index"]) for items in (got, want))
+        problems = (same_answer(a, b, f"{where}[{i}]", cosine) for i, (a, b) in enumerate(zip(got, want, strict=True)))
+        return next((problem for problem in problems if problem), None)
+    if isinstance(want, float):
+        return None if close(got, want) else f"{where}: {got!r}, the request alone {want!r}"
+    return None if got == want else f"{where}: {str(got)[:80]!r}, the request alone {str(want)[:80]!r}"
+
+
+def same_object(got, want, where, cosine=None):
+    if not isinstance(got, dict) or set(got) != set(want):
+        return f"{where}: expected the fields {sorted(want)}, got {str(got)[:160]}"
+    if set(want) == {"sequence", "labels", "scores"}:  # zero-shot: compared as label -> score
+        if sorted(got["labels"]) != sorted(want["labels"]) or got["sequence"] != want["sequence"]:
+            return f"{where}: labels {got['labels']!r}, the request alone {want['labels']!r}"
+        got, want = ({"scores": dict(zip(x["labels"], x["scores"], strict=True))} for x in (got, want))
+    problems = (same_answer(got[key], want[key], f"{where}.{key}", cosine) for key in want if key != "id")
+    return next((problem for problem in problems if problem), None)
+
+
+def is_zero_shot(body):
+    return isinstance(body, dict) and ("candidate_labels" in body or "parameters" in body)
 
 
 def scores_problem(scores, count, probabilities):
@@ -835,7 +962,8 @@ def sender(url, headers, timeout):
                 connection = local.connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
             try:
                 try:
-                    connection.request("POST", parts.path, body=case.body, headers=sent_headers)
+                    path = parts.path + (f"/1.0/{case.path}" if case.path else "")
+                    connection.request("POST", path, body=case.body, headers=sent_headers)
                 except OSError:
                     if not case.oversize:
                         raise
@@ -878,8 +1006,8 @@ def judge_refusal(case, answer, values):
         return name, f"{answer.status} {answer.body[:200]!r}"
     if case.expect == OK:
         return "good_failed", f"{answer.status} {answer.body[:200]!r}"
-    error = values[-1]
-    if not (isinstance(error, dict) and isinstance(error.get("message"), str) and error["message"].strip()):
+    message = corpus.error_message(values[-1])  # this project's, OpenAI's, Cohere's or TEI's error shape
+    if not (isinstance(message, str) and message.strip()):
         return "error_without_message", f"{answer.status} {answer.body[:200]!r}"
     return None
 

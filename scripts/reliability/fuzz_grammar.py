@@ -74,6 +74,10 @@ class Case:
     query: Any = None  # what the oracle needs to check a 200 answer (model-specific)
     oversize: bool = False  # longer than max_request_size: TorchServe's own 413
     archive: str | None = None  # a user's model: its archive, which the reproducer names instead of --model
+    path: str = ""  # a route after /predictions/<model>/1.0/ (another API's shape); '' = the model's own URL
+
+    def url(self, model_url):
+        return f"{model_url}/1.0/{self.path}" if self.path else model_url
 
     def reproducer(self, url):
         """A shell command that sends exactly this body (curl for small ones, the fuzzer's CLI for big ones)."""
@@ -82,7 +86,7 @@ class Case:
             data = self.body.hex()
             return (
                 f"python3 -c \"import sys; sys.stdout.buffer.write(bytes.fromhex('{data}'))\" | "
-                f"curl -s -X POST {url}{header} --data-binary @-"
+                f"curl -s -X POST {self.url(url)}{header} --data-binary @-"
             )
         source = f"--archive {self.archive}" if self.archive else f"--model {self.model}"
         return (
@@ -468,6 +472,7 @@ class ClassifierProductions:
 
 
 # ------------------------------------------------------------------------------------------------ text models
+EMBEDDING_TYPES = ["float", "int8", "uint8", "binary", "ubinary", "base64"]
 EMPTY_TEXTS = ["", " ", "\t\n", "\u3000", "\u00a0 \u2003", "\r\n"]  # empty, or only whitespace for Python's strip
 LONE_SURROGATES = ["\ud800", "\udfff", "a\ud83d", "\ude00b"]  # escaped in JSON they parse; no tokenizer takes them
 INVALID_UTF8 = [b"\xff", b"\xc0\xaf", b"\xed\xa0\x80", b"\xe2\x82", b"\x80abc", b"\xf5\x80\x80\x80"]
@@ -604,11 +609,82 @@ class MinilmProductions(TextProductions):
             return (*json_case(rng, Pairs([("text", 5), ("text", self.pick(rng))])), EITHER)
         return (*json_case(rng, Pairs([("text", self.pick(rng)), ("text", None)])), ERROR)
 
+    # ----------------------------------------------------------------------------- the other APIs' routes
+    def good_cohere(self, rng):  # /v2/embed with a few of the types (the oracle checks float and the others' shapes)
+        body = {"texts": [self.pick(rng) for _ in range(rng.choice([1, 2, 4]))]}
+        body["embedding_types"] = rng.sample(EMBEDDING_TYPES, rng.randint(1, len(EMBEDDING_TYPES)))
+        if rng.random() < 0.5:
+            body["input_type"] = rng.choice(["search_query", "search_document", "classification", "clustering"])
+        if rng.random() < 0.3:
+            body["truncate"] = rng.choice(["END", "NONE"])
+        if rng.random() < 0.2:
+            body["max_tokens"] = rng.choice([1, 8, 255, 256, 10**6])
+        return (*json_case(rng, body), OK, "v2/embed")
+
+    def bad_cohere(self, rng):
+        body = {"texts": [self.pick(rng)]}
+        name, value = rng.choice(
+            [
+                ("embedding_types", rng.choice([["int4"], "int8", [], [None], ["float", 8]])),
+                ("truncate", rng.choice(["START", "end", 0, True])),
+                ("output_dimension", rng.choice([0, 128, 383, -1, 384.5, "384"])),
+                ("input_type", rng.choice(["image", "query", 5, ""])),
+                ("texts", rng.choice(["one text", [], [5], [""], None])),
+                ("images", ["data:image/png;base64,AAAA"]),
+                ("max_tokens", rng.choice([0, -5, 1.5, "8"])),
+                ("priority", rng.choice(["high", 1.5, []])),
+                ("model", rng.choice(["embed-english-v3.0", 5, ""])),
+                ("normalize", True),
+            ]
+        )
+        if not (name == "embedding_types" and value == []):
+            body[name] = value
+        else:
+            body["texts"] = []
+        return (*json_case(rng, body), ERROR, "v2/embed")
+
+    def good_compressed(self, rng):  # OpenAI's route with a compressed encoding_format
+        body = {"input": [self.pick(rng) for _ in range(rng.choice([1, 3]))]}
+        body["encoding_format"] = rng.choice(EMBEDDING_TYPES)
+        return (*json_case(rng, body), OK, "v1/embeddings")
+
+    def good_tei_embed(self, rng):
+        body = {"inputs": self.pick(rng) if rng.random() < 0.3 else [self.pick(rng), self.pick(rng)], "truncate": True}
+        return (*json_case(rng, body), OK, "embed")
+
+    def good_tokenize(self, rng):
+        body = {"inputs": [self.pick(rng) for _ in range(rng.choice([1, 2]))]}
+        if rng.random() < 0.5:
+            body["add_special_tokens"] = rng.random() < 0.5
+        return (*json_case(rng, body), OK, "tokenize")
+
+    def bad_tokenizer_route(self, rng):
+        path, body = rng.choice(
+            [
+                ("tokenize", {"inputs": rng.choice([5, [], None, [""], {"a": 1}])}),
+                ("tokenize", {"inputs": "a", "add_special_tokens": rng.choice(["no", 0, 1])}),
+                ("tokenize", {"inputs": "a", "prompt_name": "query"}),
+                ("decode", {"ids": rng.choice([[-1], [10**9], [1.5], [], [[]], "101", [True], [[[1]]]])}),
+                ("decode", {"ids": [101], "skip_special_tokens": "yes"}),
+                (
+                    "embed",
+                    {"inputs": "a", rng.choice(["normalize", "truncation_direction"]): rng.choice([False, "left"])},
+                ),
+            ]
+        )
+        return (*json_case(rng, body), ERROR, path)
+
     def weighted(self):
         """(production, weight) pairs; the first cases walk them in this order."""
         return [
             (self.good_text, 22),
             (self.good_openai, 12),
+            (self.good_cohere, 4),
+            (self.bad_cohere, 4),
+            (self.good_compressed, 3),
+            (self.good_tei_embed, 2),
+            (self.good_tokenize, 2),
+            (self.bad_tokenizer_route, 3),
             (self.max_inputs_list, 1),
             (self.plain_text, 10),
             (self.plain_other_charset, 2),
@@ -716,6 +792,69 @@ class TextClassifierProductions(TextProductions):
     def rerank(self, rng):  # valid for a reranker; a model with several outputs must refuse it
         body = {"query": self.pick(rng), "documents": [self.pick(rng) for _ in range(rng.choice([1, 2, 3, 5, 8, 16]))]}
         return (*json_case(rng, self.options(rng, body, ("top_n", "return_documents", "truncate"))), self.reranks)
+
+    def rerank_route(self, rng):  # Cohere v2 / v1 (and Jina) / TEI bodies: valid for a reranker only
+        documents = [self.pick(rng) for _ in range(rng.choice([1, 2, 3, 5]))]
+        path = rng.choice(["v2/rerank", "v1/rerank", "rerank"])
+        if path == "rerank":
+            body = {"query": self.pick(rng), "texts": documents, "truncate": True}
+            for name in ("raw_scores", "return_text"):
+                if rng.random() < 0.4:
+                    body[name] = rng.random() < 0.5
+        else:
+            body = {"query": self.pick(rng), "documents": [{"text": d} if rng.random() < 0.3 else d for d in documents]}
+            if rng.random() < 0.4:
+                body["top_n"] = rng.choice([1, 2, 10**6])
+            if rng.random() < 0.4:
+                body["return_documents"] = rng.random() < 0.5
+            if rng.random() < 0.3:
+                body["max_tokens_per_doc"] = rng.choice([1, 4, 4096])
+        return (*json_case(rng, body), self.reranks, path)
+
+    def bad_rerank_route(self, rng):
+        path = rng.choice(["v2/rerank", "v1/rerank", "rerank"])
+        docs = "texts" if path == "rerank" else "documents"
+        body = {"query": "q", docs: ["d"]}
+        name, value = rng.choice(
+            [
+                (docs, rng.choice([[], "d", [5], [{"title": "t"}], None])),
+                ("query", rng.choice(["", 5, None, ["q"]])),
+                ("top_n" if path != "rerank" else "raw_scores", rng.choice([0, -1, "2", 1.5])),
+                ("max_tokens_per_doc" if path != "rerank" else "truncation_direction", rng.choice([0, "left", -3])),
+                (
+                    "model" if path != "rerank" else "return_text",
+                    rng.choice([5, "rerank-v3.5"] if path != "rerank" else [1]),
+                ),
+                ("unknown", 1),
+            ]
+        )
+        body[name] = value
+        return (*json_case(rng, body), ERROR, path)
+
+    def zero_shot(self, rng):  # valid for an NLI model only (one whose labels name entailment)
+        labels = rng.sample(["travel", "cooking", "finance", "sports", "music", "politics"], rng.choice([1, 2, 3]))
+        text = self.pick(rng) if rng.random() < 0.5 else [self.pick(rng), self.pick(rng)]
+        options = {"candidate_labels": labels, "multi_label": rng.random() < 0.5}
+        if rng.random() < 0.3:
+            options["hypothesis_template"] = "This text is about {}."
+        body = {"inputs": text, "parameters": options} if rng.random() < 0.5 else {"inputs": text, **options}
+        return (*json_case(rng, body), EITHER)
+
+    def bad_zero_shot(self, rng):
+        body = {"inputs": "x", "candidate_labels": ["a", "b"]}
+        name, value = rng.choice(
+            [
+                ("candidate_labels", rng.choice([[], "", [5], [" "], {"a": 1}])),
+                ("hypothesis_template", rng.choice(["no placeholder", "{0} {}", 5, "{}{}{x}"])),
+                ("multi_label", rng.choice(["yes", 1, 0])),
+                ("parameters", rng.choice([[], "x", 5])),
+            ]
+        )
+        body[name] = value
+        return (*json_case(rng, body), ERROR)
+
+    def tokenize_route(self, rng):
+        return (*json_case(rng, {"inputs": [self.pick(rng), self.pick(rng)]}), OK, "tokenize")
 
     def rerank_max_documents(self, rng):
         documents = [f"document number {i}" for i in range(self.max_inputs)]
@@ -867,6 +1006,11 @@ class TextClassifierProductions(TextProductions):
             (self.good_inputs, 14),
             (self.max_inputs_list, 1),
             (self.rerank, 8),
+            (self.rerank_route, 6),
+            (self.bad_rerank_route, 4),
+            (self.zero_shot, 4),
+            (self.bad_zero_shot, 3),
+            (self.tokenize_route, 1),
             (self.rerank_max_documents, 1),
             (self.count_extremes, 3),
             (self.plain_text, 6),
@@ -1263,8 +1407,9 @@ class Grammar:
             production = self.productions[index][0]
         else:
             production = rng.choices([p for p, _ in self.productions], [w for _, w in self.productions])[0]
-        body, content_type, expect = production(rng)
+        body, content_type, expect, *route = production(rng)  # a production for another route names its path
         case = Case(self.model, self.seed, index, production.__name__, body, content_type, expect, archive=self.archive)
+        case.path = route[0] if route else ""
         case.oversize = len(body) > self.limits.max_request_size
         if case.oversize:
             case.expect = ERROR

@@ -148,7 +148,7 @@ def judge(good, bad, start_log_bytes):
 
 def bad_bodies(model, count):
     """`count` (body, content type) pairs from the model's corpus: large bodies once each, the others cycled."""
-    cases = corpus.load(model)
+    cases = [case for case in corpus.load(model) if not case.path]  # the model's own URL only
     large = [case for case in cases if len(case.body) > LARGE_BODY_BYTES]
     small = [case for case in cases if len(case.body) <= LARGE_BODY_BYTES]
     chosen = large[:count] + [small[i % len(small)] for i in range(max(0, count - len(large)))] if small else large

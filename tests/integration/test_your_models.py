@@ -39,7 +39,12 @@ MODELS = {
     "t-distil": ("text-classifier", text_models.make_distilbert_classifier, ["backends=none"], []),
     "t-multilabel": ("text-classifier", text_models.make_bert_multilabel_classifier, ["backends=none"], []),
     "t-rerank": ("text-classifier", text_models.make_cross_encoder, ["backends=none"], []),
-    "t-mpnet": ("text-model", text_models.make_mpnet_mean_normalize_embedder, ["backends=none"], ONE_WORKER),
+    "t-mpnet": (
+        "text-model",
+        text_models.make_mpnet_mean_normalize_embedder,
+        ["backends=none"],
+        [*ONE_WORKER, "--config", "handler.dimensions=[8, 16]"],  # Matryoshka sizes a request may cut to
+    ),
     "t-dense": ("text-model", text_models.make_bert_cls_dense_normalize_embedder, ["backends=none"], ONE_WORKER),
     "t-qwen3": ("text-model", text_models.make_qwen3_decoder_embedder, ["backends=none"], ONE_WORKER),
     "t-deberta": ("text-model", text_models.make_deberta_nli_classifier, ["backends=none"], ONE_WORKER),
@@ -376,3 +381,113 @@ def test_the_fuzzer_covers_every_kind_of_a_users_model(server, store, model):
     assert details["expected"]["ok"] > count // 5 and details["expected"]["error"] > count // 5
     assert details["statuses"].get("200", 0) >= details["expected"]["ok"]
     assert details["worker_restarts"] == 0
+
+
+@pytest.fixture(scope="module")
+def reranker(server):
+    """t-rerank's versioned base URL (registered by the modelctl test above, or here when that did not run)."""
+    client = server.management()
+    if not client.registered("t-rerank"):
+        client.register("t-rerank.mar", synchronous=True, timeout=600)
+        client.wait_ready("t-rerank", timeout=600)
+    return f"{server.inference_url}/predictions/t-rerank/1.0"
+
+
+def test_rerank_clients_rank_as_cross_encoder_in_every_shape(reranker, folders):
+    """The official cohere client (v2 and v1), LangChain's CohereRerank, and the TEI and Jina bodies over HTTP, at the
+    reranker's base URL, against CrossEncoder.predict computed here."""
+    import cohere
+    from langchain_cohere import CohereRerank
+    from langchain_core.documents import Document
+    from sentence_transformers import CrossEncoder
+
+    query, documents = "the cat sleeps", ["a cat is sleeping", "stock markets fell", "cats nap a lot", "ok"]
+    expected = CrossEncoder(str(folders["t-rerank"]), device="cpu").predict([(query, d) for d in documents]).tolist()
+    order = sorted(range(len(documents)), key=lambda i: -expected[i])
+
+    def check(results, count):
+        assert [r.index for r in results] == order[:count]
+        assert all(math.isclose(r.relevance_score, expected[r.index], abs_tol=0.01) for r in results)
+
+    v2 = cohere.ClientV2(base_url=reranker, api_key="unused", timeout=60)
+    check(v2.rerank(model="t-rerank", query=query, documents=documents, top_n=3).results, 3)
+    v1 = cohere.Client(base_url=reranker, api_key="unused", timeout=60)
+    answer = v1.rerank(model="t-rerank", query=query, documents=documents, return_documents=True)
+    check(answer.results, 4)
+    assert [r.document.text for r in answer.results] == [documents[i] for i in order]
+    with pytest.raises(cohere.NotFoundError):
+        v2.rerank(model="rerank-v3.5", query=query, documents=documents)
+    with pytest.raises(cohere.BadRequestError) as refused:
+        v2.rerank(model="t-rerank", query=query, documents=[])
+    assert "non-empty list" in refused.value.body["message"]
+
+    langchain = CohereRerank(base_url=reranker, cohere_api_key="unused", model="t-rerank", top_n=2)
+    kept = langchain.compress_documents([Document(page_content=d) for d in documents], query)
+    assert [doc.page_content for doc in kept] == [documents[i] for i in order[:2]]
+    assert math.isclose(kept[0].metadata["relevance_score"], expected[order[0]], abs_tol=0.01)
+
+    tei = requests.post(
+        f"{reranker}/rerank", json={"query": query, "texts": documents, "return_text": True}, timeout=60
+    )
+    assert [r["index"] for r in tei.json()] == order and tei.json()[0]["text"] == documents[order[0]]
+    jina = requests.post(
+        f"{reranker}/v1/rerank",
+        json={"model": "t-rerank", "query": query, "documents": documents, "top_n": 2},
+        timeout=60,
+    ).json()  # what LlamaIndex's JinaRerank sends, and reads (results, usage)
+    assert [r["index"] for r in jina["results"]] == order[:2] and jina["usage"]["total_tokens"] > 0
+
+
+def test_the_openai_client_cuts_a_matryoshka_model_as_truncate_dim_does(server, folders):
+    openai = pytest.importorskip("openai")
+    from sentence_transformers import SentenceTransformer
+
+    reference = SentenceTransformer(str(folders["t-mpnet"]), device="cpu", truncate_dim=16)
+    expected = reference.encode(TEXTS, normalize_embeddings=True, convert_to_tensor=True)
+    base_url = f"{server.inference_url}/predictions/t-mpnet/1.0/v1"
+    with openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0) as client:
+        answer = client.embeddings.create(model="t-mpnet", input=TEXTS, dimensions=16)
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.embeddings.create(model="t-mpnet", input=TEXTS, dimensions=12)
+    got = torch.tensor([item.embedding for item in answer.data])
+    assert got.shape == (len(TEXTS), 16)
+    assert torch.nn.functional.cosine_similarity(got, expected).min() >= 0.999
+    assert "[8, 16, 32]" in refused.value.message
+    assert describe(server, "t-mpnet")["dimensions"] == [8, 16, 32]
+
+
+def test_zero_shot_on_a_users_nli_model_answers_as_the_pipeline(post, folders):
+    from transformers import pipeline
+
+    labels = ["travel", "cooking", "finance"]
+    classifier = pipeline("zero-shot-classification", model=str(folders["t-deberta"]), device="cpu")
+    expected = classifier(TEXTS[:2], labels, multi_label=True)
+    response = post("t-deberta", {"inputs": TEXTS[:2], "parameters": {"candidate_labels": labels, "multi_label": True}})
+    assert response.status_code == 200, response.text
+    for got, want in zip(response.json(), expected, strict=True):
+        assert got["labels"] == want["labels"]
+        assert all(math.isclose(a, b, abs_tol=0.01) for a, b in zip(got["scores"], want["scores"], strict=True))
+
+
+class FineText:
+    """The good request the reliability suite's corpus run sends after each bad one (scripts/reliability)."""
+
+    def __init__(self, model):
+        self.name = model
+
+    def body(self, index):
+        return json.dumps({"inputs": ["fine text"]})
+
+    def matches(self, index, answer):
+        return len(answer["results"]) == 1
+
+
+@pytest.mark.parametrize("model", ["t-rerank", "t-deberta"])
+def test_the_bad_input_corpus_of_a_users_reranker_and_nli_model(server, reranker, model):
+    """Every route's refusals (tests/data/bad_requests/<model>.yaml) in that API's shape, a good request after each,
+    no worker restarted: the reliability suite's corpus run (scripts/reliability/correctness.py)."""
+    from scripts.reliability import correctness
+
+    cases, failures, pids_before, pids_after = correctness.run_bad_input(server, FineText(model))
+    assert cases and not failures, "\n".join(failures)
+    assert pids_after == pids_before

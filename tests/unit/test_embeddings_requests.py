@@ -67,7 +67,7 @@ BAD = {
     "token ids for langchain": ({"input": [[101, 102]]}, JSON, "check_embedding_ctx_length=False"),
     "one token id array": ({"input": [101, 7592, 102]}, JSON, "'input' is token ids: token-id arrays"),
     "empty item": ({"input": ["a", ""]}, JSON, "'input'[1] is empty"),
-    "unknown encoding": ({"input": "a", "encoding_format": "float16"}, JSON, "use 'float' or 'base64'"),
+    "unknown encoding": ({"input": "a", "encoding_format": "float16"}, JSON, "use one of 'float', 'base64', 'int8'"),
     "null encoding": ({"input": "a", "encoding_format": None}, JSON, "'encoding_format' None is not supported"),
     "other dimensions": ({"input": "a", "dimensions": 256}, JSON, "'dimensions' 256 is not supported"),
     "dimensions as string": ({"input": "a", "dimensions": "384"}, JSON, "'dimensions' '384'"),
@@ -213,3 +213,18 @@ def test_openai_error_body_is_what_openai_clients_read():
     assert RequestError("boom", code=500, error_type="InternalServerError").to_openai_body()["error"]["type"] == (
         "server_error"
     )
+
+
+def test_each_api_gets_its_own_error_shape_with_the_message_where_its_clients_read_it():
+    from handlers.core.errors import COHERE, NATIVE, OPENAI, RERANK_V1, TEI, ShapedError, error_body, shaped
+
+    error = RequestError("'top_n' must be a positive integer", code=400)
+    assert error_body(error, NATIVE) == {"code": 400, "type": "InvalidRequest", "message": error.message}
+    assert error_body(error, OPENAI)["error"]["message"] == error.message
+    assert error_body(error, COHERE) == {"message": error.message}
+    assert error_body(error, RERANK_V1) == {"message": error.message, "detail": error.message}
+    assert error_body(error, TEI) == {"error": error.message, "error_type": "Validation"}
+    assert error_body(RequestError("boom", code=500), TEI)["error_type"] == "Backend"
+    moved = shaped(error, COHERE)
+    assert isinstance(moved, ShapedError) and moved.to_body() == {"message": error.message} and moved.code == 400
+    assert ShapedError("x", 404, "model").to_body()["error"]["param"] == "model"  # OpenAI's by default

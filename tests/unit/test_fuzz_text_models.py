@@ -120,3 +120,35 @@ def test_hostile_bodies_in_a_batch_fail_alone(handlers, hostile):
         for code, answer in zip(codes, answers, strict=True):
             assert code == 200 or 400 <= code < 500, (name, code, answer)
             json.loads(answer)  # strict JSON either way
+
+
+# Every field any route of any kind reads (handlers/text/requests/): bodies mixing them, valid or not.
+ROUTE_FIELDS = [
+    "texts", "input", "inputs", "query", "documents", "embedding_types", "input_type", "truncate", "max_tokens",
+    "output_dimension", "encoding_format", "dimensions", "top_n", "return_documents", "max_tokens_per_doc",
+    "raw_scores", "return_text", "ids", "add_special_tokens", "skip_special_tokens", "candidate_labels", "parameters",
+    "hypothesis_template", "multi_label", "model", "normalize", "truncation_direction", "rank_fields",
+    "max_chunks_per_doc", "prompt_name", "priority",
+]  # fmt: skip
+route_values = (
+    json_values
+    | texts
+    | st.lists(texts, max_size=3)
+    | st.lists(st.integers(min_value=-5, max_value=40000), max_size=4)
+    | st.sampled_from(["float", "int8", "binary", "search_query", "END", "NONE", "START", "right", "left"])
+    | st.lists(st.sampled_from(["float", "int8", "uint8", "binary", "ubinary", "base64", "int4"]), max_size=3)
+)
+route_bodies = st.fixed_dictionaries({}, optional=dict.fromkeys(ROUTE_FIELDS, route_values))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=route_bodies)
+def test_every_route_of_every_kind_answers_any_body_or_refuses_it_with_a_4xx(handlers, body):
+    """Each API surface (handlers/text/routes.py): OpenAI, Cohere, TEI, rerank shapes, zero-shot, the tokenizer."""
+    for name, (handler, context) in handlers.items():
+        for path in handler.routes:
+            set_requests(context, [{"Content-Type": "application/json", "url_path": path}])
+            [answer] = handler.handle([{"body": body}], context)
+            [code] = statuses(context, 1)
+            assert code == 200 or 400 <= code < 500, (name, path, code, answer)
+            json.loads(answer)  # strict JSON in the route's own shape

@@ -27,15 +27,25 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from handlers.core import runtime
+from handlers.core.errors import TEI
 from handlers.text.folder import TextModelFolder
+from handlers.text.requests.tokenize import answer_tokenizer, parse_decode, parse_info, parse_tokenize
+from handlers.text.routes import Route
 from handlers.text.rows import Row, RowOptions
 
 if TYPE_CHECKING:
-    from handlers.core.errors import RequestError
     from handlers.core.http import RequestView
     from handlers.text.cache import CachedRow
     from handlers.text.requests.common import RequestContext
     from handlers.text.tokenization import ServedTokenizer
+
+
+# Every text model's tokenizer, in text-embeddings-inference's shapes (handlers/text/requests/tokenize.py).
+TOKENIZER_ROUTES = (
+    Route("tokenize", parse_tokenize, answer_tokenizer, TEI, "text-embeddings-inference /tokenize"),
+    Route("decode", parse_decode, answer_tokenizer, TEI, "text-embeddings-inference /decode"),
+    Route("info", parse_info, answer_tokenizer, TEI, "text-embeddings-inference /info"),
+)
 
 
 class Reference:
@@ -115,20 +125,34 @@ class TextKind:
         return not info.normalized or abs(float(vector.norm()) - 1.0) <= 1e-3
 
     # ------------------------------------------------------------------------------------------- requests
-    # URL paths after /predictions/<model>/<version>/ the kind answers ('' = the model's own URL).
-    routes: ClassVar[tuple[str, ...]] = ("",)
+    def routes(self) -> tuple[Route, ...]:
+        """The API surfaces this kind serves (handlers/text/routes.py): its own body at the model's URL and the
+        tokenizer's routes; a kind adds the APIs whose clients it answers."""
+        return (Route("", self.parse_request, self.answer, api="this project's own"), *TOKENIZER_ROUTES)
 
     def parse_request(self, api: RequestContext, body: Any, request: RequestView) -> Any:
-        """One request's body validated into its payload (a handlers.text.batch.RowsRequest), or RequestError."""
+        """One request's body at the model's own URL validated into its payload (a handlers.text.batch.RowsRequest),
+        or RequestError."""
         raise NotImplementedError
 
     def answer(self, api: RequestContext, payload: Any, rows: list[CachedRow]) -> Any:
         """The answer to one request from its computed rows, in its own order."""
         raise NotImplementedError
 
-    def error_value(self, payload: Any, error: RequestError) -> dict[str, Any] | None:
-        """An error body in the shape of the API the request came by; None: the project's own shape."""
-        return None
+    def package_records(
+        self, folder: Path, info: TextModelFolder, cases: list[Case], values: list[Any]
+    ) -> dict[str, Any]:
+        """Files this kind adds to the staged folder from the fp32 values of the reference cases (package time), and
+        what model_source.json records about them."""
+        return {}
+
+    def allowed_dimensions(self, info: TextModelFolder, configured: list[int]) -> tuple[int, ...] | None:
+        """The sizes a request may cut its vectors to (an embedding model's Matryoshka sizes); none by default."""
+        return ()
+
+    def describe_requests(self, api: RequestContext) -> dict[str, Any]:
+        """What describe adds about the options requests have (an embedding model's sizes and calibration)."""
+        return {}
 
     def describe(self, info: TextModelFolder) -> dict[str, Any]:
         return {

@@ -12,23 +12,33 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from handlers.core.errors import OpenAIShaped, RequestError
+from handlers.core.errors import COHERE, OPENAI, TEI
 from handlers.core.http import RequestView
 from handlers.text.cache import CachedRow
 from handlers.text.folder import FolderError, TextModelFolder
 from handlers.text.kinds.base import Case, Reference
 from handlers.text.kinds.sentence_transformers import MODEL_CONFIG, SavedModel, SentenceTransformersKind, hidden_width
 from handlers.text.modules import SENTENCE, DenseModule, LayerNormModule, NormalizeModule, PoolingModule
+from handlers.text.quantization import EMBEDDING_TYPES, INTEGER_TYPES, write_calibration
 from handlers.text.requests.common import RequestContext
 from handlers.text.requests.embedding import (
+    COHERE_ROUTE,
     OPENAI_ROUTE,
+    TEI_ROUTE,
     TextPreparation,
+    VectorSpace,
     format_response,
+    parse_cohere_embed,
     parse_embedding_request,
+    parse_tei_embed,
 )
+from handlers.text.routes import Route
 from handlers.text.rows import Row, RowOptions
 from handlers.text.tokenization import ServedTokenizer
 
+# config_sentence_transformers.json: the sizes a Matryoshka-trained model's vectors may be cut to (this project's key;
+# sentence-transformers ignores keys it does not know).
+MATRYOSHKA_KEY = "matryoshka_dimensions"
 SERVED_CHAIN = "Transformer -> Pooling, then Dense, LayerNorm and Normalize on the pooled row, in any order"
 
 
@@ -62,11 +72,20 @@ class EmbeddingKind(SentenceTransformersKind):
                     MODEL_CONFIG, f"truncate_dim {truncate_dim!r} is not an integer in 1..{width}", "fix or remove it"
                 )
             normalized = normalized and truncate_dim == width
+        served = truncate_dim or width
+        sizes = saved.model_config.get(MATRYOSHKA_KEY, [])
+        if not isinstance(sizes, list) or not all(type(size) is int and 1 <= size <= served for size in sizes):
+            raise FolderError(
+                MODEL_CONFIG,
+                f"{MATRYOSHKA_KEY} {sizes!r} is not a list of sizes in 1..{served}",
+                "list the sizes the model was trained to be cut to (MatryoshkaLoss matryoshka_dims), or remove it",
+            )
         return self.folder_info(
             saved,
-            truncate_dim or width,
+            served,
             truncate_dim=truncate_dim if truncate_dim != width else None,
             normalized=normalized,
+            matryoshka_dims=tuple(sorted(set(sizes))),
         )
 
     def check_chain(self, saved: SavedModel) -> tuple[int, bool]:
@@ -115,27 +134,64 @@ class EmbeddingKind(SentenceTransformersKind):
         prompt = info.prompts.get(case.prompt_name, "") if case.prompt_name else ""
         return preparation.apply([case.text], prompt)[0], (preparation.options(1, prompt) or [RowOptions()])[0]
 
-    routes = ("", OPENAI_ROUTE)
+    def routes(self) -> tuple[Route, ...]:
+        return (
+            *super().routes(),
+            Route(OPENAI_ROUTE, self.parse_openai, self.answer, OPENAI, "OpenAI embeddings"),
+            Route(COHERE_ROUTE, self.parse_cohere, self.answer, COHERE, "Cohere embed v2"),
+            Route(TEI_ROUTE, self.parse_tei, self.answer, TEI, "text-embeddings-inference /embed"),
+        )
 
     def parse_request(self, api: RequestContext, body: Any, request: RequestView) -> Any:
+        space = vector_space(api)
         preparation = text_preparation(api.info, api.tokenizer)
-        dimension = api.info.output_size
-        if request.url_path != OPENAI_ROUTE:
-            return parse_embedding_request(body, request.content_type, dimension, api.limits, preparation)
-        try:
-            return parse_embedding_request(
-                body, request.content_type, dimension, api.limits, preparation, served_model=api.served_name
-            )
-        except RequestError as error:  # refused before it has a payload: shaped here, error_value cannot tell
-            raise OpenAIShaped(error) from None
+        return parse_embedding_request(
+            body, request.content_type, space.dimension, api.limits, preparation, None, space
+        )
 
-    def error_value(self, payload: Any, error: RequestError) -> dict[str, Any] | None:
-        if payload is not None and payload.served_model is not None:
-            return error.to_openai_body()
-        return None
+    def parse_openai(self, api: RequestContext, body: Any, request: RequestView) -> Any:
+        space = vector_space(api)
+        preparation = text_preparation(api.info, api.tokenizer)
+        return parse_embedding_request(
+            body, request.content_type, space.dimension, api.limits, preparation, api.served_name, space
+        )
+
+    def parse_cohere(self, api: RequestContext, body: Any, request: RequestView) -> Any:
+        preparation = text_preparation(api.info, api.tokenizer)
+        return parse_cohere_embed(
+            body, request.content_type, vector_space(api), api.limits, preparation, api.served_name, api.tokenizer
+        )
+
+    def parse_tei(self, api: RequestContext, body: Any, request: RequestView) -> Any:
+        preparation = text_preparation(api.info, api.tokenizer)
+        return parse_tei_embed(body, request.content_type, vector_space(api), api.limits, preparation)
 
     def answer(self, api: RequestContext, payload: Any, rows: list[CachedRow]) -> Any:
-        return format_response(payload, rows, api.model_name)
+        return format_response(payload, rows, api.model_name, vector_space(api))
+
+    def allowed_dimensions(self, info: TextModelFolder, configured: list[int]) -> tuple[int, ...] | None:
+        """Sizes below the model's own that 'dimensions' may ask for: the folder's matryoshka_dimensions and
+        handler.dimensions; any size where the folder cuts its vectors itself (truncate_dim) and lists none."""
+        declared = {*info.matryoshka_dims, *configured}
+        if not declared and info.truncate_dim is not None:
+            return None
+        return tuple(sorted(size for size in declared if size < info.output_size))
+
+    def describe_requests(self, api: RequestContext) -> dict[str, Any]:
+        sizes = api.dimensions
+        calibrated = api.calibration is not None
+        return {
+            "dimensions": "any" if sizes is None else sorted({*sizes, api.info.output_size}),
+            "embedding_types": [kind for kind in EMBEDDING_TYPES if calibrated or kind not in INTEGER_TYPES],
+            "calibration": api.calibration.describe() if calibrated else None,
+        }
+
+    def package_records(
+        self, folder: Path, info: TextModelFolder, cases: list[Case], values: list[Any]
+    ) -> dict[str, Any]:
+        """int8/uint8 calibration: the served fp32 vectors of the reference sentences (no prompt), in the archive."""
+        vectors = [value for case, value in zip(cases, values, strict=True) if case.prompt_name is None]
+        return {"calibration": write_calibration(folder, vectors)}
 
     def load_reference(self, folder: Path, info: TextModelFolder) -> Reference:
         return SentenceTransformerReference(folder, info)
@@ -153,6 +209,12 @@ class EmbeddingKind(SentenceTransformersKind):
             "normalize": info.normalized,
             "truncate_dim": info.truncate_dim,
         }
+
+
+def vector_space(api: RequestContext) -> VectorSpace:
+    """What the served vectors allow requests to ask for (sizes, re-normalisation of a cut, the calibration)."""
+    normalizes = any(isinstance(module, NormalizeModule) for module in api.info.head)
+    return VectorSpace(api.info.output_size, api.dimensions, normalizes, api.calibration)
 
 
 def text_preparation(info: TextModelFolder, tokenizer: ServedTokenizer) -> TextPreparation:

@@ -83,8 +83,6 @@ class MultiVectorKind(SentenceTransformersKind):
         rows, options = prepared(info, [case.text], case.task or "document")
         return rows[0], options[0]
 
-    routes = ("",)
-
     def parse_request(self, api: RequestContext, body: Any, request: RequestView) -> Any:
         return parse_multi_vector_request(api, body, request.content_type)
 

@@ -41,6 +41,7 @@ from handlers.text.requests.common import (
     positive_int,
 )
 from handlers.text.requests.embedding import EmbeddingRow
+from handlers.text.requests.rerank import ranked_results
 from handlers.text.rows import Row, RowOptions
 
 SINGLE_FIELDS = {"text", "text_pair", "top_k", "truncate"}
@@ -187,12 +188,5 @@ def format_answer(
     if request.shape == "list":
         results = [row_answer(row_scores, info, request) for row_scores in scores]
         return {"results": results, "model": model_name, "usage": usage}
-    relevance = scores[:, 0].tolist()
-    order = sorted(range(len(relevance)), key=lambda i: (-relevance[i], i))[: request.top_n]
-    ranked = []
-    for index in order:
-        entry: dict[str, Any] = {"index": index, "relevance_score": Float32(relevance[index])}
-        if request.documents:
-            entry["document"] = {"text": request.documents[index]}
-        ranked.append(entry)
+    ranked = ranked_results(scores[:, 0].tolist(), request.top_n, request.documents)
     return {"results": ranked, "model": model_name, "usage": usage}

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from handlers.core.errors import RequestError, surrogate_at, too_large
+from handlers.core.errors import RequestError, shown, surrogate_at, too_large
 from handlers.core.http import decode_json
 from handlers.text.folder import TextModelFolder
 from handlers.text.tokenization import ServedTokenizer
@@ -35,6 +35,45 @@ class RequestContext:
     limits: TextLimits
     model_name: str  # the archive's model name (answers' "model" at /predictions/<model>)
     served_name: str  # the name it is registered under (what OpenAI-style clients send as 'model')
+    # Embedding models: the sizes 'dimensions' may ask for (None: any size up to the model's own; the model's own
+    # size is always allowed) and the calibration int8/uint8 answers are scaled with (None: not packaged with one).
+    dimensions: tuple[int, ...] | None = ()
+    calibration: Any = None
+    max_request_tokens: int = 0  # handler.max_request_tokens (/decode bounds its ids with it)
+
+
+def check_model_name(body: dict[str, Any], served: str) -> None:
+    """An API's optional ``model`` field must name the model at this URL: a client configured for another model fails
+    loudly (404 model_not_found) instead of getting this one's answers."""
+    if "model" not in body:
+        return
+    model = body["model"]
+    if not isinstance(model, str):
+        raise RequestError(f"'model' must be a string, got {type(model).__name__}")
+    if model != served:
+        shown = model if len(model) <= 80 else model[:80] + "..."
+        raise RequestError(
+            f"model {shown!r} is not served at this URL, which serves {served!r}: send model={served!r}",
+            code=404,
+            error_type="ModelNotFound",
+        )
+
+
+def check_bool(body: dict[str, Any], name: str, default: bool) -> bool:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise RequestError(f"'{name}' must be true or false, got {shown(value)}")
+    return value
+
+
+def json_object(body: Any, content_type: str, wanted: str) -> dict[str, Any]:
+    """The body as a JSON object (the shape every API route takes), or a refusal naming what it should hold."""
+    body = decoded_body(body, content_type, wanted)
+    if not isinstance(body, dict):
+        raise RequestError(f"body must be a JSON object with {wanted}, got {type(body).__name__}")
+    return body
 
 
 def check_text(value: Any, where: str, max_chars: int) -> str:
@@ -163,3 +202,24 @@ def text_or_input(body: Any, content_type: str, limits: TextLimits, options: set
         return TextsBody([check_text(body["text"], "'text'", limits.max_text_chars)], ["'text'"], "text", body)
     texts, names = text_list(body["input"], "input", limits)
     return TextsBody(texts, names, "list", body)
+
+
+def cut_to_tokens(tokenizer: ServedTokenizer, texts: list[str], limit: int) -> list[str]:
+    """Each text cut after its first ``limit`` tokens (special tokens not counted), at the end of that token's
+    characters: Cohere's ``max_tokens_per_doc`` (rerank) and ``max_tokens`` (embed). Cutting the text, not the ids,
+    keeps one tokenizer for every request whatever limit it names (a tokenizer per limit would be a copy each)."""
+    encodings = tokenizer.untruncated().encode_batch(texts, add_special_tokens=False)
+    return [
+        text if len(encoding.ids) <= limit else text[: encoding.offsets[limit - 1][1]]
+        for text, encoding in zip(texts, encodings, strict=True)
+    ]
+
+
+def tokens_over(tokenizer: ServedTokenizer, texts: list[str], limit: int, names: list[str]) -> None:
+    """Refuse the first text with more than ``limit`` tokens (special tokens not counted)."""
+    encodings = tokenizer.untruncated().encode_batch(texts, add_special_tokens=False)
+    for name, encoding in zip(names, encodings, strict=True):
+        if len(encoding.ids) > limit:
+            raise RequestError(
+                f"{name} has {len(encoding.ids)} tokens, more than 'max_tokens' {limit}, and 'truncate' is 'NONE'"
+            )

@@ -9,6 +9,10 @@ Accepted bodies (docs/your-model.md):
 - ``{"input": "..." | ["...", ...], same options}`` -> ``{"object": "list", "data": [{"index", "sparse"[, "tokens"]}],
   "model": ..., "usage": {...}}``.
 
+At ``/predictions/<model>/<version>/embed_sparse``, text-embeddings-inference's shape: ``{"inputs": "..." |
+["...", ...], "truncate": bool?, "truncation_direction": "right"?, "prompt_name": str?}`` -> one list per input of
+``{"index", "value"}``, in token-id order, as TEI answers (:func:`parse_tei_sparse`).
+
 Entries come largest weight first (ties by token id); ``top_k`` keeps the k largest of a text (the folder's own
 ``max_active_dims`` has already been applied, as ``SparseEncoder.encode()`` applies it). ``decode`` names each kept
 entry's vocabulary token, as ``SparseEncoder.decode()`` does. ``prompt_name`` picks one of the folder's prompts.
@@ -20,12 +24,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from handlers.core.errors import RequestError
+from handlers.core.errors import RequestError, shown
 from handlers.core.http import Float32
 from handlers.text.requests.common import (
     RequestContext,
+    check_bool,
+    check_fields,
     check_request_chars,
+    json_object,
     positive_int,
+    text_list,
     text_or_input,
     truncate_flag,
 )
@@ -33,6 +41,8 @@ from handlers.text.requests.embedding import TextPreparation
 from handlers.text.rows import RowOptions
 
 OPTIONS = {"top_k", "decode", "truncate", "prompt_name"}
+TEI_FIELDS = {"inputs", "truncate", "truncation_direction", "prompt_name"}
+TEI_ROUTE = "embed_sparse"
 MAX_TOP_K = 1 << 20
 
 
@@ -40,7 +50,7 @@ MAX_TOP_K = 1 << 20
 class SparseRequest:
     texts: list[str]
     names: list[str]
-    shape: str  # "text" or "list"
+    shape: str  # "text", "list" or "tei"
     truncate: bool
     top_k: int | None = None
     decode: bool = False
@@ -67,6 +77,22 @@ def parse_sparse_request(api: RequestContext, body: Any, content_type: str) -> S
     return request
 
 
+def parse_tei_sparse(api: RequestContext, body: Any, content_type: str) -> SparseRequest:
+    body = json_object(body, content_type, "'inputs' (a text or a list of texts)")
+    check_fields(body, TEI_FIELDS)
+    if "inputs" not in body:
+        raise RequestError("missing field 'inputs' (a text or a list of texts)")
+    texts, names = text_list(body["inputs"], "inputs", api.limits)
+    direction = body.get("truncation_direction") or "right"
+    if not isinstance(direction, str) or direction.lower() != "right":
+        raise RequestError(f"'truncation_direction' {shown(direction)} is not served: texts are cut at their end")
+    preparation = TextPreparation(dict(api.info.prompts), api.info.default_prompt_name, api.info.lowercase)
+    prompt = preparation.prompt(body)
+    request = SparseRequest(preparation.apply(texts, prompt), names, "tei", check_bool(body, "truncate", False))
+    check_request_chars(sum(len(text) for text in request.texts), api.limits)
+    return request
+
+
 def row_answer(api: RequestContext, request: SparseRequest, value: Any) -> dict[str, Any]:
     ids, weights = value
     ids, weights = ids[: request.top_k].tolist(), weights[: request.top_k].tolist()
@@ -79,7 +105,14 @@ def row_answer(api: RequestContext, request: SparseRequest, value: Any) -> dict[
     return answer
 
 
-def format_sparse_answer(api: RequestContext, request: SparseRequest, rows: Sequence[Any]) -> dict[str, Any]:
+def format_sparse_answer(api: RequestContext, request: SparseRequest, rows: Sequence[Any]) -> Any:
+    if request.shape == "tei":
+        answer = []
+        for row in rows:
+            ids, weights = row.value
+            order = sorted(range(len(ids)), key=lambda i: int(ids[i]))
+            answer.append([{"index": int(ids[i]), "value": Float32(weights[i])} for i in order])
+        return answer
     if request.shape == "text":
         [row] = rows
         return {**row_answer(api, request, row.value), "truncated": row.truncated}

@@ -1,0 +1,73 @@
+"""The API surfaces of a text model, one object each: where a request comes in, how its body is read, how it is
+answered and in which shape its refusals go out.
+
+TorchServe 0.12 hands ``/predictions/<model>/<version>/<path>`` to the model with ``<path>`` in the request header
+``url_path`` (handlers/core/http.py RequestView.url_path). A kind lists the routes it serves
+(:meth:`handlers.text.kinds.base.TextKind.routes`); the handler looks the path up in that table once per request and
+from then on carries the route with the request (:class:`Routed`), so parsing, answering and refusing never test the
+URL again. A route's rows go through the one text-model path like every other request's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from handlers.core.errors import NATIVE
+
+if TYPE_CHECKING:
+    from handlers.core.http import RequestView
+    from handlers.text.cache import CachedRow
+    from handlers.text.requests.common import RequestContext
+    from handlers.text.rows import Row, RowOptions
+
+Parse = Callable[["RequestContext", Any, "RequestView"], Any]
+Answer = Callable[["RequestContext", Any, "list[CachedRow]"], Any]
+
+
+@dataclass(frozen=True)
+class Route:
+    """One API surface: its path after ``/predictions/<model>/<version>/`` ('' = the model's own URL,
+    ``/predictions/<model>``), the function that validates a body into its request (raising RequestError), the one
+    that answers it from its computed rows, and the error shape of its refusals (handlers/core/errors.py
+    ``error_body``)."""
+
+    path: str
+    parse: Parse
+    answer: Answer
+    error_shape: str = NATIVE
+    api: str = ""  # what clients speak it (for the 404 that lists routes, describe and the docs)
+
+
+@dataclass(frozen=True)
+class Routed:
+    """A parsed request and the route it came by: what batch assembly reads (its rows) and what answers it."""
+
+    route: Route
+    request: Any
+
+    @property
+    def texts(self) -> Sequence[Row]:
+        return self.request.texts
+
+    @property
+    def names(self) -> Sequence[str]:
+        return self.request.names
+
+    @property
+    def truncate(self) -> bool:
+        return self.request.truncate
+
+    @property
+    def options(self) -> Sequence[RowOptions] | None:
+        return self.request.options
+
+
+def route_table(routes: Sequence[Route]) -> dict[str, Route]:
+    table: dict[str, Route] = {}
+    for route in routes:
+        if route.path in table:
+            raise ValueError(f"two routes serve '{route.path}'")
+        table[route.path] = route
+    return table
