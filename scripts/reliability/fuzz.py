@@ -549,9 +549,8 @@ class TextClassifierOracle:
 
         self.name = Path(archive).stem
         self.model_dir = unpack(Path(archive), Path(tempfile.mkdtemp(prefix="fuzz-text-classifier-")))
-        self.handler, self.context = load_handler(
-            self.model_dir, "text-classifier", {"precision": "fp32", "backend": "eager"}
-        )
+        # Loaded under the archive's own name: answers that name the model (Jina's and Cohere's "model") must match.
+        self.handler, self.context = load_handler(self.model_dir, self.name, {"precision": "fp32", "backend": "eager"})
         loaded = self.handler.loaded
         self.limits = handler_limits("text-classifier", archive, max_request_size)
         self.limits.labels, self.limits.max_tokens = len(loaded.info.labels), loaded.max_tokens

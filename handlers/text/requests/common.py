@@ -167,6 +167,21 @@ TOKEN_IDS = (
 )
 
 
+def default_if_none(value: Any, default: Any) -> Any:
+    """A field's value, or ``default`` where it is absent or null. Not ``value or default``: a falsy value of the
+    wrong type (false, 0, "", []) must reach the field's check and be refused, not read as the default."""
+    return default if value is None else value
+
+
+def check_right_truncation(body: dict[str, Any], what: str) -> None:
+    """TEI's ``truncation_direction``: only "right" (case as TEI accepts it) is served; absent or null means it."""
+    direction = default_if_none(body.get("truncation_direction"), "right")
+    if not isinstance(direction, str) or direction.lower() not in ("right", "left"):
+        raise RequestError(f"'truncation_direction' must be 'right' or 'left', got {shown(direction)}")
+    if direction.lower() == "left":
+        raise RequestError(f"'truncation_direction' 'left' is not served: {what} are cut at their end")
+
+
 def token_ids(inputs: list[Any]) -> bool:
     """Whether an 'input' list is one token-id array or a list of them (what OpenAI's API also accepts)."""
     if all(type(item) is int for item in inputs):

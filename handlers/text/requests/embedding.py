@@ -57,9 +57,11 @@ from handlers.text.requests.common import (
     check_fields,
     check_model_name,
     check_request_chars,
+    check_right_truncation,
     check_text,
     cut_to_tokens,
     decoded_body,
+    default_if_none,
     positive_int,
     text_list,
     token_ids,
@@ -303,8 +305,8 @@ def input_type_prompt(preparation: TextPreparation, input_type: Any) -> str:
 
 
 def cohere_types(body: dict[str, Any], space: VectorSpace) -> list[str]:
-    types = body.get("embedding_types") or ["float"]
-    if not isinstance(types, list) or not all(isinstance(kind, str) for kind in types):
+    types = default_if_none(body.get("embedding_types"), ["float"])
+    if not isinstance(types, list) or not types or not all(isinstance(kind, str) for kind in types):
         raise RequestError(f"'embedding_types' must be a list of {list(EMBEDDING_TYPES)}, got {shown(types)}")
     unknown = [kind for kind in types if kind not in EMBEDDING_TYPES]
     if unknown:
@@ -314,7 +316,7 @@ def cohere_types(body: dict[str, Any], space: VectorSpace) -> list[str]:
 
 
 def cohere_truncate(body: dict[str, Any]) -> str:
-    truncate = body.get("truncate") or "END"
+    truncate = default_if_none(body.get("truncate"), "END")
     if truncate not in COHERE_TRUNCATE:
         raise RequestError(f"'truncate' must be one of {list(COHERE_TRUNCATE)}, got {shown(truncate)}")
     if truncate == "START":
@@ -388,11 +390,7 @@ def parse_tei_embed(
     normalize = check_bool(body, "normalize", True)
     if not normalize and space.normalizes:
         raise RequestError("'normalize' false: this model's own modules normalise its vectors (send true)")
-    direction = body.get("truncation_direction") or "right"
-    if not isinstance(direction, str) or direction.lower() not in ("right", "left"):
-        raise RequestError(f"'truncation_direction' must be 'right' or 'left', got {shown(direction)}")
-    if direction.lower() == "left":
-        raise RequestError("'truncation_direction' 'left' is not served: texts are cut at their end")
+    check_right_truncation(body, "texts")
     prompt = preparation.prompt(body)
     dimensions = space.check_size(body.get("dimensions"), "dimensions")
     request = EmbeddingRequest(

@@ -38,6 +38,7 @@ from handlers.text.requests.common import (
     check_fields,
     check_model_name,
     check_request_chars,
+    check_right_truncation,
     check_text,
     cut_to_tokens,
     json_object,
@@ -116,9 +117,7 @@ def parse_rerank(api: RequestContext, body: Any, content_type: str, route: str) 
     documents = document_texts(api, body[documents_field], documents_field)
     names = [f"'{documents_field}'[{i}]" for i in range(len(documents))]
     if route == TEI_RERANK:
-        direction = body.get("truncation_direction") or "right"
-        if not isinstance(direction, str) or direction.lower() != "right":
-            raise RequestError(f"'truncation_direction' {shown(direction)} is not served: pairs are cut at their end")
+        check_right_truncation(body, "pairs")
         returned = check_bool(body, "return_text", False)
         request = RerankRequest([], names, check_bool(body, "truncate", False), route)
         request.raw_scores = check_bool(body, "raw_scores", False)

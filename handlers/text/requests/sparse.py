@@ -24,13 +24,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from handlers.core.errors import RequestError, shown
+from handlers.core.errors import RequestError
 from handlers.core.http import Float32
 from handlers.text.requests.common import (
     RequestContext,
     check_bool,
     check_fields,
     check_request_chars,
+    check_right_truncation,
     json_object,
     positive_int,
     text_list,
@@ -83,9 +84,7 @@ def parse_tei_sparse(api: RequestContext, body: Any, content_type: str) -> Spars
     if "inputs" not in body:
         raise RequestError("missing field 'inputs' (a text or a list of texts)")
     texts, names = text_list(body["inputs"], "inputs", api.limits)
-    direction = body.get("truncation_direction") or "right"
-    if not isinstance(direction, str) or direction.lower() != "right":
-        raise RequestError(f"'truncation_direction' {shown(direction)} is not served: texts are cut at their end")
+    check_right_truncation(body, "texts")
     preparation = TextPreparation(dict(api.info.prompts), api.info.default_prompt_name, api.info.lowercase)
     prompt = preparation.prompt(body)
     request = SparseRequest(preparation.apply(texts, prompt), names, "tei", check_bool(body, "truncate", False))
