@@ -521,7 +521,12 @@ def check_venv_note(file: str, text: str) -> list[Problem]:
 
 
 def check(files: list[Path] | None = None) -> list[Problem]:
-    documents = {str(path.relative_to(REPO)): path.read_text(encoding="utf-8") for path in files or doc_files()}
+    """The problems of README.md and docs/*.md (or of ``files``, inside the repository)."""
+    return check_texts({str(path.relative_to(REPO)): path.read_text(encoding="utf-8") for path in files or doc_files()})
+
+
+def check_texts(documents: dict[str, str]) -> list[Problem]:
+    """The problems of pages given as {path relative to the repository: text} (a test plants mistakes this way)."""
     targets, keys, shipped = make_targets(), handler_keys(), shipped_configs()
     problems = check_commands(documents)
     for file, text in documents.items():
