@@ -40,9 +40,11 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import hashlib
 import importlib
 import json
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -51,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+HELP_CACHE = REPO / "build" / "docs-check-help"  # each CLI's --help, per state of the code (build/ is ignored)
 RECORD = "docs/results.md"  # the dated record of measurements: history is allowed there
 # Handler entry modules whose ``handler:`` schema the docs may name.
 ENTRY_MODULES = ("handlers/classifier.py", "handlers/text_model.py", "handlers/generator.py")
@@ -153,18 +156,42 @@ def module_file(module: str) -> Path | None:
     return None
 
 
-def help_flags(module: str, subcommand: str | None) -> tuple[set[str], set[str]] | str:
-    """(flags, subcommands) a module's --help lists (its subcommand's when given), or why it could not be read."""
+def code_key() -> str:
+    """A hash of everything a command line's --help can depend on: the repository's Python files and the pins."""
+    digest = hashlib.sha256()
+    for path in sorted([*REPO.glob("[a-z]*/**/*.py"), REPO / "requirements.txt"]):
+        if ".venv" not in path.parts and "build" not in path.parts:
+            digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def help_text(module: str, subcommand: str | None, cache: Path | None) -> str | None:
+    """A module's --help output (its subcommand's when given), None when it failed (the reason printed in its place);
+    kept in ``cache`` (keyed on the code) so a rerun with nothing changed starts no Python."""
+    name = f"{module}{'.' + subcommand if subcommand else ''}.txt"
+    if cache and (cache / name).is_file():
+        return (cache / name).read_text()
     argv = [sys.executable, "-m", module, *([subcommand] if subcommand else []), "--help"]
     try:
         result = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
     except subprocess.TimeoutExpired:
-        return "its --help did not answer within 120 s"
+        return "error: its --help did not answer within 120 s"
     if result.returncode != 0:
-        return f"its --help failed: {(result.stderr or result.stdout).strip().splitlines()[-1:]}"
-    flags = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", result.stdout))
-    choices = re.search(r"\{([a-z0-9_,-]+)\}", result.stdout)
-    listed = re.findall(r"^ {4}([a-z][a-z0-9_-]*)(?: {2,}|$)", result.stdout, re.MULTILINE)  # a metavar's listing
+        return f"error: its --help failed: {(result.stderr or result.stdout).strip().splitlines()[-1:]}"
+    if cache:
+        cache.mkdir(parents=True, exist_ok=True)
+        (cache / name).write_text(result.stdout)
+    return result.stdout
+
+
+def help_flags(module: str, subcommand: str | None, cache: Path | None = None) -> tuple[set[str], set[str]] | str:
+    """(flags, subcommands) a module's --help lists (its subcommand's when given), or why it could not be read."""
+    text = help_text(module, subcommand, cache) or ""
+    if text.startswith("error: "):
+        return text.removeprefix("error: ")
+    flags = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", text))
+    choices = re.search(r"\{([a-z0-9_,-]+)\}", text)
+    listed = re.findall(r"^ {4}([a-z][a-z0-9_-]*)(?: {2,}|$)", text, re.MULTILINE)  # a metavar's listing
     return flags, set(choices.group(1).split(",") if choices else []) | set(listed)
 
 
@@ -182,14 +209,19 @@ def check_commands(documents: dict[str, str]) -> list[Problem]:
     ]
     found = [item for item in found if module_file(item[2]) is not None]
     wanted = {(module, None) for _, _, module, _ in found}
+    cache = HELP_CACHE / code_key()
+    if HELP_CACHE.is_dir():  # only the current code's answers are kept
+        for stale in HELP_CACHE.iterdir():
+            if stale != cache:
+                shutil.rmtree(stale, ignore_errors=True)
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        helps = dict(zip(wanted, pool.map(lambda key: help_flags(*key), wanted), strict=True))
+        helps = dict(zip(wanted, pool.map(lambda key: help_flags(*key, cache), wanted), strict=True))
         subcommands = {
             (module, args[0])
             for _, _, module, args in found
             if args and not isinstance(helps[(module, None)], str) and args[0] in helps[(module, None)][1]
         }
-        helps.update(zip(subcommands, pool.map(lambda key: help_flags(*key), subcommands), strict=True))
+        helps.update(zip(subcommands, pool.map(lambda key: help_flags(*key, cache), subcommands), strict=True))
     for file, number, module, arguments in found:
         top = helps[(module, None)]
         if isinstance(top, str):
