@@ -454,9 +454,9 @@ def shipped_configs() -> dict[str, dict[str, set[int]]]:
 
 def paragraphs(text: str) -> Iterator[tuple[int, str]]:
     """(first line, text) of each paragraph of prose; a fenced block is one paragraph with the prose just before it."""
-    start, lines = 0, []
+    start, lines = 0, list[str]()
     for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip() and lines and not (sum(1 for x in lines if x.lstrip().startswith("```")) % 2):
+        if not line.strip() and lines and not sum(x.lstrip().startswith("```") for x in lines) % 2:
             yield start, "\n".join(lines)
             lines = []
         elif line.strip():
