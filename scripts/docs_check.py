@@ -23,6 +23,7 @@ What is checked, against the code itself (each problem is printed as ``file:line
   of its ``per_cpu_kind`` values);
 - a config key ``handler.KEY=...``/``handler.KEY.FIELD`` or a TorchServe key given to ``--config`` exists;
 - every relative link to a page of the docs resolves, and its ``#anchor`` is a heading of that page;
+- a worker's "ready" log line shown in the docs has the fixed parts, in order, of the line the worker logs;
 - a page that shows ``python -m`` commands says at its top that they run in the activated environment (a link to
   README's "Running the tools");
 - the guide speaks in the project's own voice: no issue numbers, no "this session" or "this change" (the record of
@@ -538,6 +539,33 @@ def check_links(file: str, text: str, documents: dict[str, str]) -> list[Problem
     return problems
 
 
+def ready_line_parts() -> list[str]:
+    """The fixed parts of the line a worker logs when it is ready (handlers/core/base.py), in order, up to the
+    precision: what a user greps model_log.log for."""
+    source = (REPO / "handlers" / "core" / "base.py").read_text()
+    match = re.search(r'"(%s %s ready on [^"]*)"\s*"([^"]*)"', source)
+    if not match:
+        raise LookupError("handlers/core/base.py no longer logs '%s %s ready on ...'")
+    parts = [part for part in re.split(r"%[-.\d]*[sdf]", match.group(1) + match.group(2)) if part.strip()]
+    return parts[:3]  # " ready on ", ": backend=", " precision="
+
+
+def check_ready_lines(file: str, text: str, parts: list[str]) -> list[Problem]:
+    problems = []
+    for number, part in code_parts(text):
+        found = re.search(re.escape(parts[0]) + r"\S+:", part)  # the line itself, not a search for it
+        if not found:
+            continue
+        line, position = part[found.start() :], 0
+        for fixed in parts:
+            position = line.find(fixed, position)
+            if position < 0:
+                want = "%s".join(parts)
+                problems.append(Problem(file, number, f"a worker's ready line reads '<name> <version>{want}...'"))
+                break
+    return problems
+
+
 def check_venv_note(file: str, text: str) -> list[Problem]:
     """A page with ``python -m`` commands points at the one statement of how tools run (README states it)."""
     if file == "README.md" or VENV_NOTE in text:
@@ -559,7 +587,7 @@ def check(files: list[Path] | None = None) -> list[Problem]:
 
 def check_texts(documents: dict[str, str]) -> list[Problem]:
     """The problems of pages given as {path relative to the repository: text} (a test plants mistakes this way)."""
-    targets, keys, shipped = make_targets(), handler_keys(), shipped_configs()
+    targets, keys, shipped, ready = make_targets(), handler_keys(), shipped_configs(), ready_line_parts()
     problems = check_commands(documents)
     for file, text in documents.items():
         problems += check_make(file, text, targets)
@@ -570,6 +598,7 @@ def check_texts(documents: dict[str, str]) -> list[Problem]:
         problems += check_config_overrides(file, text, keys)
         problems += check_links(file, text, documents)
         problems += check_venv_note(file, text)
+        problems += check_ready_lines(file, text, ready)
         problems += check_paths(file, text)
         problems += check_machine_paths(file, text)
         problems += check_voice(file, text)

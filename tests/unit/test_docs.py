@@ -44,6 +44,7 @@ def test_a_correct_page_passes():
         ("see [the guide](no-such-page.md)", "no such file"),
         ("`python -m scripts.package text-model --config maxWorkerz=4`", "not a TorchServe model-config key"),
         ("`python -m scripts.package text-model --config handler.max_inputz=4`", "no handler has this option"),
+        ("`grep 'minilm 1.0 ready on cpu: precision=' logs/model_log.log`", "a worker's ready line reads"),
     ],
 )
 def test_each_kind_of_mistake_is_caught(planted, found):
