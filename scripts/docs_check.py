@@ -21,7 +21,8 @@ What is checked, against the code itself (each problem is printed as ``file:line
   1 ms``) or "N workers", in a paragraph that says what a bundled model ships (it names
   ``models/<name>/model-config.yaml``, or starts "Shipped" on a page about one model) is that model's value (or one
   of its ``per_cpu_kind`` values);
-- a config key ``handler.KEY=...``/``handler.KEY.FIELD`` or a TorchServe key given to ``--config`` exists;
+- a config key ``handler.KEY=...``/``handler.KEY.FIELD`` or a TorchServe key given to ``--config`` exists, and so does
+  every key of a model-config shown as a ``yaml`` block (whole, or its ``handler:`` section);
 - every relative link to a page of the docs resolves, and its ``#anchor`` is a heading of that page;
 - a worker's "ready" log line shown in the docs has the fixed parts, in order, of the line the worker logs;
 - a page that shows ``python -m`` commands says at its top that they run in the activated environment (a link to
@@ -509,6 +510,59 @@ def check_config_overrides(file: str, text: str, keys: dict[str, set[str]]) -> l
     return problems
 
 
+def yaml_blocks(text: str) -> Iterator[tuple[int, str]]:
+    """(first line, text) of each ```yaml block."""
+    block: list[str] | None = None
+    start = 0
+    for number, line in enumerate(text.splitlines(), start=1):
+        if block is None and line.strip() == "```yaml":
+            block, start = [], number + 1
+        elif block is not None and line.strip() == "```":
+            yield start, "\n".join(block)
+            block = None
+        elif block is not None:
+            block.append(line)
+
+
+def check_yaml_configs(file: str, text: str, keys: dict[str, set[str]]) -> list[Problem]:
+    """A model-config shown as YAML (whole, or its ``handler:`` section) names only keys the code knows."""
+    import textwrap
+
+    import yaml
+
+    from scripts.package import OUR_SECTIONS, TORCHSERVE_KEYS
+
+    problems = []
+    for number, block in yaml_blocks(text):
+        try:
+            config = yaml.safe_load(textwrap.dedent(block))
+        except yaml.YAMLError:
+            continue
+        if not isinstance(config, dict):
+            continue
+        if set(config) & (set(TORCHSERVE_KEYS) | OUR_SECTIONS):  # a whole model-config.yaml
+            problems += [
+                Problem(file, number, f"model-config key {key!r}: neither TorchServe's nor a section of ours")
+                for key in config
+                if key not in TORCHSERVE_KEYS and key not in OUR_SECTIONS
+            ]
+            handler = config.get("handler") if isinstance(config.get("handler"), dict) else {}
+        elif set(config) & set(keys):  # its handler: section alone
+            handler = config
+        else:
+            continue
+        for key, value in handler.items():
+            if key not in keys:
+                problems.append(Problem(file, number, f"handler key {key!r}: no handler has this option"))
+            elif isinstance(value, dict) and keys[key]:
+                problems += [
+                    Problem(file, number, f"handler.{key}.{field}: {key} has no field {field!r}")
+                    for field in value
+                    if field not in keys[key]
+                ]
+    return problems
+
+
 def anchors(text: str) -> set[str]:
     """GitHub's anchors for a page's headings."""
     found = set()
@@ -596,6 +650,7 @@ def check_texts(documents: dict[str, str]) -> list[Problem]:
         problems += check_request_fields(file, text)
         problems += check_shipped_values(file, text, shipped)
         problems += check_config_overrides(file, text, keys)
+        problems += check_yaml_configs(file, text, keys)
         problems += check_links(file, text, documents)
         problems += check_venv_note(file, text)
         problems += check_ready_lines(file, text, ready)

@@ -65,6 +65,17 @@ def test_a_changed_shipped_value_is_caught():
     assert any("maxBatchDelay 5: classifier ships [1]" in p for p in problems_of(output))
 
 
+def test_a_model_config_shown_as_yaml_names_known_keys():
+    block = (
+        "```yaml\nbatchSize: 8\nmaxBatchDelai: 1\nhandler:\n  threads: 1\n  shared_cache: {url: '', tll_s: 5}\n```\n"
+    )
+    problems = problems_of(NOTE + block)
+    assert any("'maxBatchDelai'" in p for p in problems), problems
+    assert any("shared_cache has no field 'tll_s'" in p for p in problems), problems
+    section = "```yaml\n  cache_size: 4096\n  cache_sise: 1\n```\n"
+    assert any("'cache_sise'" in p for p in problems_of(NOTE + section))
+
+
 def test_a_default_column_is_the_codes_default():
     table = "<!-- defaults: handlers/embeddings.py -->\n| key | default | meaning |\n|---|---|---|\n"
     rows = "| `cache_size` | `4096` | rows |\n| `shared_cache` | `{url: ''}` | off |\n"
