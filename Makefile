@@ -155,7 +155,7 @@ compare: mar
 
 .PHONY: generator-compare generator-scheduling
 # Generation under concurrency on the 124 M measurement model (models/generator-124m, built on first use; docs/
-# performance.md): per-step scheduling against whole batches and `transformers serve --continuous-batching` (its own
+# generation.md, figures in docs/results.md): per-step scheduling against whole batches and `transformers serve --continuous-batching` (its own
 # venv, build/transformers-serve-venv), then the targeted measurements. Each takes tens of minutes.
 generator-compare: install
 	$(WITH_JAVA) $(PY) -m loadtests.generator_compare $(LOADTEST_ARGS)

@@ -13,12 +13,27 @@ What is checked, against the code itself (each problem is printed as ``file:line
 - a generated table (``<!-- options: handlers/text_model.py -->`` ... ``<!-- /options -->``: the option schema of an
   entry module's handler; ``<!-- shipped-config -->`` ... ``<!-- /shipped-config -->``: the bundled models' TorchServe
   values) is exactly what the code renders now, defaults and shipped values included;
+- a "default" column under ``<!-- defaults: handlers/<entry>.py [option] -->`` holds the code's defaults (of the
+  handler's options, or of one structured option's fields), and names only keys the code has;
+- a request-field table under ``<!-- request-fields: package.module:NAME[,NAME] -->`` names only fields those
+  collections accept (``!`` after the marker's names: and every one of them);
+- a shipped value, ``batchSize``/``maxBatchDelay``/``minWorkers``/``maxWorkers`` (``batchSize: 4``, ``maxBatchDelay
+  1 ms``) or "N workers", in a paragraph that says what a bundled model ships (it names
+  ``models/<name>/model-config.yaml``, or starts "Shipped" on a page about one model) is that model's value (or one
+  of its ``per_cpu_kind`` values);
+- a config key ``handler.KEY=...``/``handler.KEY.FIELD`` or a TorchServe key given to ``--config`` exists, and so does
+  every key of a model-config shown as a ``yaml`` block (whole, or its ``handler:`` section);
+- every relative link to a page of the docs resolves, and its ``#anchor`` is a heading of that page;
+- a worker's "ready" log line shown in the docs has the fixed parts, in order, of the line the worker logs;
+- a page that shows ``python -m`` commands says at its top that they run in the activated environment (a link to
+  README's "Running the tools");
 - the guide speaks in the project's own voice: no issue numbers, no "this session" or "this change" (the record of
   measurements, docs/results.md, is dated and keeps its history).
 
-What it cannot check: that prose describes behaviour truly, and numbers in the record (each comes with the command
-and date that produced it). Examples with their output are run against a real server by
-tests/integration/test_docs_examples.py.
+What it cannot check: that prose describes behaviour truly (a limit or a behaviour described in words), numbers in
+the record (each comes with the command and date that produced it), shipped values written without their key or a
+model-config path nearby, request fields outside a marked table, and output shown for commands it does not run.
+Examples with their output are run against a real server by tests/integration/test_docs_examples.py.
 
 Exit codes: 0 no problem, 1 problems found, 2 bad arguments.
 """
@@ -27,16 +42,20 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import hashlib
 import importlib
 import json
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+HELP_CACHE = REPO / "build" / "docs-check-help"  # each CLI's --help, per state of the code (build/ is ignored)
 RECORD = "docs/results.md"  # the dated record of measurements: history is allowed there
 # Handler entry modules whose ``handler:`` schema the docs may name.
 ENTRY_MODULES = ("handlers/classifier.py", "handlers/text_model.py", "handlers/generator.py")
@@ -55,6 +74,16 @@ HANDLER_KEY = re.compile(r"(?<![\w/])handler\.([a-z_]+)(?:\.([a-z_]+))?(?![\w.(]
 GENERATED_PATHS = ("loadtests/reports", "build/", "logs/", "model_store/")
 KNOWN_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".json", ".properties", ".txt", ".sh", ".xml", ".toml", ".j2"}
 SPAN = re.compile(r"`([^`\n]+)`")
+VENV_NOTE = "README.md#running-the-tools"  # the one place that says how tools run (an activated .venv)
+# Pages about one bundled model: a "Shipped ..." paragraph there speaks of it.
+PAGE_MODEL = {"docs/embeddings.md": "minilm", "docs/generation.md": "generator", "docs/serving.md": "classifier"}
+SERVED_MODELS = ("classifier", "minilm", "generator")  # the models make serve loads, named by their names in prose
+SHIPS = re.compile(r"\bship(?:s|ped)?\b|\bas packaged\b", re.IGNORECASE)
+SHIPPED_KEYS = ("batchSize", "maxBatchDelay", "minWorkers", "maxWorkers")
+SHIPPED_VALUE = re.compile(r"\b(batchSize|maxBatchDelay|minWorkers|maxWorkers)`?:? `?(\d+)")
+WORKERS = re.compile(r"\*{0,2}(\d+) workers?\b")
+CONFIG_PATH = re.compile(r"models/([a-z0-9-]+)/model-config\.yaml")
+LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
 @dataclass(frozen=True)
@@ -129,18 +158,42 @@ def module_file(module: str) -> Path | None:
     return None
 
 
-def help_flags(module: str, subcommand: str | None) -> tuple[set[str], set[str]] | str:
-    """(flags, subcommands) a module's --help lists (its subcommand's when given), or why it could not be read."""
+def code_key() -> str:
+    """A hash of everything a command line's --help can depend on: the repository's Python files and the pins."""
+    digest = hashlib.sha256()
+    for path in sorted([*REPO.glob("[a-z]*/**/*.py"), REPO / "requirements.txt"]):
+        if ".venv" not in path.parts and "build" not in path.parts:
+            digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def help_text(module: str, subcommand: str | None, cache: Path | None) -> str | None:
+    """A module's --help output (its subcommand's when given), None when it failed (the reason printed in its place);
+    kept in ``cache`` (keyed on the code) so a rerun with nothing changed starts no Python."""
+    name = f"{module}{'.' + subcommand if subcommand else ''}.txt"
+    if cache and (cache / name).is_file():
+        return (cache / name).read_text()
     argv = [sys.executable, "-m", module, *([subcommand] if subcommand else []), "--help"]
     try:
         result = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
     except subprocess.TimeoutExpired:
-        return "its --help did not answer within 120 s"
+        return "error: its --help did not answer within 120 s"
     if result.returncode != 0:
-        return f"its --help failed: {(result.stderr or result.stdout).strip().splitlines()[-1:]}"
-    flags = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", result.stdout))
-    choices = re.search(r"\{([a-z0-9_,-]+)\}", result.stdout)
-    listed = re.findall(r"^ {4}([a-z][a-z0-9_-]*)(?: {2,}|$)", result.stdout, re.MULTILINE)  # a metavar's listing
+        return f"error: its --help failed: {(result.stderr or result.stdout).strip().splitlines()[-1:]}"
+    if cache:
+        cache.mkdir(parents=True, exist_ok=True)
+        (cache / name).write_text(result.stdout)
+    return result.stdout
+
+
+def help_flags(module: str, subcommand: str | None, cache: Path | None = None) -> tuple[set[str], set[str]] | str:
+    """(flags, subcommands) a module's --help lists (its subcommand's when given), or why it could not be read."""
+    text = help_text(module, subcommand, cache) or ""
+    if text.startswith("error: "):
+        return text.removeprefix("error: ")
+    flags = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", text))
+    choices = re.search(r"\{([a-z0-9_,-]+)\}", text)
+    listed = re.findall(r"^ {4}([a-z][a-z0-9_-]*)(?: {2,}|$)", text, re.MULTILINE)  # a metavar's listing
     return flags, set(choices.group(1).split(",") if choices else []) | set(listed)
 
 
@@ -158,14 +211,19 @@ def check_commands(documents: dict[str, str]) -> list[Problem]:
     ]
     found = [item for item in found if module_file(item[2]) is not None]
     wanted = {(module, None) for _, _, module, _ in found}
+    cache = HELP_CACHE / code_key()
+    if HELP_CACHE.is_dir():  # only the current code's answers are kept
+        for stale in HELP_CACHE.iterdir():
+            if stale != cache:
+                shutil.rmtree(stale, ignore_errors=True)
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        helps = dict(zip(wanted, pool.map(lambda key: help_flags(*key), wanted), strict=True))
+        helps = dict(zip(wanted, pool.map(lambda key: help_flags(*key, cache), wanted), strict=True))
         subcommands = {
             (module, args[0])
             for _, _, module, args in found
             if args and not isinstance(helps[(module, None)], str) and args[0] in helps[(module, None)][1]
         }
-        helps.update(zip(subcommands, pool.map(lambda key: help_flags(*key), subcommands), strict=True))
+        helps.update(zip(subcommands, pool.map(lambda key: help_flags(*key, cache), subcommands), strict=True))
     for file, number, module, arguments in found:
         top = helps[(module, None)]
         if isinstance(top, str):
@@ -303,13 +361,299 @@ def check_generated(file: str, text: str) -> list[Problem]:
     return problems
 
 
+DEFAULTS = re.compile(r"<!-- defaults: ([\w/.]+)(?: (\w+))? -->\n+((?:\|.*\n)+)")
+FIELDS_TABLE = re.compile(r"<!-- request-fields: ([\w.]+):([\w,]+)(!?) -->\n+((?:\|.*\n)+)")
+
+
+def table_rows(table: str) -> Iterator[tuple[int, list[str]]]:
+    """(offset in lines, cells) of each body row of a markdown table (the header and its rule skipped)."""
+    for offset, line in enumerate(table.splitlines()[2:], start=2):
+        yield offset, [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
+def same_value(shown: Any, code: Any) -> bool:
+    """A documented value against the code's: a mapping shown may name only some of its fields."""
+    if isinstance(shown, dict) and isinstance(code, dict):
+        return all(key in code and same_value(value, code[key]) for key, value in shown.items())
+    return bool(shown == code)
+
+
+def check_defaults(file: str, text: str) -> list[Problem]:
+    import yaml
+
+    from scripts.ops.handler_loader import entry_class
+
+    problems = []
+    for match in DEFAULTS.finditer(text):
+        first = text[: match.start()].count("\n") + 1
+        entry, option, table = match.groups()
+        try:
+            options = entry_class(entry).options
+            defaults = options[option].default if option else {key: o.default for key, o in options.items()}
+        except Exception as error:  # a marker naming what does not exist
+            problems.append(Problem(file, first, f"<!-- defaults: {entry} {option or ''} -->: {error!r}"))
+            continue
+        where = f"{entry}{' ' + option if option else ''}"
+        for offset, cells in table_rows(table):
+            number = first + offset + text[match.start(3) - 1 : match.start(3)].count("\n")
+            keys, shown = SPAN.findall(cells[0]), SPAN.findall(cells[1]) if len(cells) > 1 else []
+            if not keys:
+                continue
+            if keys[0] not in defaults:
+                problems.append(Problem(file, number, f"`{keys[0]}`: {where} has no such option"))
+            elif shown:
+                try:
+                    value = yaml.safe_load(shown[0])
+                except yaml.YAMLError:
+                    value = shown[0]
+                if not same_value(value, defaults[keys[0]]):
+                    problems.append(
+                        Problem(
+                            file, number, f"`{keys[0]}` default is {defaults[keys[0]]!r} in the code, not {shown[0]}"
+                        )
+                    )
+    return problems
+
+
+def check_request_fields(file: str, text: str) -> list[Problem]:
+    problems = []
+    for match in FIELDS_TABLE.finditer(text):
+        number = text[: match.start()].count("\n") + 1
+        module_name, names, complete, table = match.groups()
+        try:
+            module = importlib.import_module(module_name)
+            accepted = {field for name in names.split(",") for field in getattr(module, name)}
+        except Exception as error:
+            problems.append(Problem(file, number, f"<!-- request-fields: {module_name}:{names} -->: {error!r}"))
+            continue
+        named = set()
+        for offset, cells in table_rows(table):
+            for field in SPAN.findall(cells[0]):
+                named.add(field)
+                if field not in accepted:
+                    problems.append(
+                        Problem(file, number + offset + 1, f"request field `{field}`: {module_name} does not accept it")
+                    )
+        if complete and accepted - named:
+            problems.append(Problem(file, number, f"request fields {sorted(accepted - named)} are not in the table"))
+    return problems
+
+
+def shipped_configs() -> dict[str, dict[str, set[int]]]:
+    """Each bundled model's shipped TorchServe values (its per_cpu_kind values too), by key."""
+    import yaml
+
+    shipped: dict[str, dict[str, set[int]]] = {}
+    for path in sorted((REPO / "models").glob("*/model-config.yaml")):
+        config = yaml.safe_load(path.read_text()) or {}
+        values: dict[str, set[int]] = {key: {config[key]} for key in SHIPPED_KEYS if key in config}
+        for overrides in (config.get("per_cpu_kind") or {}).values():
+            for key, value in overrides.items():
+                values.setdefault(key, set()).add(value)
+        shipped[path.parent.name] = values
+    return shipped
+
+
+def paragraphs(text: str) -> Iterator[tuple[int, str]]:
+    """(first line, text) of each paragraph of prose; a fenced block is one paragraph with the prose just before it."""
+    start, lines = 0, list[str]()
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip() and lines and not sum(x.lstrip().startswith("```") for x in lines) % 2:
+            yield start, "\n".join(lines)
+            lines = []
+        elif line.strip():
+            start = start if lines else number
+            lines.append(line)
+    if lines:
+        yield start, "\n".join(lines)
+
+
+def check_shipped_values(file: str, text: str, shipped: dict[str, dict[str, set[int]]]) -> list[Problem]:
+    if file == RECORD:  # the record keeps what was measured with earlier values, dated
+        return []
+    problems = []
+    for first, paragraph in paragraphs(text):
+        named = set(CONFIG_PATH.findall(paragraph)) & set(shipped)
+        if not named and paragraph.startswith("Shipped") and file in PAGE_MODEL:
+            named = {PAGE_MODEL[file]}
+        if not named and (paragraph.lstrip().startswith("```") or SHIPS.search(paragraph)):
+            # an output, or a paragraph about what is shipped, that speaks of one served model by its name
+            named = {name for name in SERVED_MODELS if re.search(rf"(?<![\w/-]){name}(?![\w/-])", paragraph)}
+        if len(named) != 1:  # no model, or several: which one a value belongs to is not clear
+            continue
+        model = named.pop()
+        for offset, line in enumerate(paragraph.splitlines()):
+            found = [(key, int(value)) for key, value in SHIPPED_VALUE.findall(line)]
+            found += [("workers", int(value)) for value in WORKERS.findall(line)]
+            for key, value in found:
+                keys = ("minWorkers", "maxWorkers") if key == "workers" else (key,)
+                allowed = set().union(*(shipped[model].get(k, set()) for k in keys))
+                if allowed and value not in allowed:
+                    problems.append(Problem(file, first + offset, f"{key} {value}: {model} ships {sorted(allowed)}"))
+    return problems
+
+
+def check_config_overrides(file: str, text: str, keys: dict[str, set[str]]) -> list[Problem]:
+    """``--config KEY=VALUE`` of scripts.package: a TorchServe key or handler.KEY that exists."""
+    from scripts.package import TORCHSERVE_KEYS
+
+    problems = []
+    for number, part in code_parts(text):
+        for key in re.findall(r"--config '?([\w.]+)=", part):
+            if key.isupper():  # KEY=VALUE: the placeholder
+                continue
+            if key.startswith("handler."):
+                if key.removeprefix("handler.").split(".")[0] not in keys:
+                    problems.append(Problem(file, number, f"--config {key}: no handler has this option"))
+            elif key not in TORCHSERVE_KEYS:
+                problems.append(Problem(file, number, f"--config {key}: not a TorchServe model-config key"))
+    return problems
+
+
+def yaml_blocks(text: str) -> Iterator[tuple[int, str]]:
+    """(first line, text) of each ```yaml block."""
+    block: list[str] | None = None
+    start = 0
+    for number, line in enumerate(text.splitlines(), start=1):
+        if block is None and line.strip() == "```yaml":
+            block, start = [], number + 1
+        elif block is not None and line.strip() == "```":
+            yield start, "\n".join(block)
+            block = None
+        elif block is not None:
+            block.append(line)
+
+
+def check_yaml_configs(file: str, text: str, keys: dict[str, set[str]]) -> list[Problem]:
+    """A model-config shown as YAML (whole, or its ``handler:`` section) names only keys the code knows."""
+    import textwrap
+
+    import yaml
+
+    from scripts.package import OUR_SECTIONS, TORCHSERVE_KEYS
+
+    problems = []
+    for number, block in yaml_blocks(text):
+        try:
+            config = yaml.safe_load(textwrap.dedent(block))
+        except yaml.YAMLError:
+            continue
+        if not isinstance(config, dict):
+            continue
+        if set(config) & (set(TORCHSERVE_KEYS) | OUR_SECTIONS):  # a whole model-config.yaml
+            problems += [
+                Problem(file, number, f"model-config key {key!r}: neither TorchServe's nor a section of ours")
+                for key in config
+                if key not in TORCHSERVE_KEYS and key not in OUR_SECTIONS
+            ]
+            handler = config.get("handler") if isinstance(config.get("handler"), dict) else {}
+        elif set(config) & set(keys):  # its handler: section alone
+            handler = config
+        else:
+            continue
+        for key, value in handler.items():
+            if key not in keys:
+                problems.append(Problem(file, number, f"handler key {key!r}: no handler has this option"))
+            elif isinstance(value, dict) and keys[key]:
+                problems += [
+                    Problem(file, number, f"handler.{key}.{field}: {key} has no field {field!r}")
+                    for field in value
+                    if field not in keys[key]
+                ]
+    return problems
+
+
+def anchors(text: str) -> set[str]:
+    """GitHub's anchors for a page's headings."""
+    found = set()
+    for _, line in prose_lines(text):
+        if line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            found.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return found
+
+
+def check_links(file: str, text: str, documents: dict[str, str]) -> list[Problem]:
+    problems = []
+    here = (REPO / file).parent
+    for number, line in prose_lines(text):
+        for target in LINK.findall(line):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            path, _, anchor = target.partition("#")
+            resolved = (here / path).resolve() if path else REPO / file
+            if not resolved.exists():
+                problems.append(Problem(file, number, f"link {target}: no such file"))
+                continue
+            if anchor and resolved.suffix == ".md":
+                page = str(resolved.relative_to(REPO))
+                page_text = documents.get(page) or resolved.read_text(encoding="utf-8")
+                if anchor not in anchors(page_text):
+                    problems.append(Problem(file, number, f"link {target}: {page} has no heading #{anchor}"))
+    return problems
+
+
+def ready_line_parts() -> list[str]:
+    """The fixed parts of the line a worker logs when it is ready (handlers/core/base.py), in order, up to the
+    precision: what a user greps model_log.log for."""
+    source = (REPO / "handlers" / "core" / "base.py").read_text()
+    match = re.search(r'"(%s %s ready on [^"]*)"\s*"([^"]*)"', source)
+    if not match:
+        raise LookupError("handlers/core/base.py no longer logs '%s %s ready on ...'")
+    parts = [part for part in re.split(r"%[-.\d]*[sdf]", match.group(1) + match.group(2)) if part.strip()]
+    return parts[:3]  # " ready on ", ": backend=", " precision="
+
+
+def check_ready_lines(file: str, text: str, parts: list[str]) -> list[Problem]:
+    problems = []
+    for number, part in code_parts(text):
+        found = re.search(re.escape(parts[0]) + r"\S+:", part)  # the line itself, not a search for it
+        if not found:
+            continue
+        line, position = part[found.start() :], 0
+        for fixed in parts:
+            position = line.find(fixed, position)
+            if position < 0:
+                want = "%s".join(parts)
+                problems.append(Problem(file, number, f"a worker's ready line reads '<name> <version>{want}...'"))
+                break
+    return problems
+
+
+def check_venv_note(file: str, text: str) -> list[Problem]:
+    """A page with ``python -m`` commands points at the one statement of how tools run (README states it)."""
+    if file == "README.md" or VENV_NOTE in text:
+        return []
+    for number, part in code_parts(text):
+        if re.search(r"\bpython3? -m ", part):
+            return [
+                Problem(
+                    file, number, f"shows `python -m` commands without the activated-environment note ({VENV_NOTE})"
+                )
+            ]
+    return []
+
+
 def check(files: list[Path] | None = None) -> list[Problem]:
-    documents = {str(path.relative_to(REPO)): path.read_text(encoding="utf-8") for path in files or doc_files()}
-    targets, keys = make_targets(), handler_keys()
+    """The problems of README.md and docs/*.md (or of ``files``, inside the repository)."""
+    return check_texts({str(path.relative_to(REPO)): path.read_text(encoding="utf-8") for path in files or doc_files()})
+
+
+def check_texts(documents: dict[str, str]) -> list[Problem]:
+    """The problems of pages given as {path relative to the repository: text} (a test plants mistakes this way)."""
+    targets, keys, shipped, ready = make_targets(), handler_keys(), shipped_configs(), ready_line_parts()
     problems = check_commands(documents)
     for file, text in documents.items():
         problems += check_make(file, text, targets)
         problems += check_handler_keys(file, text, keys)
+        problems += check_defaults(file, text)
+        problems += check_request_fields(file, text)
+        problems += check_shipped_values(file, text, shipped)
+        problems += check_config_overrides(file, text, keys)
+        problems += check_yaml_configs(file, text, keys)
+        problems += check_links(file, text, documents)
+        problems += check_venv_note(file, text)
+        problems += check_ready_lines(file, text, ready)
         problems += check_paths(file, text)
         problems += check_machine_paths(file, text)
         problems += check_voice(file, text)
