@@ -275,8 +275,37 @@ def model_files(model, model_store):
         shutil.rmtree(folder, ignore_errors=True)
         with zipfile.ZipFile(archive) as mar:
             mar.extractall(folder)
+        classic_module_names(folder / "modules.json")
         (folder / ".unpacked").write_text(str(archive.stat().st_mtime))
     return folder
+
+
+def classic_module_names(modules_json):
+    """A folder saved by sentence-transformers >= 5 in the form the older sentence-transformers Infinity pins reads:
+    modules named ``sentence_transformers.models.<Class>`` (not the newer package paths such as
+    ``sentence_transformers.base.modules.transformer.Transformer``), the Transformer's config without the newer keys
+    (``transformer_task``, ``modality_config``, ...), Pooling's ``embedding_dimension`` as ``word_embedding_dimension``.
+    The modules compute the same; only how the newer library records them differs. The baseline's copy only."""
+    if not modules_json.exists():
+        return
+    folder = modules_json.parent
+    modules = json.loads(modules_json.read_text(encoding="utf-8"))
+    for module in modules:
+        if module.get("type", "").startswith("sentence_transformers."):
+            module["type"] = "sentence_transformers.models." + module["type"].rsplit(".", 1)[-1]
+    modules_json.write_text(json.dumps(modules, indent=2), encoding="utf-8")
+    transformer = folder / "sentence_bert_config.json"
+    if transformer.exists():
+        config = json.loads(transformer.read_text(encoding="utf-8"))
+        kept = {key: config[key] for key in ("max_seq_length", "do_lower_case") if key in config}
+        transformer.write_text(json.dumps(kept), encoding="utf-8")
+    for module in modules:
+        config_file = folder / module.get("path", "") / "config.json"
+        if module["type"].endswith(".Pooling") and config_file.exists():
+            config = json.loads(config_file.read_text(encoding="utf-8"))
+            if "embedding_dimension" in config:
+                config["word_embedding_dimension"] = config.pop("embedding_dimension")
+            config_file.write_text(json.dumps(config), encoding="utf-8")
 
 
 @contextlib.contextmanager
