@@ -25,6 +25,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
+def skip_unless_served(server, model):
+    """Skip the calling test when this session's server does not load ``model``'s archive (TS_TEST_MODELS)."""
+    if f"{model}.mar" not in server.props.get("load_models", ""):
+        pytest.skip(f"{model} is not served by this session's server (TS_TEST_MODELS)")
+
+
 @pytest.fixture(scope="session")
 def model_store():
     """Every model's archive, built (incrementally) by the project's packaging step into model_store/."""

@@ -523,8 +523,31 @@ class TextProductions:
     def nul_text(self, rng):
         return b"before \x00 after", "text/plain", OK
 
+    def text_hazards(self):
+        """The (production, weight) pairs of hostile and boundary texts every user text model's grammar draws alike
+        (plain-text bodies, token and character limits, body size, odd encodings, counts), in the order they walk."""
+        return [
+            (self.plain_text, 6),
+            (self.plain_other_charset, 2),
+            (self.token_boundary, 3),
+            (self.char_boundary, 1),
+            (self.request_chars_boundary, 1),
+            (self.max_body_text, 0.1),
+            (self.over_max_body, 0.2),
+            (self.empty_text, 4),
+            (self.lone_surrogate, 3),
+            (self.surrogate_pair, 1),
+            (self.invalid_utf8_text, 2),
+            (self.nul_text, 1),
+            (self.over_text_chars, 2),
+            (self.over_request_chars, 1),
+            (self.too_many_inputs, 2),
+        ]
+
 
 # ------------------------------------------------------------------------------------------------ minilm
+
+
 class MinilmProductions(TextProductions):
     """minilm's productions: both body shapes, text/plain, limits of tokens, characters and bytes, bad text."""
 
@@ -1013,21 +1036,7 @@ class TextClassifierProductions(TextProductions):
             (self.tokenize_route, 1),
             (self.rerank_max_documents, 1),
             (self.count_extremes, 3),
-            (self.plain_text, 6),
-            (self.plain_other_charset, 2),
-            (self.token_boundary, 3),
-            (self.char_boundary, 1),
-            (self.request_chars_boundary, 1),
-            (self.max_body_text, 0.1),
-            (self.over_max_body, 0.2),
-            (self.empty_text, 4),
-            (self.lone_surrogate, 3),
-            (self.surrogate_pair, 1),
-            (self.invalid_utf8_text, 2),
-            (self.nul_text, 1),
-            (self.over_text_chars, 2),
-            (self.over_request_chars, 1),
-            (self.too_many_inputs, 2),
+            *self.text_hazards(),
             (self.bad_pair, 3),
             (self.wrong_types, 10),
             (self.bad_counts, 6),
@@ -1147,21 +1156,7 @@ class TextModelProductions(TextProductions):
             (self.good_input, 14),
             (self.max_inputs_list, 1),
             (self.option_extremes, 4),
-            (self.plain_text, 6),
-            (self.plain_other_charset, 2),
-            (self.token_boundary, 3),
-            (self.char_boundary, 1),
-            (self.request_chars_boundary, 1),
-            (self.max_body_text, 0.1),
-            (self.over_max_body, 0.2),
-            (self.empty_text, 4),
-            (self.lone_surrogate, 3),
-            (self.surrogate_pair, 1),
-            (self.invalid_utf8_text, 2),
-            (self.nul_text, 1),
-            (self.over_text_chars, 2),
-            (self.over_request_chars, 1),
-            (self.too_many_inputs, 2),
+            *self.text_hazards(),
             (self.bad_option, 6),
             (self.wrong_types, 8),
             (self.unknown_field, 3),

@@ -40,6 +40,7 @@ from scripts.ops.grpc_client import (
     encode_body,
 )
 from scripts.ops.server import free_ports
+from tests.conftest import skip_unless_served
 
 REPO = Path(__file__).resolve().parents[2]
 ROW = [0.01 * i for i in range(128)]
@@ -67,8 +68,7 @@ STREAMED = {"prompt": "Once upon a time", "max_new_tokens": 24, "temperature": 0
 
 
 def served(server, model):
-    if f"{model}.mar" not in server.props.get("load_models", ""):
-        pytest.skip(f"{model} is not served by this session's server (TS_TEST_MODELS)")
+    skip_unless_served(server, model)
 
 
 def http_post(server, model, raw, path="predictions"):

@@ -15,6 +15,7 @@ import requests
 import torch
 
 from handlers.core.http import float32_json
+from tests.conftest import skip_unless_served
 
 openai = pytest.importorskip("openai")
 
@@ -25,8 +26,7 @@ TEXTS = [f"TorchServe serves sentence embeddings {RUN}.", "A man is playing a gu
 
 @pytest.fixture(scope="module", autouse=True)
 def served(ts_server):
-    if f"{MODEL}.mar" not in ts_server.props.get("load_models", ""):
-        pytest.skip(f"{MODEL} is not served by this session's server (TS_TEST_MODELS)")
+    skip_unless_served(ts_server, MODEL)
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,8 @@ import json
 import pytest
 import requests
 
+from tests.conftest import skip_unless_served
+
 MODEL = "generator"
 SEEDED = {"max_tokens": 24, "temperature": 0.9, "top_p": 0.95, "seed": 1234}
 MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say something."}]
@@ -18,8 +20,7 @@ openai = pytest.importorskip("openai")
 
 @pytest.fixture(scope="module", autouse=True)
 def served(ts_server):
-    if f"{MODEL}.mar" not in ts_server.props.get("load_models", ""):
-        pytest.skip(f"{MODEL} is not served by this session's server (TS_TEST_MODELS)")
+    skip_unless_served(ts_server, MODEL)
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,8 @@ import pytest
 import requests
 import torch
 
+from tests.conftest import skip_unless_served
+
 cohere = pytest.importorskip("cohere")
 
 MODEL = "minilm"
@@ -25,8 +27,7 @@ TYPES = ["float", "int8", "uint8", "binary", "ubinary", "base64"]
 
 @pytest.fixture(scope="module", autouse=True)
 def served(ts_server):
-    if f"{MODEL}.mar" not in ts_server.props.get("load_models", ""):
-        pytest.skip(f"{MODEL} is not served by this session's server (TS_TEST_MODELS)")
+    skip_unless_served(ts_server, MODEL)
 
 
 @pytest.fixture(scope="module")

@@ -17,14 +17,14 @@ from loadtests.generator_systems import post_on_socket
 from loadtests.prometheus import parse
 from scripts.ops.grpc_client import GrpcError, TorchServeGrpc
 from scripts.ops.management import CustomizedDescribeRefused
+from tests.conftest import skip_unless_served
 
 MODEL = "generator"
 
 
 @pytest.fixture(scope="module", autouse=True)
 def served(ts_server):
-    if f"{MODEL}.mar" not in ts_server.props.get("load_models", ""):
-        pytest.skip(f"{MODEL} is not served by this session's server (TS_TEST_MODELS)")
+    skip_unless_served(ts_server, MODEL)
 
 
 @pytest.fixture(scope="module")
