@@ -93,9 +93,7 @@ def test_base64_encodings_decode_to_the_float_answer(staged, monkeypatch):
     assert status == [400] and "'encoding_format' must be one of" in bad["message"]
 
 
-def test_an_answer_measured_over_the_limit_is_refused_in_its_apis_shape_and_the_batch_is_answered(
-    staged, monkeypatch
-):
+def test_an_answer_measured_over_the_limit_is_refused_in_its_apis_shape_and_the_batch_is_answered(staged, monkeypatch):
     # An embedding's size does not grow with tokens: it is measured once made. 64 texts x 16 floats ~ 12 KB.
     post = worker(staged["mpnet"], monkeypatch, MARGIN + 8_000)
     texts = [f"text number {i}" for i in range(64)]
