@@ -31,6 +31,7 @@ from typing import Any, Protocol
 import torch
 
 from handlers.core import logging_setup, runtime
+from handlers.core.answer_size import answer_too_large, frame_limit
 from handlers.core.config import COMMON_OPTIONS, ConfigError, Option, validate
 from handlers.core.errors import RequestError, ServerError, server_failure
 from handlers.core.http import FORM_CONTENT_TYPES, RequestView, request_body, to_json
@@ -116,6 +117,7 @@ class ServingHandler:
         self.max_batch_requests = int(properties.get("batch_size") or yaml_config.get("batchSize") or 1)
         model_info = (getattr(context, "manifest", None) or {}).get("model", {})
         self.model_name = model_info.get("modelName", type(self).__name__)
+        self.max_answer_bytes = frame_limit()  # handlers/core/answer_size.py: larger bodies kill the worker
         self.model_version = str(model_info.get("modelVersion", "0"))
         self.device = runtime.choose_device(properties.get("gpu_id"))
         self.threads = runtime.set_threads(self.config["threads"], int(yaml_config.get("maxWorkers") or 1))
@@ -383,12 +385,24 @@ class ServingHandler:
         if not isinstance(result, RequestError):
             try:
                 body = self.serialize(payload, result)
-                self.set_content_type(scope.context, idx, payload)
-                return body
             except ValueError as error:  # NaN/Infinity or unencodable text: never answer 200 with broken JSON
                 logger.error("request %d: its answer is not strict JSON (%s)", idx, error)
                 result = ServerError("the model produced a non-finite number (NaN or Infinity); no answer was sent")
+            else:
+                # The last line of defence: a body over max_response_size would make the frontend drop this worker
+                # and fail its whole batch (handlers/core/answer_size.py). Routes that can estimate refuse earlier.
+                size = len(body) if body.isascii() else len(body.encode("utf-8"))
+                if size <= self.max_answer_bytes:
+                    self.set_content_type(scope.context, idx, payload)
+                    return body
+                logger.warning("request %d: its %d-byte answer is over the frame limit; refused with 413", idx, size)
+                result = answer_too_large(size, self.max_answer_bytes, self.fit_hint(payload), estimated=False)
         return self.reject(scope, idx, payload, result)
+
+    def fit_hint(self, payload: Any) -> str | None:
+        """How a request whose answer is too large to send can be made to fit, where a route offers more than fewer
+        inputs (a compact encoding); None: answer_size.DEFAULT_FIT."""
+        return None
 
     def reject(self, scope: BatchScope, idx: int, payload: Any, error: RequestError) -> str:
         """Give one request its own status and error body; the rest of the batch is unaffected.

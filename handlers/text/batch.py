@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from handlers.core.answer_size import answer_too_large
 from handlers.core.errors import RequestError, too_large
 from handlers.text.buckets import padded_tokens, plan_forward_groups
 from handlers.text.cache import CachedRow, CacheKey, RowCache
@@ -151,9 +152,11 @@ def assemble_batch(
     max_request_tokens: int,
     max_forward_tokens: int,
     shared: SharedCache | None = None,
+    max_answer_bytes: int = 0,
 ) -> TextBatch:
     """Cache lookups (the worker's cache, then the shared tier for its misses in one round trip), one tokenizer call
-    for the remaining misses, truncation and token checks, then padded length groups."""
+    for the remaining misses, truncation, token and answer-size checks (``max_answer_bytes``, 0 = none), then padded
+    length groups."""
     batch = TextBatch(keys=[], known={}, errors=[None] * len(payloads))
     miss_index: dict[CacheKey, int] = {}  # key -> position among the misses (a repeated text is computed once)
     misses: list[Row] = []
@@ -187,7 +190,7 @@ def assemble_batch(
     needed: set[int] = set()
     for number, (payload, keys) in enumerate(zip(payloads, batch.keys, strict=True)):
         batch.errors[number] = request_error(
-            payload, keys, batch.known, miss_index, encodings, loaded.max_tokens, max_request_tokens
+            payload, keys, batch.known, miss_index, encodings, loaded.max_tokens, max_request_tokens, max_answer_bytes
         )
         if batch.errors[number] is None:
             needed.update(miss_index[key] for key in keys if key in miss_index)
@@ -236,24 +239,33 @@ def request_error(
     encodings: Sequence[Any],
     max_tokens: int,
     max_request_tokens: int,
+    max_answer_bytes: int = 0,
 ) -> RequestError | None:
-    """Why one request cannot be served after tokenizing (a text over the token limit with truncate false, or too
-    many tokens in all), or None. Tokens are counted whether or not a text is cached, so that acceptance never
-    depends on the cache's state."""
-    tokens = 0
+    """Why one request cannot be served after tokenizing (a text over the token limit with truncate false, too many
+    tokens in all, or an answer that may be larger than ``max_answer_bytes``), or None. Tokens are counted whether or
+    not a text is cached, so that acceptance never depends on the cache's state."""
+    row_tokens = []
     for key, name, option in zip(keys, payload.names, row_options(payload), strict=True):
         if key in known:
-            truncated, tokens = known[key].truncated, tokens + known[key].tokens
+            truncated, count = known[key].truncated, known[key].tokens
         else:
             encoding = encodings[miss_index[key]]
-            truncated, tokens = bool(encoding.overflowing), tokens + len(encoding.ids)
+            truncated, count = bool(encoding.overflowing), len(encoding.ids)
+        row_tokens.append(count)
         if truncated and not payload.truncate:
             limit = option.max_tokens or max_tokens
             return RequestError(f"{name} is longer than the model's limit of {limit} tokens and 'truncate' is false")
+    tokens = sum(row_tokens)
     if tokens > max_request_tokens:
         return too_large(
             f"the request has {tokens} tokens after truncation; handler.max_request_tokens is {max_request_tokens}"
         )
+    # A request whose answer grows with its tokens (one vector per token) says how large it can be: refused here, its
+    # rows are never computed; every other answer is measured once made (handlers/core/base.py).
+    estimate = getattr(payload, "answer_bytes", None)
+    size = estimate(row_tokens) if max_answer_bytes and estimate is not None else None
+    if size is not None and size > max_answer_bytes:
+        return answer_too_large(size, max_answer_bytes, getattr(payload, "fit_hint", None), estimated=True)
     return None
 
 

@@ -415,6 +415,9 @@ class TextModelHandler(ServingHandler):
                 raise
             raise shaped(error, route.error_shape) from None
 
+    def fit_hint(self, payload: Any) -> str | None:
+        return payload.fit_hint if isinstance(payload, Routed) else super().fit_hint(payload)
+
     def error_value(self, payload: Any, error: RequestError) -> dict[str, Any]:
         if isinstance(payload, Routed):
             return error_body(error, payload.route.error_shape)
@@ -432,6 +435,7 @@ class TextModelHandler(ServingHandler):
             self.config["max_request_tokens"],
             self.config["max_forward_tokens"],
             self.shared_cache,
+            self.max_answer_bytes,
         )
 
     def inference(self, batch: TextBatch, scope: BatchScope) -> ComputedRows:

@@ -63,6 +63,18 @@ class Routed:
     def options(self) -> Sequence[RowOptions] | None:
         return self.request.options
 
+    def answer_bytes(self, row_tokens: Sequence[int]) -> int | None:
+        """The most bytes the answer can have, from each row's token count (after truncation), where the request
+        can say (one vector per token); None where its size does not grow with tokens."""
+        estimate = getattr(self.request, "answer_bytes", None)
+        return estimate(row_tokens) if estimate is not None else None
+
+    @property
+    def fit_hint(self) -> str | None:
+        """How a request whose answer is too large to send can be made to fit, in the route's own terms (None: fewer
+        inputs is the only way)."""
+        return getattr(self.request, "fit_hint", None)
+
 
 def route_table(routes: Sequence[Route]) -> dict[str, Route]:
     table: dict[str, Route] = {}

@@ -309,6 +309,8 @@ class Server:
         return ManagementClient(self.management_url, token, f"key file {self.key_file}", self.key_file, timeout)
 
     def env(self) -> dict[str, str]:
+        from handlers.core.answer_size import LIMIT_ENV, TORCHSERVE_DEFAULT  # handlers import torch: only when starting
+
         env = dict(os.environ)
         env.update(
             TMPDIR=str(self.run_dir),
@@ -319,6 +321,9 @@ class Server:
             TRANSFORMERS_OFFLINE="1",
             TORCHINDUCTOR_CACHE_DIR=str(self.run_dir / "inductor-cache"),
         )
+        # TorchServe does not tell a worker its max_response_size, and a larger answer kills the worker: the workers
+        # read it from here, under TorchServe's own environment name for the key (handlers/core/answer_size.py).
+        env[LIMIT_ENV] = self.props.get("max_response_size", str(TORCHSERVE_DEFAULT)).strip()
         env.update(self.extra_env)
         if self.java_home:
             env["JAVA_HOME"] = str(self.java_home)

@@ -1086,6 +1086,14 @@ class TextModelProductions(TextProductions):
     def option_extremes(self, rng):  # every option at a valid value, several at once
         return (*json_case(rng, self.with_options(rng, {"input": [self.pick(rng)]}, share=0.9)), OK)
 
+    def largest_answer(self, rng):
+        """The largest answer a request may ask for: max_inputs texts, each as long as the model reads (within the
+        request's characters), in the widest encoding (the default, JSON numbers). Over max_response_size it must be
+        a 413 naming the limit, never a dropped worker (handlers/core/answer_size.py)."""
+        chars = min(self.text_limit, self.request_chars // self.max_inputs)
+        words = min(self.max_tokens, max(1, chars // 5))
+        return (*json_case(rng, {"input": [" ".join(["word"] * words)] * self.max_inputs}), EITHER)
+
     def bad_option(self, rng):
         name = rng.choice(sorted(self.options))
         body = rng.choice([{"text": self.pick(rng)}, {"input": [self.pick(rng)]}])
@@ -1155,6 +1163,7 @@ class TextModelProductions(TextProductions):
             (self.good_text, 14),
             (self.good_input, 14),
             (self.max_inputs_list, 1),
+            (self.largest_answer, 1),
             (self.option_extremes, 4),
             *self.text_hazards(),
             (self.bad_option, 6),
