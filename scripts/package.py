@@ -295,7 +295,7 @@ def write_metrics_config(log=print):
 
 
 OPTIONAL = "?"  # a files entry ending in it is packed only when it exists
-BUILDING = ".building-"  # an archive being written, in the store beside its final name (hidden from TorchServe)
+BUILDING = ".building-"  # a hidden folder in the store an archive is written in (same filesystem: renamed in one step)
 
 
 def fill(text, values):
