@@ -23,6 +23,7 @@ Exit codes: 0 built or up to date, 1 a build or validation failed, 2 bad argumen
 """
 
 import argparse
+import contextlib
 import datetime
 import fcntl
 import hashlib
@@ -294,6 +295,7 @@ def write_metrics_config(log=print):
 
 
 OPTIONAL = "?"  # a files entry ending in it is packed only when it exists
+BUILDING = ".building-"  # a hidden folder in the store an archive is written in (same filesystem: renamed in one step)
 
 
 def fill(text, values):
@@ -326,6 +328,9 @@ def run_prepare(spec, build_dir, values, force, log):
     command = [fill(part, values) for part in prepare["command"]]
     filled = [fill(p, values) for p in prepare.get("inputs", [])]
     inputs = [REPO / p for p in filled if p.strip()]
+    for folder in inputs:
+        if folder.is_dir():
+            check_links(folder)
     stamp = build_dir / ".prepare-hash"
     wanted = digest(inputs, extra=json.dumps(command))
     outputs = [build_dir / f for f in spec.get("files", []) if not f.endswith(OPTIONAL)]
@@ -341,6 +346,29 @@ def run_prepare(spec, build_dir, values, force, log):
     if missing:
         raise PackagingError(f"{spec['name']}: prepare step did not produce {missing}")
     stamp.write_text(wanted)
+
+
+def check_links(folder):
+    """Refuse a symbolic link in `folder` that leads outside it (a user's model folder, before anything reads it).
+
+    The prepare step copies and the input hash reads through links, so a link to ~/.ssh/id_rsa named tokenizer.json
+    would pack that file into an archive anyone with the store can read (and one to /dev/zero would never finish).
+    A Hugging Face hub snapshot (models--org--name/snapshots/<revision>/) is links into its download's blobs/: kept."""
+    root = folder.resolve()
+    blobs = root.parent.parent / "blobs" if root.parent.name == "snapshots" else None
+    for directory, subfolders, names in os.walk(folder):  # links to folders are listed, not followed
+        for name in sorted(subfolders + names):
+            path = Path(directory) / name
+            if not path.is_symlink():
+                continue
+            target = path.resolve()
+            if target.is_relative_to(root) or (blobs is not None and target.parent == blobs):
+                continue
+            raise PackagingError(
+                f"{path} is a symbolic link to {target}, outside the model folder {folder}: packaging reads what a "
+                f"link points to, so it is refused. Copy the file itself into the folder (cp --dereference) if it "
+                f"belongs to the model, or remove the link"
+            )
 
 
 def resolve_file(spec, build_dir, name):
@@ -370,6 +398,19 @@ def update_manifest(store, archive_name, entry):
         os.replace(temporary, store / MANIFEST_NAME)
 
 
+@contextlib.contextmanager
+def archive_lock(store, archive_name):
+    """Hold the build lock of one archive (an flock on a hidden file in the store): two builds of one name, from two
+    shells, CI jobs or test sessions, run one after the other (the second then finds the archive up to date), and
+    neither stages over the other's files. Under the lock, what a killed build of this name left is removed."""
+    store.mkdir(parents=True, exist_ok=True)
+    with open(store / f".{archive_name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for leftover in store.glob(f"{BUILDING}{archive_name}-*"):
+            shutil.rmtree(leftover, ignore_errors=True)
+        yield
+
+
 def archive_entries(spec, build_dir):
     """(source path, name at the archive's root) for each of the spec's files; an entry ending in '/' packs the
     folder's contents at the root (a staged model folder), one ending in '?' only when the prepare step made it
@@ -390,8 +431,17 @@ def archive_entries(spec, build_dir):
 
 def make_archive(model_name, version, handler, files, config, destination):
     """Run torch-model-archiver on the handlers package plus `files` ((source, name) pairs); the .mar is written to
-    `destination`."""
-    with tempfile.TemporaryDirectory(prefix=f"stage-{model_name}-") as staging:
+    `destination`.
+
+    The archiver writes into a hidden folder beside `destination` (same filesystem) and the finished archive is
+    renamed over it in one step: a server loading it, an interrupted build or a failed one never sees half an archive,
+    and the previous one stays as it was until the new one is whole."""
+    destination = Path(destination)
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    with (
+        tempfile.TemporaryDirectory(prefix=f"stage-{model_name}-") as staging,
+        tempfile.TemporaryDirectory(prefix=f"{BUILDING}{destination.name}-", dir=destination.parent) as export,
+    ):
         stage = Path(staging) / "files"
         # The folder that CONTAINS handlers/ goes in as --extra-files, so `import handlers.core.base` works in the
         # worker; copytree takes the subpackages along.
@@ -399,11 +449,8 @@ def make_archive(model_name, version, handler, files, config, destination):
         for file, name in files:
             target = stage / name
             shutil.copytree(file, target) if Path(file).is_dir() else shutil.copy2(file, target)
-        export = Path(staging) / "export"
-        export.mkdir()
-        run_archiver(model_name, version, handler, stage, config, export)
-        Path(destination).parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(str(export / f"{model_name}.mar"), destination)
+        run_archiver(model_name, version, handler, stage, config, Path(export))
+        os.replace(Path(export) / f"{model_name}.mar", destination)
 
 
 def run_archiver(model_name, version, handler, extra_files, config, export_path):
@@ -424,7 +471,12 @@ def run_archiver(model_name, version, handler, extra_files, config, export_path)
         str(export_path),
         "--force",
     ]
-    result = subprocess.run(command, capture_output=True, text=True)
+    # torch-model-archiver stages in $TMPDIR/<model name> and deletes that path before and after: with the user's
+    # TMPDIR, packaging my-model from /tmp/my-model (where `unzip model.zip -d /tmp/my-model` puts it) deleted the
+    # user's folder. A TMPDIR of its own, made for this run, holds nothing else.
+    with tempfile.TemporaryDirectory(prefix="archiver-tmp-") as scratch:
+        env = {**os.environ, "TMPDIR": scratch, "TEMP": scratch, "TMP": scratch}
+        result = subprocess.run(command, capture_output=True, text=True, env=env)
     if result.returncode != 0:
         raise PackagingError(f"{model_name}: torch-model-archiver failed:\n{result.stdout}{result.stderr}")
 
@@ -467,6 +519,15 @@ def build(
     values.update(python=sys.executable, build=build_dir, repo=REPO, version=version)
 
     config = validate_model_config(spec, cpu_kind, overrides)
+    with archive_lock(store, archive_name):
+        return build_locked(
+            spec, name, store, version, variables, force, log, cpu_kind, overrides, values, archive_name, config
+        )
+
+
+def build_locked(spec, name, store, version, variables, force, log, cpu_kind, overrides, values, archive_name, config):
+    """build() under the archive's lock: prepare, hash the inputs, and pack when they changed."""
+    build_dir = values["build"]
     run_prepare(spec, build_dir, values, force, log)
     files = archive_entries(spec, build_dir)
     # The whole package folder (every file of every subpackage, as make_archive packs it), not only its top level.

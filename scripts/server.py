@@ -7,13 +7,14 @@
 
 `start` renders the chosen properties file into .run/ (paths made absolute), starts TorchServe with TMPDIR=.run and
 logs in logs/, waits until every model the config loads has a READY worker, and prints the URLs and a curl example.
-`stop` returns once the frontend and its workers have exited. A port the config needs that another program holds stops
-`start` before anything starts, naming the port and the program (TorchServe itself would exit at once, its reason only
-in logs/torchserve-start.log); if TorchServe still exits during start-up, the cache servers `start` launched for it
-are stopped again. The lifecycle itself is scripts/ops/server.py, shared
-with the tests, the load tools and the reliability suite. The shared embedding cache server a model's config names on
-127.0.0.1 (docs/cache.md, scripts/ops/cache_server.py) is started before TorchServe and stopped by `stop`, not by
-`restart` (which keeps it warm).
+`stop` returns once the frontend and its workers have exited; it signals the pid in .run/.model_server.pid only when
+that process is this checkout's TorchServe (its command line names .run/config.properties and the model store), and
+removes a stale pid file without signalling the process it names. A port the config needs that another program holds
+stops `start` before anything starts, naming the port and the program (TorchServe itself would exit at once, its reason
+only in logs/torchserve-start.log); if TorchServe still exits during start-up, the cache servers `start` launched for it
+are stopped again. The lifecycle itself is scripts/ops/server.py, shared with the tests, the load tools and the
+reliability suite. The shared embedding cache server a model's config names on 127.0.0.1 (docs/cache.md,
+scripts/ops/cache_server.py) is started before TorchServe and stopped by `stop`, not by `restart` (which keeps it warm).
 A profile is config/<name>.properties (`make serve PROFILE=production`); without one, config.properties.
 Exit codes: 0 ok (status: running), 1 the server failed to start, models did not become ready, or (status) it is not
 running, 2 bad arguments (an unknown profile included).
@@ -25,7 +26,17 @@ import os
 import sys
 
 from scripts.ops import cache_server
-from scripts.ops.server import DEFAULT_CONFIG, LOG_DIR, REPO, ProfileError, check_config, dev_server, loaded_model_names
+from scripts.ops.server import (
+    DEFAULT_CONFIG,
+    LOG_DIR,
+    PID_FILE,
+    REPO,
+    ProfileError,
+    check_config,
+    dev_server,
+    loaded_model_names,
+    process_alive,
+)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 LOGS = LOG_DIR.relative_to(REPO) if LOG_DIR.is_relative_to(REPO) else LOG_DIR  # printed as logs/, as in README
@@ -102,8 +113,16 @@ def stop_new_caches(running_before):
 
 def stop(server, keep_cache=False):
     pid = server.pid()
+    stale = server.stale_pid()  # read before stop() removes the file
     if not server.stop():
-        print("TorchServe is not running (nothing to stop)")
+        if stale is None:
+            print("TorchServe is not running (nothing to stop)")
+        else:
+            what = "another program now" if process_alive(stale) else "gone"
+            print(
+                f"TorchServe is not running: the pid file {server.run_dir / PID_FILE} was stale (pid {stale} is "
+                f"{what}, not this checkout's TorchServe: not signalled); removed it"
+            )
     else:
         print(f"TorchServe stopped (pid {pid} and its workers have exited)")
     if not keep_cache:  # a restart keeps the shared cache warm: that is what it is for

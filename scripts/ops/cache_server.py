@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import psutil
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -156,9 +157,18 @@ class CacheServer:
             return None
 
     def running(self) -> bool:
+        """Alive and this cache server: the pid file outlives a server that was killed, and its pid may since name
+        another process, which stop() must not signal. The server runs in run_dir (it rewrites its command line, so
+        its working folder is what tells it apart)."""
         from scripts.ops.server import process_alive
 
-        return process_alive(self.pid())
+        pid = self.pid()
+        if not process_alive(pid):
+            return False
+        try:
+            return Path(psutil.Process(pid).cwd()) == self.run_dir.resolve()
+        except psutil.Error:
+            return False
 
     def start(self, wait: float = 30.0) -> None:
         """Start the server (detached: it outlives `make serve`) and return once it answers PING."""

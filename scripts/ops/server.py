@@ -40,6 +40,8 @@ PATH_KEYS = ("model_store", "metrics_config")
 LOG_CONFIG_OPTION = "-Dlog4j.configurationFile="
 START_LOG = "torchserve-start.log"
 PID_FILE = ".model_server.pid"
+# The main class on TorchServe's frontend command line (java ... org.pytorch.serve.ModelServer -f CONFIG -s STORE).
+FRONTEND_CLASS = "org.pytorch.serve.ModelServer"
 
 Log = Callable[[str], None]
 Properties = dict[str, str]
@@ -233,6 +235,11 @@ def process_alive(pid: int | None) -> bool:
         return False
 
 
+def argument(argv: list[str], option: str) -> str | None:
+    """The value after `option` on a command line, or None."""
+    return argv[argv.index(option) + 1] if option in argv[:-1] else None
+
+
 def stop_process_tree(pid: int, grace: float) -> None:
     """SIGTERM the process (TorchServe's frontend, whose shutdown hook stops the workers), wait up to `grace` seconds
     for it and its children to exit, then SIGKILL what remains; returns when all are gone."""
@@ -335,6 +342,7 @@ class Server:
         """`torchserve --start` (it returns once the frontend runs; models load after)."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.forget_stale_pid()
         command = [
             str(Path(sys.executable).parent / "torchserve"),
             "--start",
@@ -360,14 +368,46 @@ class Server:
         except (OSError, ValueError):
             return None
 
+    def owns(self, pid: int | None) -> bool:
+        """True when `pid` is this server's frontend: TorchServe's main class started with this server's config file
+        and model store, as start() launches it. A pid file outlives a server that crashed or was killed (or a
+        machine that rebooted), and its pid may since name any process: that one is never signalled."""
+        if not pid:
+            return False
+        try:
+            process = psutil.Process(pid)
+            if process.status() == psutil.STATUS_ZOMBIE:
+                return False
+            argv = process.cmdline()
+        except psutil.Error:
+            return False
+        return (
+            FRONTEND_CLASS in argv
+            and argument(argv, "-f") == str(self.config_path)
+            and argument(argv, "-s") == self.props.get("model_store")
+        )
+
     def running(self) -> bool:
-        return process_alive(self.pid())
+        return self.owns(self.pid())
+
+    def stale_pid(self) -> int | None:
+        """The pid the pid file names when that is not this server (exited, or another program now): else None."""
+        pid = self.pid()
+        return pid if pid is not None and not self.owns(pid) else None
+
+    def forget_stale_pid(self) -> None:
+        """Remove a stale pid file (torchserve --start refuses to start while its pid names any live process)."""
+        if self.stale_pid() is not None:
+            with contextlib.suppress(OSError):
+                (self.run_dir / PID_FILE).unlink()
 
     def stop(self, timeout: float = 60.0) -> bool:
         """Stop the server as `torchserve --stop` does (SIGTERM to the frontend), and return only once the frontend
-        and its workers have exited (SIGKILL after `timeout` seconds). False when it was not running."""
+        and its workers have exited (SIGKILL after `timeout` seconds). False when it was not running; a stale pid
+        file is removed then, and the process it names (if any) is left alone."""
         pid = self.pid()
-        if pid is None or not process_alive(pid):
+        if pid is None or not self.owns(pid):
+            self.forget_stale_pid()
             return False
         stop_process_tree(pid, timeout)
         with contextlib.suppress(OSError):
@@ -414,7 +454,7 @@ class Server:
         """Whether it runs (pid), its URLs, and each registered model's READY workers (when it answers)."""
         pid = self.pid()
         state: dict[str, Any] = {
-            "running": process_alive(pid),
+            "running": self.owns(pid),
             "pid": pid,
             "inference": self.inference_url,
             "management": self.management_url,

@@ -1,5 +1,6 @@
 """The production profile (config/production.properties) on a real TorchServe: tokens on both APIs, registration only
-from the model store, and its limits (queue, request size, JVM heap) in effect.
+from the model store (checked on the development profile too), and its limits (queue, request size, JVM heap) in
+effect.
 
 One server, started from the profile itself; the fixture swaps in free loopback ports (tests send traffic to loopback
 only) and loads the classifier alone.
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from urllib.parse import quote
 
 import psutil
 import pytest
@@ -88,27 +90,56 @@ class CountingHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
-def test_registration_only_from_the_model_store(server, tmp_path, model_store):
+@pytest.fixture(params=["development", "production"])
+def registering_server(request):
+    """The session's server (config.properties, no tokens) and this module's production server: both register only
+    archives in their own model store."""
+    return request.getfixturevalue("ts_server" if request.param == "development" else "server")
+
+
+def encoded_traversals(store, target):
+    """file:// URLs that look like one file name in `store` but, decoded, climb out of it to `target`: '../' spelt
+    with %2e and %2f in several case mixes (Java's file:// reader decodes them; the ".." TorchServe refuses is only
+    the literal one)."""
+    climb = len(Path(store).parts) - 1  # up to /
+    rest = quote(str(target).lstrip("/"), safe="")  # its slashes as %2F: one path segment
+    for step in ("%2e%2e%2f", "%2E%2e%2F", "%2e%2E/", ".%2e%2F", "%2e.%2f", "..%2f"):
+        yield f"file://{store}/{step * climb}{rest}"
+
+
+def test_registration_only_from_the_model_store(registering_server, tmp_path, model_store):
+    server = registering_server
     client = server.management(timeout=300)
     store = model_store
-    # An archive outside the store, offered as file:// and over HTTP: both refused, nothing fetched or copied.
+    before = sorted(path.name for path in store.iterdir())
+    # An archive outside the store, offered as file://, over HTTP and as an encoded ../ out of the store; and a store
+    # archive's URL with the path in other letters (another folder on a case-sensitive disk): all refused, nothing
+    # fetched, copied or registered.
     outside = tmp_path / "classifier-outside.mar"
     shutil.copy(store / "classifier.mar", outside)
     handler = type("Handler", (CountingHandler,), {"requests_seen": 0})
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), lambda *a: handler(*a, directory=str(tmp_path)))
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    urls = [
+        outside.as_uri(),
+        f"http://127.0.0.1:{httpd.server_address[1]}/{outside.name}",
+        *encoded_traversals(store, outside),
+        f"file://{str(store).upper()}/classifier.mar",
+    ]
     try:
-        for url in (outside.as_uri(), f"http://127.0.0.1:{httpd.server_address[1]}/{outside.name}"):
+        for url in urls:
             response = client.request(
                 "POST", "/models", timeout=60, params={"url": url, "model_name": "outside", "synchronous": "true"}
             )
-            assert response.status_code == 404, response.text
-            assert "does not match any allowed URL" in response.json()["message"]
+            assert response.status_code == 404, f"{url}: {response.text}"
+            # "Given URL ... does not match any allowed URL(s)", or for a literal '..' "Relative path is not allowed"
+            assert url in response.json()["message"], response.text
     finally:
         httpd.shutdown()
         httpd.server_close()
     assert handler.requests_seen == 0
-    assert not (store / outside.name).exists()
+    assert sorted(path.name for path in store.iterdir()) == before
+    assert "outside" not in [model["modelName"] for model in client.list_models()]
     # An archive in the store, named as the store's files are: allowed.
     registered = client.register("classifier.mar", model_name="classifier_copy", initial_workers=1)
     assert "classifier_copy" in registered["status"]

@@ -1,4 +1,6 @@
-"""The packaging step (scripts/package.py): incremental builds, --force, and model-config.yaml validation.
+"""The packaging step (scripts/package.py): incremental builds, --force, model-config.yaml validation, and builds that
+cannot harm: a model folder at $TMPDIR/<name> left intact, links out of a model folder refused, archives replaced
+whole and one build of a name at a time.
 
 Each test builds a small throw-away model spec (the classifier's handler, a tiny extra file, no prepare step) into a
 temporary model store, so model_store/ and the real specs are never touched.
@@ -7,6 +9,8 @@ temporary model store, so model_store/ and the real specs are never touched.
 import json
 import shutil
 import tempfile
+import threading
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -279,3 +283,134 @@ def test_bad_per_cpu_kind_is_refused_naming_it(spec, per_kind, named):
     spec.write_config({**VALID_CONFIG, "per_cpu_kind": per_kind})
     with pytest.raises(package.PackagingError, match=named):
         build(spec, cpu_kind="native-bf16")
+
+
+@pytest.fixture
+def folder_spec(spec):
+    """The spec packing a model folder named by --var model_dir, which its prepare step copies (as the text-model
+    templates do); built with model_name="unitpkg" (the user's own name, as `make package NAME=` does)."""
+    copy = "import shutil, sys; shutil.copytree(sys.argv[1], sys.argv[2], dirs_exist_ok=True)"
+    described = yaml.safe_load((spec.dir / "model.yaml").read_text())
+    described.update(
+        vars={"model_dir": ""},
+        prepare={"command": ["{python}", "-c", copy, "{model_dir}", "{build}/model"], "inputs": ["{model_dir}"]},
+        files=["model/"],
+    )
+    (spec.dir / "model.yaml").write_text(yaml.safe_dump(described))
+    yield spec
+    shutil.rmtree(REPO / "build" / "unitpkg", ignore_errors=True)
+
+
+def build_folder(spec, folder, **kwargs):
+    return build(spec, variables={"model_dir": str(folder)}, model_name="unitpkg", **kwargs)
+
+
+def archive_names(path):
+    with zipfile.ZipFile(path) as archive:
+        return set(archive.namelist())
+
+
+def test_a_model_folder_at_tmpdir_slash_its_name_is_left_intact(folder_spec, tmp_path, monkeypatch):
+    # `unzip model.zip -d /tmp/my-model; make package NAME=my-model MODEL_DIR=/tmp/my-model`: torch-model-archiver
+    # stages in $TMPDIR/<model name> and deletes it, so it must not see the user's TMPDIR.
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() reads $TMPDIR again
+    folder = temp / "unitpkg"
+    folder.mkdir()
+    (folder / "weights.txt").write_text("the user's only copy\n")
+    assert build_folder(folder_spec, folder)["rebuilt"]
+    assert (folder / "weights.txt").read_text() == "the user's only copy\n"
+    assert "weights.txt" in archive_names(folder_spec.archive())
+
+
+def test_a_link_out_of_the_model_folder_is_refused_naming_it(folder_spec, tmp_path, capsys):
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    (folder / "weights.txt").write_text("weights\n")
+    secret = tmp_path / "id_rsa"
+    secret.write_text("not for an archive\n")
+    (folder / "tokenizer.json").symlink_to(secret)
+    argv = ["unitpkg", "--name", "unitpkg", "--var", f"model_dir={folder}", "--store", str(folder_spec.store)]
+    assert package.main(argv) == 1
+    error = capsys.readouterr().err
+    assert str(folder / "tokenizer.json") in error and str(secret) in error
+    assert "outside the model folder" in error and "cp --dereference" in error
+    assert not list(folder_spec.store.glob("*.mar"))
+    assert not (REPO / "build" / "unitpkg" / "model").exists()  # not even staged
+
+
+def test_links_inside_the_folder_and_a_hub_snapshots_blobs_are_packed(folder_spec, tmp_path):
+    # A hub download: models--org--name/snapshots/<revision>/config.json -> ../../blobs/<hash>.
+    download = tmp_path / "models--org--name"
+    (download / "blobs").mkdir(parents=True)
+    (download / "blobs" / "0123abcd").write_text("{}\n")
+    folder = download / "snapshots" / "f00d"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "config.json").symlink_to("../../blobs/0123abcd")
+    (folder / "sub" / "weights.txt").write_text("weights\n")
+    (folder / "weights.txt").symlink_to("sub/weights.txt")
+    build_folder(folder_spec, folder)
+    assert {"config.json", "weights.txt", "sub/weights.txt"} <= archive_names(folder_spec.archive())
+
+
+def test_a_failed_build_leaves_the_previous_archive_as_it_was(spec, monkeypatch):
+    build(spec)
+    before = spec.archive().read_bytes()
+    real_run_archiver = package.run_archiver
+
+    def archiver_killed_midway(model_name, version, handler, extra_files, config, export_path):
+        real_run_archiver(model_name, version, handler, extra_files, config, export_path)
+        mar = Path(export_path) / f"{model_name}.mar"
+        mar.write_bytes(mar.read_bytes()[:100])  # half written
+        raise package.PackagingError(f"{model_name}: torch-model-archiver failed: killed")
+
+    monkeypatch.setattr(package, "run_archiver", archiver_killed_midway)
+    (spec.dir / "notes.txt").write_text("retrained weights\n")
+    with pytest.raises(package.PackagingError, match="killed"):
+        build(spec)
+    assert spec.archive().read_bytes() == before
+    # Nothing half-built is left in the store (the hidden folder it was written in is gone) ...
+    assert not list(spec.store.glob(f"{package.BUILDING}*"))
+    assert [path.name for path in spec.store.glob("*.mar")] == ["unitpkg.mar"]
+    # ... and a folder a killed build (SIGKILL: no clean-up ran) left is removed by the next build of that name.
+    (spec.store / f"{package.BUILDING}unitpkg.mar-killed").mkdir()
+    monkeypatch.setattr(package, "run_archiver", real_run_archiver)
+    assert build(spec)["rebuilt"] and spec.archive().read_bytes() != before
+    assert not list(spec.store.glob(f"{package.BUILDING}*"))
+
+
+def test_two_builds_of_one_archive_run_one_after_the_other(spec, monkeypatch):
+    build(spec)
+    real_run_archiver = package.run_archiver
+    events = []
+    first_inside, release_first = threading.Event(), threading.Event()
+
+    def recording_archiver(*args):
+        events.append(f"{threading.current_thread().name} starts")
+        if threading.current_thread().name == "first":
+            first_inside.set()
+            release_first.wait(60)
+        real_run_archiver(*args)
+        events.append(f"{threading.current_thread().name} ends")
+
+    monkeypatch.setattr(package, "run_archiver", recording_archiver)
+    results = {}
+
+    def run(name):
+        results[name] = build(spec, force=True)
+
+    first = threading.Thread(target=run, args=("first",), name="first")
+    first.start()
+    assert first_inside.wait(60)
+    second = threading.Thread(target=run, args=("second",), name="second")
+    second.start()
+    second.join(2)  # it waits for the lock, not for this: without the lock it would be in the archiver by now
+    assert events == ["first starts"]
+    release_first.set()
+    first.join(120)
+    second.join(120)
+    assert events == ["first starts", "first ends", "second starts", "second ends"]
+    assert results["first"]["rebuilt"] and results["second"]["rebuilt"]
+    assert zipfile.is_zipfile(spec.archive())

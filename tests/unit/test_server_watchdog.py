@@ -1,4 +1,5 @@
-"""The watchdog that stops a private server when its owner is SIGKILLed (stand-in processes, no TorchServe)."""
+"""The watchdog that stops a private server when its owner is SIGKILLed, and Server.stop (`make stop`), which signals
+only this server's own frontend (stand-in processes, no TorchServe)."""
 
 import signal
 import subprocess
@@ -6,9 +7,11 @@ import sys
 import time
 
 import psutil
+import pytest
 
-from scripts import server_watchdog
-from scripts.ops.server import PID_FILE, Server, process_alive
+from scripts import server, server_watchdog
+from scripts.ops.cache_server import CacheServer
+from scripts.ops.server import FRONTEND_CLASS, PID_FILE, Server, free_ports, process_alive
 
 # A stand-in "server": a process with a child of its own, like TorchServe's frontend and its Python workers.
 SERVER_WITH_CHILD = (
@@ -17,8 +20,13 @@ SERVER_WITH_CHILD = (
 )
 
 
-def spawn(code):
-    return subprocess.Popen([sys.executable, "-c", code])
+def spawn(code, *arguments):
+    return subprocess.Popen([sys.executable, "-c", code, *arguments])
+
+
+def frontend_arguments(config, store="store"):
+    """A stand-in's arguments as TorchServe's frontend has them (java ... ModelServer -f CONFIG -s STORE)."""
+    return FRONTEND_CLASS, "-f", str(config), "-s", store
 
 
 def wait_gone(pids, seconds=20):
@@ -90,7 +98,7 @@ def test_watchdog_leaves_when_the_server_stops_normally():
 def test_server_stop_returns_after_the_frontend_and_its_workers_exited(tmp_path):
     """Server.stop (`make stop`) must not say "stopped" while the frontend still lives (the JVM outlived the old
     `torchserve --stop` by seconds): it waits for the process tree it stopped."""
-    server_process = spawn(SERVER_WITH_CHILD)
+    server_process = spawn(SERVER_WITH_CHILD, *frontend_arguments(tmp_path / "config.properties"))
     workers = children_of(server_process.pid)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -108,3 +116,48 @@ def test_server_stop_returns_after_the_frontend_and_its_workers_exited(tmp_path)
         for pid in [server_process.pid, *workers]:
             if process_alive(pid):
                 psutil.Process(pid).kill()
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["sleep", "120"], [sys.executable, "-c", "import time; time.sleep(120)", *frontend_arguments("/elsewhere/c.p")]],
+    ids=["a sleep", "another checkout's TorchServe"],
+)
+def test_stop_leaves_the_process_a_stale_pid_file_names_alive(tmp_path, monkeypatch, capsys, command):
+    """The server died (or the machine rebooted) and its pid now names another process: `make stop` must not signal
+    it, says the pid file was stale, and removes it (torchserve --start would refuse to start while it names a live
+    process)."""
+    bystander = subprocess.Popen(command)
+    try:
+        run_dir = tmp_path / "run"
+        run_dir.mkdir()
+        (run_dir / PID_FILE).write_text(str(bystander.pid))
+        (tmp_path / "config.properties").write_text("model_store=store\n")
+        ours = Server(tmp_path / "config.properties", run_dir, tmp_path / "logs")
+        monkeypatch.setattr(server.cache_server, "stop_all", lambda log: None)  # not this test's to stop
+        assert not ours.running() and ours.status()["running"] is False
+        assert server.stop(ours) == server.EXIT_OK
+        out = capsys.readouterr().out
+        assert f"pid file {run_dir / PID_FILE} was stale" in out and f"pid {bystander.pid}" in out
+        assert "not signalled" in out
+        assert bystander.poll() is None and process_alive(bystander.pid)
+        assert not (run_dir / PID_FILE).exists()
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_a_stale_cache_server_pid_file_does_not_get_its_process_signalled(tmp_path):
+    """`make stop` stops the shared cache servers too, by their pid files: the same rule holds for them."""
+    bystander = subprocess.Popen(["sleep", "120"])
+    try:
+        cache = CacheServer(free_ports(1)[0], tmp_path / "cache")
+        cache.run_dir.mkdir()
+        cache.pid_file.write_text(f"{bystander.pid}\n")
+        assert not cache.running()
+        assert cache.stop() is False
+        cache.kill()
+        assert bystander.poll() is None and process_alive(bystander.pid)
+    finally:
+        bystander.kill()
+        bystander.wait()
