@@ -155,7 +155,23 @@ def load_aot(
         problems.append(f"it takes at most {entry['max_batch']} rows, a forward pass may hold {max_rows}")
     if problems:
         raise BackendUnavailable(f"{package} does not fit: " + "; ".join(problems))
-    return torch._inductor.aoti_load_package(str(path))
+    return load_aot_package(path)
+
+
+def load_aot_package(path: Path) -> Encode:
+    """The package's compiled model, loaded as ``aoti_load_package`` loads it but without its device check.
+
+    That check only logs a warning when the package's vector ISA differs from the one inductor would compile for
+    here, and inductor finds the latter out by compiling a test program per ISA with the C++ compiler and loading each
+    in a fresh Python process: 16.5 s of a 22 s AOT fp32 worker start (minilm, 2-core EPYC, AVX2), paid again
+    wherever inductor's cache dir is empty (a new machine, container or tmp). :func:`load_aot` has already compared
+    the package's ISA flags with this CPU's, where a mismatch fails (SIGILL) rather than warns. What is left is the
+    loader call torch's own ``load_package`` makes for a package without that metadata (model name "model", the
+    name ``aoti_compile_and_package`` gives it)."""
+    from torch._inductor.package.package import AOTICompiledModel
+
+    loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
+    return AOTICompiledModel(loader)
 
 
 class OpenVinoEncoder:
