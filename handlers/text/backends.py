@@ -155,23 +155,32 @@ def load_aot(
         problems.append(f"it takes at most {entry['max_batch']} rows, a forward pass may hold {max_rows}")
     if problems:
         raise BackendUnavailable(f"{package} does not fit: " + "; ".join(problems))
-    return load_aot_package(path)
+    return AotEncoder(path)
 
 
-def load_aot_package(path: Path) -> Encode:
-    """The package's compiled model, loaded as ``aoti_load_package`` loads it but without its device check.
+class AotEncoder:
+    """An AOTInductor package's compiled model behind the backend interface, opened as ``aoti_load_package`` opens it
+    but without two costs of that path (minilm's AOT fp32 worker start on a 2-core AVX2 EPYC: 22 s before, ~2 s):
 
-    That check only logs a warning when the package's vector ISA differs from the one inductor would compile for
-    here, and inductor finds the latter out by compiling a test program per ISA with the C++ compiler and loading each
-    in a fresh Python process: 16.5 s of a 22 s AOT fp32 worker start (minilm, 2-core EPYC, AVX2), paid again
-    wherever inductor's cache dir is empty (a new machine, container or tmp). :func:`load_aot` has already compared
-    the package's ISA flags with this CPU's, where a mismatch fails (SIGILL) rather than warns. What is left is the
-    loader call torch's own ``load_package`` makes for a package without that metadata (model name "model", the
-    name ``aoti_compile_and_package`` gives it)."""
-    from torch._inductor.package.package import AOTICompiledModel
+    - its device check only warns when the package's vector ISA differs from the one inductor would compile for
+      here, and inductor finds that out by compiling a test program per ISA with the C++ compiler and loading each
+      in a fresh Python process (16.5 s of the 22 s wherever inductor's cache dir is empty: a new machine,
+      container or tmp). :func:`load_aot` has already compared the package's ISA flags with this CPU's;
+    - torch's wrapper class lives in modules that import torch._dynamo and inductor (~1.1 s), which running a
+      compiled package does not need.
 
-    loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
-    return AOTICompiledModel(loader)
+    What is left is the loader torch's wrappers build (model "model", the name ``aoti_compile_and_package`` gives
+    it) and their call: the tensors flattened in order, the outputs unflattened by the package's own spec."""
+
+    def __init__(self, path: Path) -> None:
+        from torch.utils import _pytree
+
+        self.loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
+        self.unflatten = _pytree.tree_unflatten
+        self.out_spec = _pytree.treespec_loads(self.loader.get_call_spec()[1])
+
+    def __call__(self, *tensors: torch.Tensor) -> torch.Tensor:
+        return self.unflatten(self.loader.boxed_run(list(tensors)), self.out_spec)
 
 
 class OpenVinoEncoder:
