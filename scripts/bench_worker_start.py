@@ -6,7 +6,8 @@ that each load the archive's handler in-process (scripts/ops/handler_loader.py, 
 
 - ``load_seconds``: the handler's ``initialize`` (what describe shows), with its phases (``load_phases``: model, the
   gate's reference inputs and fp32 outputs, backend load, the gate's pass, warm-up, other);
-- process start to ready: the same plus importing torch and the handler package.
+- process start to ready: the child process's whole run seen from outside (Python start, importing torch and the
+  handler package, ``initialize``, exit).
 
 The table gives the median of the repeats (the machine may be shared: repeat and read the median) and the machine's
 CPU flags; the JSON goes to --out. The default archive has the backends its build machine ranks (OpenVINO only on a
@@ -102,6 +103,7 @@ def summarize(backend: str, precision: str, runs: list[dict[str, Any]]) -> dict[
         "process_seconds_median": round(statistics.median(run["process_seconds"] for run in runs), 2),
         "load_phases_median": phases,
         "refused_before": [f"{f['backend']} {f['precision']}: {f['reason']}" for f in runs[0]["fallbacks"]],
+        "runs": [{key: run[key] for key in ("load_seconds", "load_phases", "process_seconds")} for run in runs],
     }
 
 

@@ -142,7 +142,7 @@ class ServingHandler:
                 for batch in warmup_batches:
                     self.forward(choice.model, batch)
         self.loaded = dataclasses.replace(loaded, model=choice.model)  # the fp32 copy is not kept alive
-        # Only jit compiles in the worker; reading dynamo's counter imports torch._dynamo (~2 s of a start) otherwise.
+        # Only jit compiles in the worker; reading dynamo's counter imports torch._dynamo (~1 s of a start) otherwise.
         self.compiles_after_warmup = runtime.compile_count() if self.backend == "jit" else 0
         self.load_seconds = phases.finish()
         logger.info(
