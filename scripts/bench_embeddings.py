@@ -253,9 +253,10 @@ def bench_one_handler(directory, precision, backend, threads, texts, args, rows)
     return True
 
 
-def with_aot_packages(model_dir, target):
+def with_aot_packages(model_dir, target, precisions=None):
     """A copy of the unpacked archive with AOTInductor packages added (built once; scripts/build_backends.py keeps
-    them while its inputs do not change). Slower-than-eager candidates are kept: the benchmark measures them."""
+    them while its inputs do not change), at ``precisions`` (default: those this machine serves natively).
+    Slower-than-eager candidates are kept: the benchmark measures them."""
     from scripts import build_backends
 
     target.mkdir(parents=True, exist_ok=True)
@@ -265,7 +266,9 @@ def with_aot_packages(model_dir, target):
         elif path.is_dir() and path.name != build_backends.BACKENDS_DIR:
             shutil.copytree(path, target / path.name, dirs_exist_ok=True)
     print("building AOTInductor packages for the aot cells (minutes the first time) ...", flush=True)
-    build_backends.build(target, backends=list(build_backends.ALL_BACKENDS), rank_seconds=10, beat_eager=False)
+    build_backends.build(
+        target, backends=list(build_backends.ALL_BACKENDS), precisions=precisions, rank_seconds=10, beat_eager=False
+    )
     return target
 
 

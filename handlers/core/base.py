@@ -35,6 +35,7 @@ from handlers.core.answer_size import answer_too_large, frame_limit
 from handlers.core.config import COMMON_OPTIONS, ConfigError, Option, validate
 from handlers.core.errors import RequestError, ServerError, server_failure
 from handlers.core.http import FORM_CONTENT_TYPES, RequestView, request_body, to_json
+from handlers.core.load_phases import LoadPhases
 from handlers.core.metrics import HandlerMetrics
 
 logger = logging.getLogger(__name__)
@@ -109,7 +110,8 @@ class ServingHandler:
 
     # ----------------------------------------------------------------------------------------------- load time
     def initialize(self, context: Any) -> None:
-        started = time.perf_counter()
+        # Each step's seconds, logged on the ready line and described (load_phases), so a slow start says where.
+        self.load_phases = phases = LoadPhases()
         properties = context.system_properties
         self.model_dir = properties.get("model_dir")
         yaml_config = getattr(context, "model_yaml_config", None) or {}
@@ -122,10 +124,12 @@ class ServingHandler:
         self.device = runtime.choose_device(properties.get("gpu_id"))
         self.threads = runtime.set_threads(self.config["threads"], int(yaml_config.get("maxWorkers") or 1))
 
-        loaded = self.load_model(self.model_dir)
-        fp32_model = loaded.model.eval().to(self.device)
+        with phases.phase("model"):
+            loaded = self.load_model(self.model_dir)
+            fp32_model = loaded.model.eval().to(self.device)
         # Inputs are made outside inference mode, as served requests' are: a compiled graph guards on that too.
-        reference_batch = self.reference_batch(loaded)
+        with phases.phase("reference_inputs"):
+            reference_batch = self.reference_batch(loaded)
         with torch.inference_mode():
             choice = self.select_backend(fp32_model, loaded, reference_batch)
         self.backend, self.precision = choice.backend, choice.precision
@@ -134,16 +138,18 @@ class ServingHandler:
         gated = [f["precision"] for f in choice.fallbacks if f["reason"].startswith(GATE_REFUSAL)]
         self.gate_rejected = gated[0] if gated and gated[0] != choice.precision else None
         # Warm-up shapes depend on the backend that serves (a jit graph needs every shape family, eager one pass).
-        warmup_batches = list(self.warmup_batches(loaded)) if self.config["warmup"] else []
-        with torch.inference_mode():
-            for batch in warmup_batches:
-                self.forward(choice.model, batch)
+        with phases.phase("warmup"):
+            warmup_batches = list(self.warmup_batches(loaded)) if self.config["warmup"] else []
+            with torch.inference_mode():
+                for batch in warmup_batches:
+                    self.forward(choice.model, batch)
         self.loaded = dataclasses.replace(loaded, model=choice.model)  # the fp32 copy is not kept alive
-        self.compiles_after_warmup = runtime.compile_count()
-        self.load_seconds = time.perf_counter() - started
+        # Only jit compiles in the worker; reading dynamo's counter imports torch._dynamo (~1 s of a start) otherwise.
+        self.compiles_after_warmup = runtime.compile_count() if self.backend == "jit" else 0
+        self.load_seconds = phases.finish()
         logger.info(
             "%s %s ready on %s: backend=%s precision=%s (requested %s/%s; %s; min cosine to fp32 %.6f), threads=%d, "
-            "load %.1fs",
+            "load %.1fs (%s)",
             self.model_name,
             self.model_version,
             self.device,
@@ -155,6 +161,7 @@ class ServingHandler:
             self.min_cosine,
             self.threads,
             self.load_seconds,
+            phases.summary(),
         )
         load_metrics = HandlerMetrics(context, self.model_name)
         load_metrics.record("ServedBackend", 1, [("Backend", self.backend), ("Precision", self.precision)])
@@ -170,17 +177,23 @@ class ServingHandler:
         wanted = runtime.resolve_precision(self.config["precision"], self.device)
         if wanted == "int8" and self.device.type != "cpu":
             raise ConfigError("handler.precision: int8 dynamic quantization runs on CPU only")
-        expected = self.reference_output(fp32_model, reference)
+        phases = self.load_phases
+        with phases.phase("gate_reference"):
+            expected = self.reference_output(fp32_model, reference)
         bound = self.config["min_cosine"]
         fallbacks: list[dict[str, str]] = []
         for candidate in self.backend_candidates(loaded, wanted):
             backend, precision = candidate.backend, candidate.precision
             try:
-                model = self.load_backend(backend, precision, fp32_model, loaded)
+                with phases.phase("backend_load"):
+                    model = self.load_backend(backend, precision, fp32_model, loaded)
                 exact = backend == "eager" and precision == "fp32"  # the reference itself: nothing to compare
-                similarity = (
-                    1.0 if exact else self.gate_similarity(loaded, expected, self.reference_output(model, reference))
-                )
+                with phases.phase("gate"):
+                    similarity = (
+                        1.0
+                        if exact
+                        else self.gate_similarity(loaded, expected, self.reference_output(model, reference))
+                    )
             except runtime.BackendUnavailable as error:
                 reason = str(error)
             except ConfigError:
@@ -318,6 +331,7 @@ class ServingHandler:
             "device": str(self.device),
             "threads": self.threads,
             "load_seconds": round(self.load_seconds, 2),
+            "load_phases": self.load_phases.rounded(),
         }
 
     def run_stages(self, accepted: Sequence[tuple[int, Any]], scope: BatchScope) -> list[Any]:

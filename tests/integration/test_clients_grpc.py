@@ -190,7 +190,7 @@ def test_unknown_model_is_internal_for_predictions_and_not_found_for_describe(ts
     assert str(missing.value).endswith(f"NOT_FOUND: {described.json()['message']}")
 
 
-PER_WORKER = ("load_seconds", "cached")
+PER_WORKER = ("load_seconds", "load_phases", "cached")
 
 
 def stable(description):

@@ -99,6 +99,20 @@ def test_openvino_fp32_serves_the_same_embeddings_as_eager_fp32(write_ir, model_
     assert handler.describe()["backend_min_cosine"] >= 0.999
 
 
+def test_describe_splits_the_load_time_into_phases_that_add_up_to_it(write_ir, model_dir):
+    write_ir(model_dir)
+    write_manifest(model_dir, [("openvino", "fp16"), ("openvino", "fp32")])
+    handler, _ = load(model_dir, precision="fp32")
+
+    described = handler.describe()
+    phases = described["load_phases"]
+    assert list(phases) == ["model", "reference_inputs", "gate_reference", "backend_load", "gate", "warmup", "other"]
+    # OpenVINO compiled its IR and the gate and warm-up ran it: each took time of its own.
+    assert min(handler.load_phases.seconds[name] for name in ("backend_load", "gate", "warmup")) > 0
+    assert sum(handler.load_phases.seconds.values()) == pytest.approx(handler.load_seconds)
+    assert sum(phases.values()) == pytest.approx(described["load_seconds"], abs=0.005 * (len(phases) + 1))
+
+
 def test_auto_without_a_manifest_serves_eager_and_says_why(model_dir):
     handler, context = load(model_dir, precision="fp32")
 

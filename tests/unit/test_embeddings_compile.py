@@ -111,6 +111,35 @@ def test_aot_package_built_like_the_packaging_step_loads_and_matches_eager(aot_m
         load(aot_model_dir, backend="aot", max_forward_tokens=32768)
 
 
+@pytest.fixture
+def isa_probes(monkeypatch):
+    """Every vector-ISA probe inductor runs from now on (it compiles and loads a test program per ISA: seconds each
+    on an empty inductor cache); its remembered answers are forgotten before and after, so a probe would show."""
+    from torch._inductor import cpu_vec_isa
+
+    def forget():
+        cpu_vec_isa.valid_vec_isa_list.cache_clear()
+        classes = {cls for isa in cpu_vec_isa.supported_vec_isa_list for cls in type(isa).__mro__}
+        for cls in classes:
+            for member in vars(cls).values():  # the functools.cache'd __bool__ of each ISA class
+                if hasattr(member, "cache_clear"):
+                    member.cache_clear()
+
+    probed = []
+    monkeypatch.setattr(cpu_vec_isa.VecISA, "check_build", lambda isa, code: probed.append(str(isa)) or True)
+    forget()
+    yield probed
+    forget()
+
+
+def test_a_worker_loads_an_aot_package_without_probing_the_compiler(aot_model_dir, isa_probes):
+    write_manifest(aot_model_dir, [("aot", "fp32", {"device": "cpu", "max_batch": 1024, "max_tokens": 256})])
+    handler, _ = load(aot_model_dir, backend="aot")
+
+    assert handler.backend == "aot"
+    assert isa_probes == []  # the package's ISA is checked against the manifest's flags, not by compiling
+
+
 def test_auto_refuses_a_prebuilt_candidate_below_the_gate_and_serves_the_next_one(aot_model_dir, tmp_path):
     from tests.unit.test_embeddings_backends import convert_to_ir
 
