@@ -114,7 +114,19 @@ def of_folder(model_dir: str, handler_config: Mapping[str, Any] | None) -> dict[
     part = (parent or {}).get("parts", {}).get(root.name)
     if isinstance(part, str) and part.startswith(PREFIX):
         return {"format": FORMAT, "identity": part, "options": {}, "parts": {}}
-    return compute(((child, child.name) for child in root.iterdir()), handler_config)
+    packed_alongside = archiver_entries(root)
+    children = ((child, child.name) for child in root.iterdir() if child.name not in packed_alongside)
+    return compute(children, handler_config)
+
+
+def archiver_entries(root: Path) -> set[str]:
+    """What torch-model-archiver put at an extracted archive's root besides the model: the handler's entry module
+    and the config file its manifest names (the model's own files are what the packager hashes)."""
+    path = root / "MAR-INF" / "MANIFEST.json"
+    if not path.is_file():
+        return set()
+    model = json.loads(path.read_text()).get("model") or {}
+    return {str(model[key]) for key in ("handler", "configFile") if model.get(key)}
 
 
 def read_record(path: Path) -> dict[str, Any] | None:
@@ -124,8 +136,3 @@ def read_record(path: Path) -> dict[str, Any] | None:
     if isinstance(record, dict) and str(record.get("identity", "")).startswith(PREFIX):
         return record
     return None
-
-
-def short(identity: str) -> str:
-    """The first 16 hex digits, for log lines a person reads."""
-    return identity.removeprefix(PREFIX)[:16]

@@ -97,10 +97,18 @@ def test_a_worker_reads_the_recorded_identity_and_a_part_reads_its_parents(tmp_p
     assert identity.of_folder(str(archive), OPTIONS)["identity"] == record["identity"]
     # the generator's embedder/ is served by its own handler on its own folder: its part of the archive's record
     assert identity.of_folder(str(archive / "embedder"), {})["identity"] == record["parts"]["embedder"]
-    # an archive packaged before identities: the same digest, computed at load
-    shutil.copytree(archive, tmp_path / "old")
-    (tmp_path / "old" / identity.IDENTITY_FILE).unlink()
-    assert identity.of_folder(str(tmp_path / "old"), OPTIONS)["identity"] == record["identity"]
+    # an archive packaged before identities, as TorchServe extracts it: the same digest, computed at load
+    old = tmp_path / "old"
+    shutil.copytree(archive, old)
+    (old / identity.IDENTITY_FILE).unlink()
+    (old / "MAR-INF").mkdir()
+    manifest = {"model": {"modelName": "m", "handler": "embeddings.py", "configFile": "model-config.yaml"}}
+    (old / "MAR-INF" / "MANIFEST.json").write_text(json.dumps(manifest))
+    (old / "embeddings.py").write_text("class Handler: ...\n")
+    (old / "model-config.yaml").write_text("batchSize: 8\n")
+    (old / "handlers").mkdir()
+    (old / "handlers" / "__init__.py").write_text("")
+    assert identity.of_folder(str(old), OPTIONS)["identity"] == record["identity"]
 
 
 def test_cache_keys_differ_by_identity():
