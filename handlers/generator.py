@@ -123,7 +123,7 @@ class GeneratorHandler(ServingHandler):
         yaml_config = getattr(context, "model_yaml_config", None) or {}
         # TorchServe's continuousBatching hands the worker its requests at every step: decode one step per call.
         self.per_step = bool(yaml_config.get("continuousBatching", False))
-        self.prefix_cache: PrefixCache | None = open_prefix_cache(self.config["prefix_cache"])
+        self.prefix_cache: PrefixCache | None = open_prefix_cache(self.config["prefix_cache"], self.identity)
         unsupported = kv_cache.unsupported_layers(self.loaded.model)
         if unsupported and self.per_step:
             raise ConfigError(
@@ -140,6 +140,7 @@ class GeneratorHandler(ServingHandler):
         model = {
             "name": self.model_name,
             "version": self.model_version,
+            "identity": self.identity,
             "info": f"{self.loaded.info['name']}; {self.loaded.info['weights']}",
         }
         self.semantic: SemanticCache | None = open_semantic_cache(
@@ -277,6 +278,7 @@ class GeneratorHandler(ServingHandler):
         """One scheduling step with per-step scheduling, else the whole batch (the base's stages below)."""
         if not self.per_step:
             return super().handle(data, context)
+        self.set_identity_headers(context, len(data))
         context.stopping_criteria = None  # set again below for this step's answers; a describe call needs none
         if self.asks_describe(data, context):
             return [to_json(self.describe())]

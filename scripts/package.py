@@ -37,6 +37,7 @@ from pathlib import Path
 
 import yaml
 
+from handlers.core import identity
 from scripts.ops import machine
 
 REPO = Path(__file__).resolve().parent.parent
@@ -558,6 +559,10 @@ def build_locked(spec, name, store, version, variables, force, log, cpu_kind, ov
             f"{spec['name']}: config for CPU kind {cpu_kind}: "
             + ", ".join(f"{key} {config[key]}" for key in ("minWorkers", "maxWorkers", "batchSize", "maxBatchDelay"))
         )
+    # The content digest every worker keys its caches by and shows (handlers/core/identity.py).
+    build_dir.mkdir(parents=True, exist_ok=True)
+    record = identity.compute(files, config.get("handler"))
+    files = [*files, (identity.write(build_dir, record), identity.IDENTITY_FILE)]
     make_archive(spec["name"], version, REPO / spec["handler"], files, config_file, store / archive_name)
 
     entry = {
@@ -568,6 +573,7 @@ def build_locked(spec, name, store, version, variables, force, log, cpu_kind, ov
         "batchSize": config["batchSize"],
         "maxBatchDelay": config["maxBatchDelay"],
         "cpu_kind": cpu_kind,
+        "identity": record["identity"],
         "built_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
     update_manifest(store, archive_name, entry)

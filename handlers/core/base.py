@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 import torch
 
-from handlers.core import logging_setup, runtime
+from handlers.core import identity, logging_setup, runtime
 from handlers.core.answer_size import answer_too_large, frame_limit
 from handlers.core.config import COMMON_OPTIONS, ConfigError, Option, validate
 from handlers.core.errors import RequestError, ServerError, server_failure
@@ -123,6 +123,9 @@ class ServingHandler:
         self.model_version = str(model_info.get("modelVersion", "0"))
         self.device = runtime.choose_device(properties.get("gpu_id"))
         self.threads = runtime.set_threads(self.config["threads"], int(yaml_config.get("maxWorkers") or 1))
+        # What this worker computes with, as a digest of the archive's content (recorded at package time): in every
+        # cache key, in describe and in each answer's header, so two models under one name never share an answer.
+        self.identity = str(identity.of_folder(self.model_dir, yaml_config.get("handler"))["identity"])
 
         with phases.phase("model"):
             loaded = self.load_model(self.model_dir)
@@ -243,6 +246,7 @@ class ServingHandler:
     # ----------------------------------------------------------------------------------------------- per batch
     def handle(self, data: list[Any], context: Any) -> list[str]:
         """Answer every request of the batch: its own error for an invalid one, a result for each of the others."""
+        self.set_identity_headers(context, len(data))
         if self.asks_describe(data, context):
             return [to_json(self.describe())]
         scope = BatchScope(context, HandlerMetrics(context, self.model_name))
@@ -296,6 +300,15 @@ class ServingHandler:
                 responses[idx] = self.reject(scope, idx, None, server_failure(error))
         return accepted
 
+    def set_identity_headers(self, context: Any, count: int) -> None:
+        """Every answer (200, 4xx, 5xx, each piece of a stream) names the model content that made it, so a client
+        can tell two models served under one name and version apart (handlers/core/identity.py)."""
+        setter = getattr(context, "set_response_header", None)
+        if setter is None:
+            return
+        for idx in range(count):
+            setter(idx, identity.HEADER, self.identity)
+
     @staticmethod
     def end_grpc_streams(context: Any, count: int) -> None:
         """Mark each gRPC request's answer as its last message. TorchServe's StreamPredictions waits for a message
@@ -320,6 +333,7 @@ class ServingHandler:
     def describe(self) -> dict[str, Any]:
         """What ``describe --customized`` shows: the choices this worker made at load."""
         return {
+            "identity": self.identity,
             "backend": self.backend,
             "requested_backend": self.config["backend"],
             "backend_reason": self.backend_reason,

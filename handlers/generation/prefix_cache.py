@@ -65,9 +65,13 @@ NO_HIT = PrefixHit(0, None)
 
 
 class PrefixCache:
-    def __init__(self, max_bytes: int, block_tokens: int = 16) -> None:
+    def __init__(self, max_bytes: int, block_tokens: int = 16, *, identity: str) -> None:
         if block_tokens < 1:
             raise ValueError("block_tokens must be at least 1")
+        # The model's content digest (handlers/core/identity.py) roots every chain. One worker serves one model, so
+        # this never separates anything today; it keeps the rule every cache here follows: keys name the model's
+        # content, so a cache that outlived a model swap could not hand one model's keys and values to another.
+        self.identity = identity
         self.max_bytes = max_bytes
         self.block_tokens = block_tokens
         self.blocks: OrderedDict[int, Block] = OrderedDict()  # by chain hash; least recently used first
@@ -81,7 +85,7 @@ class PrefixCache:
         size = self.block_tokens
         for index in range(blocks):
             tokens = tuple(token_ids[index * size : (index + 1) * size])
-            key = hash((parent, tokens))
+            key = hash((self.identity, parent, tokens))
             result.append((key, tokens, parent))
             parent = key
         return result
@@ -188,8 +192,8 @@ PREFIX_CACHE_OPTION = Option(
 )
 
 
-def open_prefix_cache(settings: dict[str, Any]) -> PrefixCache | None:
+def open_prefix_cache(settings: dict[str, Any], identity: str) -> PrefixCache | None:
     """The worker's prefix cache from handler.prefix_cache, or None when it is off."""
     if settings["max_bytes"] == 0:
         return None
-    return PrefixCache(settings["max_bytes"], settings["block_tokens"])
+    return PrefixCache(settings["max_bytes"], settings["block_tokens"], identity=identity)

@@ -1,7 +1,9 @@
 """A bounded least-recently-used cache of computed rows, local to one worker.
 
 Keys say everything that determines a row's answer: the text (or pair), its options (prompt length, token limit,
-task), the model version, the served precision and the token limit it was truncated at. A capacity of 0 disables
+task), the model's identity (the digest of its archive's content, handlers/core/identity.py: a re-packaged model under
+the same name and version is another model), its version, the served precision and the token limit it was truncated
+at. A capacity of 0 disables
 the cache (every lookup misses, nothing is stored).
 """
 
@@ -14,7 +16,7 @@ from typing import Any
 
 from handlers.text.rows import DEFAULT_OPTIONS, Row, RowOptions
 
-CacheKey = tuple[bytes, str, str, int]
+CacheKey = tuple[bytes, str, str, str, int]  # row digest, identity, version, precision, token limit
 
 
 @dataclass(frozen=True)
@@ -27,7 +29,13 @@ class CachedRow:
 
 
 def cache_key(
-    row: Row, model_version: str, precision: str, max_tokens: int, options: RowOptions = DEFAULT_OPTIONS
+    row: Row,
+    model_version: str,
+    precision: str,
+    max_tokens: int,
+    options: RowOptions = DEFAULT_OPTIONS,
+    *,
+    identity: str,
 ) -> CacheKey:
     """What determines a row's answer. A digest, not the text: a full cache of max_text_chars texts would hold up to
     4 bytes x 20,000 characters x 4096 entries of keys (Python stores astral characters in 4 bytes each).
@@ -43,7 +51,7 @@ def cache_key(
     if options != DEFAULT_OPTIONS:
         data += b"\xfeoptions" + f"{options.prompt_length}:{options.max_tokens}:{options.task}".encode()
     digest = hashlib.blake2b(data, digest_size=16).digest()
-    return (digest, model_version, precision, max_tokens)
+    return (digest, identity, model_version, precision, max_tokens)
 
 
 class RowCache:

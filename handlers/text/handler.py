@@ -213,8 +213,8 @@ class TextModelHandler(ServingHandler):
             max_request_tokens=self.config["max_request_tokens"],
         )
         self.route_table = route_table(self.kind.routes())
-        # The shared tier's keys name everything that determines a row, so no other model, version, backend or
-        # precision can read this worker's entries (handlers/text/shared_cache.py).
+        # The shared tier's keys name everything that determines a row, so no other model content, version, backend
+        # or precision can read this worker's entries (handlers/text/shared_cache.py).
         namespace = Namespace(
             self.model_name,
             self.model_version,
@@ -223,6 +223,7 @@ class TextModelHandler(ServingHandler):
             self.loaded.max_tokens,
             self.loaded.dimension,
             self.kind.value_layout,
+            identity=self.identity,
         )
         self.shared_cache: SharedCache | None = open_shared_cache(
             self.config["shared_cache"], namespace, lambda value: self.kind.check_value(info, value)
@@ -424,7 +425,9 @@ class TextModelHandler(ServingHandler):
         return super().error_value(payload, error)
 
     def cache_key(self, row: Row, options: RowOptions = DEFAULT_OPTIONS) -> CacheKey:
-        return cache_key(row, self.model_version, self.precision, self.loaded.max_tokens, options)
+        return cache_key(
+            row, self.model_version, self.precision, self.loaded.max_tokens, options, identity=self.identity
+        )
 
     def preprocess(self, payloads: list[Any]) -> TextBatch:
         return assemble_batch(

@@ -30,7 +30,7 @@ import os
 import struct
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -131,7 +131,8 @@ def read_password() -> str | None:
 @dataclass(frozen=True)
 class Namespace:
     """What, besides the row, determines its value: one worker's model, version, backend, precision and limit, and
-    how its kind lays a value out."""
+    how its kind lays a value out; ``identity`` is the digest of the model's content (handlers/core/identity.py), so
+    a model re-packaged under the same name and version never reads the vectors of the one before."""
 
     model: str
     version: str
@@ -140,6 +141,7 @@ class Namespace:
     max_tokens: int
     width: int  # floats per row (VECTOR) or per token vector (MATRIX); the vocabulary (SPARSE)
     layout: str = VECTOR
+    identity: str = field(kw_only=True)
 
     @property
     def prefix(self) -> bytes:
@@ -148,7 +150,7 @@ class Namespace:
     @functools.cached_property
     def fingerprint(self) -> bytes:
         # Length-prefixed fields: ("a:b", "c") and ("a", "b:c") must not hash alike.
-        fields = (self.model, self.version, self.backend, self.precision, str(self.max_tokens))
+        fields = (self.model, self.version, self.identity, self.backend, self.precision, str(self.max_tokens))
         return b"".join(len(f.encode()).to_bytes(4, "little") + f.encode() for f in fields)
 
     def key_hash(self, key: CacheKey) -> bytes:

@@ -116,6 +116,7 @@ def served_namespace(server, version=None):
         meta["precision"],
         meta["max_tokens"],
         meta["dimension"],
+        identity=meta["identity"],
     )
 
 
@@ -123,7 +124,8 @@ def test_planted_corrupt_and_foreign_values_are_misses_never_answers(server, cac
     namespace = served_namespace(server)
     corrupt_text, foreign_text = f"corrupt {RUN}", f"foreign {RUN}"
     keys = {
-        text: cache_key(text, "1.0", namespace.precision, namespace.max_tokens) for text in (corrupt_text, foreign_text)
+        text: cache_key(text, "1.0", namespace.precision, namespace.max_tokens, identity=namespace.identity)
+        for text in (corrupt_text, foreign_text)
     }
     planted_vector = np.zeros(namespace.width, dtype=np.float32)
     planted_vector[0] = 1.0
@@ -131,7 +133,13 @@ def test_planted_corrupt_and_foreign_values_are_misses_never_answers(server, cac
 
     planted = CachedRow(torch.from_numpy(planted_vector), 3, False)
     foreign = Namespace(
-        "other-model", "1.0", namespace.backend, namespace.precision, namespace.max_tokens, namespace.width
+        "other-model",
+        "1.0",
+        namespace.backend,
+        namespace.precision,
+        namespace.max_tokens,
+        namespace.width,
+        identity=namespace.identity,
     )
     raw = cache.client()
     raw.set(namespace.server_key(keys[corrupt_text]), b"\x80\x04\x95" + b"\0" * 64)

@@ -143,10 +143,11 @@ def test_cached_texts_skip_the_forward_pass_and_give_the_same_embedding(unpacked
     assert len(handler.cache) == 3 and handler.describe()["cached"] == 3
 
 
-def test_the_cache_key_holds_model_version_precision_and_token_limit(minilm):
+def test_the_cache_key_holds_model_identity_version_precision_and_token_limit(minilm):
     handler, _ = minilm
     digest, *rest = handler.cache_key("text")
-    assert rest == ["1.0", "fp32", 256]
+    assert handler.identity.startswith("sha256:") and handler.describe()["identity"] == handler.identity
+    assert rest == [handler.identity, "1.0", "fp32", 256]
     assert digest != handler.cache_key("text ")[0] and digest == handler.cache_key("te" + "xt")[0]
 
 

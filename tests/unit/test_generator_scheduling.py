@@ -245,7 +245,7 @@ def test_prefix_reuse_gives_the_tokens_of_a_full_prefill_and_skips_the_cached_pa
     prompts = [system + tokenizer.encode(question) for question in (" What is TorchServe?", " Why a cache?")]
     settings = [SamplingSettings(12), SamplingSettings(12, temperature=1.0, seed=2)]
     expected = [alone(model, ids, s) for ids, s in zip(prompts, settings, strict=True)]
-    cache = PrefixCache(max_bytes=1 << 24, block_tokens=8)
+    cache = PrefixCache(max_bytes=1 << 24, block_tokens=8, identity="sha256:test")
     batch = RunningBatch(model, 0, [], cache)
     with torch.inference_mode():
         first = Sequence(prompts[0], settings[0])
@@ -269,7 +269,7 @@ def test_the_prefix_cache_stays_within_its_bytes_and_evicts_least_recently_used_
         return [(torch.randn(heads, tokens, head_dim), torch.randn(heads, tokens, head_dim)) for _ in range(layers)]
 
     block_bytes = layers * 2 * heads * 4 * head_dim * 4  # 4 tokens of fp32 keys and values
-    cache = PrefixCache(max_bytes=5 * block_bytes, block_tokens=4)
+    cache = PrefixCache(max_bytes=5 * block_bytes, block_tokens=4, identity="sha256:test")
     a, b = list(range(12)), list(range(100, 112))
     cache.store(a, 0, kv(12))  # 3 blocks
     cache.store(b, 0, kv(12))  # 3 more: one block of a's chain must go, its last

@@ -414,3 +414,31 @@ def test_two_builds_of_one_archive_run_one_after_the_other(spec, monkeypatch):
     assert events == ["first starts", "first ends", "second starts", "second ends"]
     assert results["first"]["rebuilt"] and results["second"]["rebuilt"]
     assert zipfile.is_zipfile(spec.archive())
+
+
+def packed_identity(spec):
+    with zipfile.ZipFile(spec.archive()) as archive:
+        return json.loads(archive.read("identity.json"))
+
+
+def test_the_archive_records_its_content_identity_deterministically(spec):
+    first = build(spec)
+    recorded = packed_identity(spec)
+    assert recorded["identity"].startswith("sha256:") and recorded["identity"] == first["identity"]
+    assert set(recorded["parts"]) == {"notes.txt"}  # the model's files, not the handlers package or the config
+    assert spec.manifest()["unitpkg.mar"]["identity"] == first["identity"]
+    # packaged again from the same content: the same identity (replicas and re-packages share cache entries)
+    assert build(spec, force=True)["identity"] == first["identity"]
+    # a config change that does not change values (batching) keeps it; one that does (precision) does not
+    spec.write_config({**VALID_CONFIG, "batchSize": 8})
+    assert build(spec)["identity"] == first["identity"]
+    spec.write_config({**VALID_CONFIG, "handler": {**VALID_CONFIG["handler"], "precision": "bf16"}})
+    assert build(spec)["identity"] != first["identity"]
+
+
+def test_retrained_weights_under_the_same_name_and_version_get_another_identity(spec):
+    first = build(spec)
+    (spec.dir / "notes.txt").write_text("weights would go here!\n")
+    second = build(spec)
+    assert second["version"] == first["version"] and second["identity"] != first["identity"]
+    assert packed_identity(spec)["identity"] == second["identity"]

@@ -633,3 +633,35 @@ def test_a_verifier_that_refuses_every_candidate_keeps_the_cache_from_answering(
     passing, passing_context = load(folder, verifier_threshold=-1.0, verifier_handler={"backend": "eager"})
     run(passing, passing_context, [{"prompt": prompt, "max_new_tokens": 3}])
     assert "cached" in run(passing, passing_context, [{"prompt": prompt, "max_new_tokens": 3}])[0]
+
+
+def retrained(folder, tmp_path, part):
+    """A copy of ``folder`` whose ``part`` (lm/ or embedder/) has other weights, same architecture and width."""
+    from safetensors.torch import load_file, save_file
+
+    copy = tmp_path / "retrained"
+    shutil.copytree(folder, copy)
+    weights = copy / part / "model.safetensors"
+    tensors = load_file(str(weights))
+    name = next(name for name, tensor in tensors.items() if tensor.is_floating_point())
+    tensors[name] = tensors[name] + 0.01
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    return copy
+
+
+@pytest.mark.parametrize("part", ["lm", "embedder"])
+def test_a_retrained_generator_or_embedder_under_the_same_name_never_gets_the_old_answers(
+    cached_generator_dir, own_cache, monkeypatch, tmp_path, part
+):
+    """The similarity cache's groups hold the generator's identity (its content digest, handlers/core/identity.py),
+    its shared values the embedder's: a worker of re-packaged weights reads the same stream but none of its answers."""
+    monkeypatch.delenv(URL_ENV, raising=False)
+    old = load(cached_generator_dir, own_cache.url)
+    new = load(retrained(cached_generator_dir, tmp_path, part), own_cache.url)
+    assert old[0].describe()["identity"] != new[0].describe()["identity"]
+    embedders = [handler.describe()["semantic_cache"]["embedder"]["identity"] for handler, _ in (old, new)]
+    assert (embedders[0] != embedders[1]) == (part == "embedder")
+    prompt = f"retrained {part} {time.time_ns()}"
+    ask(old, prompt=prompt, max_new_tokens=5)
+    assert ask(load(cached_generator_dir, own_cache.url), prompt=prompt, max_new_tokens=5)["cached"]  # same content
+    assert "cached" not in ask(new, prompt=prompt, max_new_tokens=5)

@@ -28,7 +28,8 @@ from handlers.text.shared_cache import (
 from scripts.ops.handler_loader import handler_class, make_context, record_metrics, set_requests
 
 DIM = 8
-NAMESPACE = Namespace("minilm", "1.0", "eager", "fp32", 256, DIM)
+IDENTITY = "sha256:" + "ab" * 32  # the content digest handlers/core/identity.py records at package time
+NAMESPACE = Namespace("minilm", "1.0", "eager", "fp32", 256, DIM, identity=IDENTITY)
 SETTINGS = check_settings(SHARED_CACHE_OPTION, "shared_cache", {"url": "redis://127.0.0.1:1/0", "timeout_ms": 200})
 
 
@@ -41,7 +42,7 @@ def entry(seed=0, tokens=7, truncated=False):
     return CachedRow(unit_vector(seed), tokens, truncated)
 
 
-KEY = cache_key("hello world", "1.0", "fp32", 256)
+KEY = cache_key("hello world", "1.0", "fp32", 256, identity=IDENTITY)
 
 
 def unit_length(vector):
@@ -53,7 +54,7 @@ def decode(namespace, key, value):
     return decode_value(namespace, key, value, unit_length)
 
 
-OTHER_KEY = cache_key("another text", "1.0", "fp32", 256)
+OTHER_KEY = cache_key("another text", "1.0", "fp32", 256, identity=IDENTITY)
 
 
 # ----------------------------------------------------------------------------------------------- value format
@@ -103,13 +104,14 @@ def test_a_damaged_value_is_a_miss(damage):
 @pytest.mark.parametrize(
     "other",
     [
-        Namespace("minilm", "2.0", "eager", "fp32", 256, DIM),
-        Namespace("other-model", "1.0", "eager", "fp32", 256, DIM),
-        Namespace("minilm", "1.0", "jit", "fp32", 256, DIM),
-        Namespace("minilm", "1.0", "eager", "bf16", 256, DIM),
-        Namespace("minilm", "1.0", "eager", "fp32", 128, DIM),
+        Namespace("minilm", "2.0", "eager", "fp32", 256, DIM, identity=IDENTITY),
+        Namespace("other-model", "1.0", "eager", "fp32", 256, DIM, identity=IDENTITY),
+        Namespace("minilm", "1.0", "jit", "fp32", 256, DIM, identity=IDENTITY),
+        Namespace("minilm", "1.0", "eager", "bf16", 256, DIM, identity=IDENTITY),
+        Namespace("minilm", "1.0", "eager", "fp32", 128, DIM, identity=IDENTITY),
+        Namespace("minilm", "1.0", "eager", "fp32", 256, DIM, identity="sha256:" + "cd" * 32),
     ],
-    ids=["version", "model", "backend", "precision", "token limit"],
+    ids=["version", "model", "backend", "precision", "token limit", "content (re-packaged weights)"],
 )
 def test_another_namespace_has_other_keys_and_refuses_this_ones_values(other):
     assert other.server_key(KEY) != NAMESPACE.server_key(KEY)
@@ -121,8 +123,8 @@ def test_another_namespace_has_other_keys_and_refuses_this_ones_values(other):
 
 def test_fields_cannot_run_into_each_other():
     assert (
-        Namespace("a:b", "c", "eager", "fp32", 256, DIM).fingerprint
-        != Namespace("a", "b:c", "eager", "fp32", 256, DIM).fingerprint
+        Namespace("a:b", "c", "eager", "fp32", 256, DIM, identity=IDENTITY).fingerprint
+        != Namespace("a", "b:c", "eager", "fp32", 256, DIM, identity=IDENTITY).fingerprint
     )
 
 
@@ -223,7 +225,7 @@ def command_calls(server, command):
 
 def test_one_mget_and_one_pipelined_set_per_batch(own_cache):
     shared = client(own_cache)
-    keys = [cache_key(f"text {i}", "1.0", "fp32", 256) for i in range(20)]
+    keys = [cache_key(f"text {i}", "1.0", "fp32", 256, identity=IDENTITY) for i in range(20)]
     own_cache.client().config_resetstat()
     assert shared.get_many(keys) == {}
     shared.put_many([(key, entry(seed=i)) for i, key in enumerate(keys)])
@@ -242,7 +244,7 @@ def test_another_version_never_reads_these_entries_from_the_server(own_cache):
     shared = client(own_cache)
     shared.put_many([(KEY, entry())])
     for version, precision in (("2.0", "fp32"), ("1.0", "bf16")):
-        other = client(own_cache, Namespace("minilm", version, "eager", precision, 256, DIM))
+        other = client(own_cache, Namespace("minilm", version, "eager", precision, 256, DIM, identity=IDENTITY))
         assert other.get_many([KEY]) == {}
     assert set(shared.get_many([KEY])) == {KEY}
 
@@ -250,7 +252,7 @@ def test_another_version_never_reads_these_entries_from_the_server(own_cache):
 def test_planted_corrupt_and_foreign_values_are_misses_and_get_overwritten(own_cache):
     shared = client(own_cache)
     raw = own_cache.client()
-    foreign = Namespace("other-model", "1.0", "eager", "fp32", 256, DIM)
+    foreign = Namespace("other-model", "1.0", "eager", "fp32", 256, DIM, identity=IDENTITY)
     planted = {
         KEY: b"\x80\x04\x95not a vector",
         OTHER_KEY: encode_value(foreign, OTHER_KEY, entry(seed=9)),  # another model's value under this key
@@ -266,7 +268,7 @@ def test_planted_corrupt_and_foreign_values_are_misses_and_get_overwritten(own_c
 
 def test_a_value_over_max_value_bytes_is_neither_written_nor_read(own_cache):
     shared = client(own_cache, max_value_bytes=64)  # an 8-float entry is 54 bytes: fits
-    wide = Namespace("minilm", "1.0", "eager", "fp32", 256, 32)
+    wide = Namespace("minilm", "1.0", "eager", "fp32", 256, 32, identity=IDENTITY)
     wide_client = client(own_cache, wide, max_value_bytes=64)  # 32 floats: 150 bytes
     wide_client.put_many([(KEY, CachedRow(unit_vector(dim=32), 5, False))])
     assert own_cache.client().exists(wide.server_key(KEY)) == 0
@@ -384,7 +386,7 @@ def test_a_new_version_does_not_serve_the_old_versions_entries(tiny_minilm_dir, 
 def test_a_sparse_row_round_trips_and_a_damaged_one_is_a_miss():
     from handlers.text.shared_cache import SPARSE
 
-    namespace = Namespace("splade", "1.0", "eager", "fp32", 256, 30522, SPARSE)
+    namespace = Namespace("splade", "1.0", "eager", "fp32", 256, 30522, SPARSE, identity=IDENTITY)
     row = (torch.tensor([7, 2991, 15], dtype=torch.long), torch.tensor([2.5, 1.25, 0.5]))
     value = encode_value(namespace, KEY, CachedRow(row, 9, False))
     assert len(value) == HEADER.size + 8 * 3
@@ -401,7 +403,7 @@ def test_a_sparse_row_round_trips_and_a_damaged_one_is_a_miss():
 def test_token_vectors_round_trip_and_a_count_over_the_token_limit_is_a_miss():
     from handlers.text.shared_cache import MATRIX
 
-    namespace = Namespace("colbert", "1.0", "eager", "fp32", 8, 4, MATRIX)
+    namespace = Namespace("colbert", "1.0", "eager", "fp32", 8, 4, MATRIX, identity=IDENTITY)
     vectors = torch.randn(5, 4, generator=torch.Generator().manual_seed(0))
     value = encode_value(namespace, KEY, CachedRow(vectors, 5, False))
     decoded = decode_value(namespace, KEY, value, lambda v: True)

@@ -5,9 +5,10 @@ A stored answer is served only where it is a correct answer for the new request:
 most similar stored prompts within the (recall) threshold, a verification step decides whether the new prompt asks
 the same thing as one of them (the lexical check, lexical.py, and where the archive packs one, a cross-encoder,
 verifier.py), and everything else that decides the answer must be equal. That is the request's **group**, a
-hash of: the model's name, version and weights; the API's prompt form (a prompt, or a chat with the template); a
-chat's earlier messages, system prompt included, exactly; max new tokens; temperature, top_k, top_p; stop sequences;
-the request's partition; and for sampled requests the seed. A lookup compares vectors within its own group only.
+hash of: the model's name, version and identity (its archive's content digest); the API's prompt form (a prompt, or
+a chat with the template); a chat's earlier messages, system prompt included, exactly; max new tokens; temperature,
+top_k, top_p; stop sequences; the request's partition; and for sampled requests the seed. A lookup compares vectors
+within its own group only.
 
 Not looked up (and not stored), each counted by reason: requests that opt out (``"semantic_cache": false``), sampled
 requests without a seed (they asked for a fresh random draw), chats whose last message is not the user's, prompts
@@ -97,7 +98,9 @@ class SemanticCache:
         self.threshold = settings["threshold"]
         self.embedder = embedder
         self.verifier = verifier
-        self.model = model  # name (TorchServe's), version, info (name and weights shown in answers)
+        # name (TorchServe's), version, identity (the archive's content digest: what the weights are, where info says
+        # only "user-supplied"), info (name and weights shown in answers)
+        self.model = model
         self.store = SemanticStore(embedder.dimension, settings["capacity"], settings["max_bytes"], settings["ttl_s"])
         self.shared = shared
         self.counts: Counter[str] = Counter()
@@ -131,6 +134,7 @@ class SemanticCache:
         fields = [
             self.model["name"],
             self.model["version"],
+            self.model["identity"],
             self.model["info"],
             lookup.api,
             lookup.context,
@@ -347,6 +351,7 @@ def open_semantic_cache(
             described["backend"],
             described["precision"],
             embedder.dimension,
+            described["identity"],
         )
         shared = SemanticTier(
             settings["shared"],

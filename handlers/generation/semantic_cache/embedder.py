@@ -63,6 +63,7 @@ class Embedder:
     def describe(self) -> dict[str, Any]:
         handler = self.handler
         return {
+            "identity": handler.identity,
             "model": {
                 key: handler.kind.describe(handler.loaded.info)[key] for key in ("architecture", "pooling", "prompts")
             },

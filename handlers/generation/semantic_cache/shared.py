@@ -54,9 +54,11 @@ class SharedEntry:
     prompt: str = ""  # the wording the answer was generated for
 
 
-def embedder_fingerprint(name: str, backend: str, precision: str, dimension: int) -> bytes:
-    """Vectors of different embedders (or precisions) are not compared: a value carries its writer's."""
-    text = f"{name}\0{backend}\0{precision}\0{dimension}".encode()
+def embedder_fingerprint(name: str, backend: str, precision: str, dimension: int, identity: str) -> bytes:
+    """Vectors of different embedders (or precisions) are not compared: a value carries its writer's. ``identity``
+    is the embedder's content digest (handlers/core/identity.py): an embedder retrained with the same architecture,
+    pooling and width describes itself alike, and only its weights tell it apart."""
+    text = f"{name}\0{identity}\0{backend}\0{precision}\0{dimension}".encode()
     return hashlib.blake2b(text, digest_size=8).digest()
 
 
