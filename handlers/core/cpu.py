@@ -133,7 +133,7 @@ def cpu_flags() -> set[str]:
 
 
 def kind_of(flags: set[str]) -> str:
-    """The kind among CPU_KINDS these flags make (the first that fits from the top), else "other"."""
+    """The highest kind among CPU_KINDS (listed lowest first) whose needed flags these have, else "other"."""
     fitting = [name for name, kind in CPU_KINDS.items() if kind.needs <= flags]
     return fitting[-1] if fitting else "other"
 
