@@ -29,6 +29,8 @@ help:
 	@echo "make restart [PROFILE=production]   rebuild changed archives, stop, start again, wait until READY"
 	@echo "make test    the whole test suite against real TorchServe servers on free ports (what CI runs)"
 	@echo "make test-fast   unit tests that need no built archive and no server (under 2 minutes)"
+	@echo "make test-cpu-kinds   the precision/backend tests (marker cpu_kind) as each kind of CPU this machine can be"
+	@echo "             run as: avx2, avx512-bf16, amx (TS_CPU_AS masks CPU features; docs/troubleshooting.md)"
 	@echo "make lint    ruff + the type checker (part of make test)"
 	@echo "make install create .venv from requirements.txt (every target does this first)"
 	@echo "make mar     build model_store/*.mar (incremental; FORCE=1 rebuilds)"
@@ -96,9 +98,21 @@ restart: mar
 grpc-stubs: install
 	$(PY) -m scripts.ops.grpc_stubs
 
-# Lint first: a style or type error fails in seconds, before the archives are built and servers start.
+# Lint first: a style or type error fails in seconds, before the archives are built and servers start. Then the
+# precision and backend tests (marker cpu_kind) again as an AVX2-only CPU (TS_CPU_AS masks the flags the handlers
+# read), so CPU-dependent choices are checked on every machine, not only on the kind the last change was made on.
+CPU_KIND_PASS = TS_TEST_MODELS=minilm $(WITH_JAVA) $(PY) -m pytest -m cpu_kind tests $(PYTEST_ARGS)
 test: lint mar grpc-stubs
 	$(WITH_JAVA) $(PY) -m pytest tests $(PYTEST_ARGS)
+	TS_CPU_AS=avx2 $(CPU_KIND_PASS)
+
+# The cpu_kind tests once per kind of CPU this machine can be run as (a kind it lacks is listed, not run).
+.PHONY: test-cpu-kinds
+test-cpu-kinds: mar
+	@$(PY) -m scripts.cpu_kinds
+	@for kind in $$($(PY) -m scripts.cpu_kinds --runnable); do \
+		echo "== TS_CPU_AS=$$kind"; TS_CPU_AS=$$kind $(CPU_KIND_PASS) || exit 1; \
+	done
 
 # The fast loop: unit tests that need no built archive and no server (markers set in tests/conftest.py).
 test-fast: install

@@ -14,10 +14,20 @@ from pathlib import Path
 import pytest
 import requests
 
-from handlers.text.shared_cache import URL_ENV
-from scripts import package
-from scripts.ops import server as ops_server
-from scripts.ops.cache_server import CacheServer
+from handlers.core import cpu
+
+# Before anything imports torch's kernels: a TS_CPU_AS kind (the masked pass of `make test`, `make test-cpu-kinds`)
+# caps ATen and oneDNN here, and a kind this machine cannot be run as stops the session with the reason.
+try:
+    os.environ.update(cpu.library_environment())
+    cpu.cpu_flags()
+except cpu.CpuKindUnavailable as error:
+    raise pytest.UsageError(str(error)) from None
+
+from handlers.text.shared_cache import URL_ENV  # noqa: E402 (after the CPU kind's caps)
+from scripts import package  # noqa: E402
+from scripts.ops import server as ops_server  # noqa: E402
+from scripts.ops.cache_server import CacheServer  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -36,9 +46,24 @@ def model_store():
     """Every model's archive, built (incrementally) by the project's packaging step into model_store/."""
     store = REPO / "model_store"
     only = os.environ.get("TS_TEST_MODELS")
-    for name in only.split(",") if only else package.all_model_names():
-        package.build(name, store, log=lambda *_: None)
+    with this_machine_as_it_is():
+        for name in only.split(",") if only else package.all_model_names():
+            package.build(name, store, log=lambda *_: None)
     return store
+
+
+@contextlib.contextmanager
+def this_machine_as_it_is():
+    """Without the session's TS_CPU_AS mask (and its library caps) for what runs inside, its subprocesses too.
+
+    The archives are built for this machine even in a masked pass: that pass serves the normal pass's archives, as a
+    machine of the masked kind serves archives built on another, instead of rebuilding them as that kind."""
+    names = (cpu.CPU_KIND_ENV, *cpu.LIBRARY_VARIABLES) if cpu.requested_kind() else ()
+    saved = {name: os.environ.pop(name) for name in names if name in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
 
 
 @pytest.fixture(scope="session")
@@ -139,6 +164,12 @@ pytest_plugins = ["tests.unit.tiny_models"]
 # Fixtures that build or read the real model archives, or start a TorchServe server: a test that uses one (directly or
 # through another fixture) is `slow`, and `make test-fast` leaves it out.
 SLOW_FIXTURES = frozenset({"model_store", "unpacked_model", "java_home", "start_ts_server", "ts_server", "predict"})
+
+
+def pytest_report_header(config):
+    kind = cpu.requested_kind()
+    own = cpu.kind_of(cpu.machine_flags())
+    return f"CPU kind: {kind.name} ({cpu.CPU_KIND_ENV}; this machine is {own})" if kind else f"CPU kind: {own}"
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,4 +1,5 @@
 """What every handler shares: the batch orchestration (``base``), HTTP body handling (``http``), per-request errors
 (``errors``), the ``handler:`` config schema (``config``), metrics (``metrics``), device/precision/compile choices
-(``runtime``), worker logging rules (``logging_setup``), returning freed memory (``memory``) and how large one
-answer may be (``answer_size``)."""
+(``runtime``), the CPU flags they read and the kind of CPU a process runs as (``cpu``), worker logging rules
+(``logging_setup``), returning freed memory (``memory``), how large one answer may be (``answer_size``), the
+worker's start in phases (``load_phases``) and the content digest that names what a model computes (``identity``)."""

@@ -343,6 +343,7 @@ class ServingHandler:
             "backend_fallbacks": self.backend_fallbacks,
             "gate_rejected": self.gate_rejected,
             "device": str(self.device),
+            "cpu_kind": runtime.cpu_kind(),  # what precision auto and the refusals were decided for (TS_CPU_AS)
             "threads": self.threads,
             "load_seconds": round(self.load_seconds, 2),
             "load_phases": self.load_phases.rounded(),

@@ -8,6 +8,9 @@ from typing import Any
 
 import torch
 
+from handlers.core import cpu
+from handlers.core.cpu import cpu_flags as cpu_flags  # the one reader of CPU flags, masked by TS_CPU_AS
+
 logger = logging.getLogger(__name__)
 
 FLOAT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -24,14 +27,31 @@ class BackendUnavailable(Exception):
     """This machine or archive cannot run a backend at a precision; the message is the reason (logged, described)."""
 
 
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags from /proc/cpuinfo; empty where it cannot be read."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            line = next((line for line in cpuinfo if line.startswith("flags")), "")
-    except OSError:
-        return set()
-    return set(line.partition(":")[2].split())
+def apply_cpu_kind() -> str | None:
+    """Cap ATen/Inductor and oneDNN to the kind TS_CPU_AS asks for (handlers/core/cpu.py); returns its name or None.
+
+    Runs when this module is imported, before the worker's first tensor operation: ATen fixes its kernels' instruction
+    set at that first operation and would otherwise keep AVX-512 under an avx2 mask."""
+    kind = cpu.requested_kind()
+    if kind is None:
+        return None
+    os.environ.update(cpu.library_environment())
+    chosen = torch.backends.cpu.get_cpu_capability()
+    if kind.aten_capability == "avx2" and chosen.startswith("AVX512"):
+        raise cpu.CpuKindUnavailable(
+            f"{cpu.CPU_KIND_ENV}={kind.name}: torch already runs {chosen} kernels in this process "
+            f"(set {cpu.CPU_KIND_ENV} before the process starts)"
+        )
+    return kind.name
+
+
+# At import, before any tensor operation of the process (see apply_cpu_kind).
+MASKED_CPU_KIND = apply_cpu_kind()
+
+
+def cpu_kind() -> str:
+    """The kind of CPU this process decides as: TS_CPU_AS's, else the machine's own (cpu.CPU_KINDS, or "other")."""
+    return cpu.kind_of(cpu_flags())
 
 
 def cpu_has_native_bf16() -> bool:

@@ -1,7 +1,8 @@
 """The machine a measurement ran on: usable cores and the CPU flags that change the figures (bf16, AMX, AVX-512,
 AVX2). These machines differ (some have AVX512-BF16, some AVX2 only), so every report names its CPU.
 
-(The worker has its own cores() in handlers/core/runtime.py: the handler package cannot import scripts/.)
+(The worker has its own cores() in handlers/core/runtime.py: the handler package cannot import scripts/. The flags
+are read in one place, handlers/core/cpu.py, so TS_CPU_AS masks them for the tools as for the workers.)
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import os
 import platform
 from pathlib import Path
+
+from handlers.core import cpu
 
 # The flags that decide precision and kernel choices, in the order a report lists them.
 NOTABLE_FLAGS = ("amx_bf16", "avx512_bf16", "avx512f", "avx2")
@@ -32,16 +35,10 @@ def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def cpu_flags(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> set[str]:
-    """The CPU's feature flags (Linux); empty where /proc/cpuinfo is not readable."""
-    try:
-        text = Path(cpuinfo).read_text()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as the handlers see them (handlers/core/cpu.py: the machine's, less what TS_CPU_AS
+    masks); empty where /proc/cpuinfo is not readable."""
+    return cpu.cpu_flags()
 
 
 def cpu_model(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> str:
@@ -55,7 +52,13 @@ def cpu_model(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> str:
 
 
 def describe(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> str:
-    """One line for a report: "<CPU model>, N cores, flags avx512_bf16 avx2" (the notable flags it has)."""
-    flags = cpu_flags(cpuinfo)
+    """One line for a report: "<CPU model>, N cores, flags avx512_bf16 avx2" (the notable flags it has; with
+    TS_CPU_AS, the masked ones and the kind it runs as)."""
+    flags = cpu_flags()
     notable = [flag for flag in NOTABLE_FLAGS if flag in flags]
-    return f"{cpu_model(cpuinfo)}, {cores()} cores, flags {' '.join(notable) or 'none of ' + '/'.join(NOTABLE_FLAGS)}"
+    kind = cpu.requested_kind()
+    masked = f", run as {kind.name} ({cpu.CPU_KIND_ENV})" if kind else ""
+    return (
+        f"{cpu_model(cpuinfo)}, {cores()} cores, flags {' '.join(notable) or 'none of ' + '/'.join(NOTABLE_FLAGS)}"
+        f"{masked}"
+    )

@@ -26,6 +26,7 @@ from typing import Any
 import psutil
 import requests
 
+from handlers.core import cpu
 from scripts.ops.auth import bearer
 from scripts.ops.management import ManagementClient, ManagementError, ready_workers
 
@@ -332,6 +333,9 @@ class Server:
         # read it from here, under TorchServe's own environment name for the key (handlers/core/answer_size.py).
         env[LIMIT_ENV] = self.props.get("max_response_size", str(TORCHSERVE_DEFAULT)).strip()
         env.update(self.extra_env)
+        # TorchServe passes its environment to the workers: a TS_CPU_AS kind caps the libraries' instruction set there
+        # from the worker's start (ATen fixes its choice at the first tensor operation; handlers/core/cpu.py).
+        env.update(cpu.library_environment(env))
         if self.java_home:
             env["JAVA_HOME"] = str(self.java_home)
             env["PATH"] = f"{Path(self.java_home) / 'bin'}{os.pathsep}{env.get('PATH', '')}"

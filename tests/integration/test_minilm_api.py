@@ -9,6 +9,8 @@ import pytest
 import requests
 import torch
 
+from handlers.core import runtime
+
 MODEL = "minilm"
 RUN = uuid.uuid4().hex[:8]  # makes texts unique to this run, so the worker's cache cannot answer them early
 
@@ -291,9 +293,19 @@ def test_a_bad_request_in_a_concurrent_burst_fails_alone(ts_server):
     assert statuses == [400 if i % 4 == 0 else 200 for i in range(32)]
 
 
+@pytest.mark.cpu_kind
 def test_describe_shows_the_backend_and_precision_the_gate_chose(ts_server):
     meta = ts_server.management(timeout=60).handler_choices(MODEL)
-    assert meta["precision"] in {"fp32", "bf16"} and meta["requested_precision"] == "auto"
+    # The workers decide as the kind of CPU this session runs as (TS_CPU_AS reaches them through TorchServe): native
+    # bf16 serves bf16; without it (avx2) auto is fp32 and the archive's bf16 candidates are refused for that reason.
+    assert meta["cpu_kind"] == runtime.cpu_kind() and meta["requested_precision"] == "auto"
+    no_native_bf16 = runtime.machine_can_run("bf16", torch.device("cpu"))
+    assert meta["precision"] == ("fp32" if no_native_bf16 else "bf16")
+    refused_bf16 = [f["reason"] for f in meta["backend_fallbacks"] if f["precision"] == "bf16"]
+    if no_native_bf16:
+        assert all(reason == no_native_bf16 for reason in refused_bf16), refused_bf16
+    else:
+        assert not any("no native bf16" in reason for reason in refused_bf16), refused_bf16
     assert meta["requested_backend"] == "auto" and meta["backend"] in {"eager", "jit", "aot", "openvino"}
     assert isinstance(meta["backend_reason"], str) and isinstance(meta["backend_fallbacks"], list)
     assert meta["backend_min_cosine"] >= 0.999 and meta["max_tokens"] == 256 and meta["dimension"] == 384

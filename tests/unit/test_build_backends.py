@@ -14,6 +14,7 @@ from scripts import build_backends
 from tests.unit.tiny_minilm import make_tiny_model_dir
 
 pytest.importorskip("openvino")
+pytestmark = pytest.mark.cpu_kind  # what is built depends on the CPU kind (precisions()): make test runs it as avx2 too
 
 
 @pytest.fixture

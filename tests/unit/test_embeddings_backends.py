@@ -1,8 +1,9 @@
 """minilm's backends (handlers/text/backends.py) and `backend: auto`'s walk over backends/manifest.json.
 
 On the tiny MiniLM stand-in (tests/unit/tiny_minilm.py): its OpenVINO IR converts in about a second. Manifests are
-written here, so each test states exactly which candidates the archive offers; the machine's CPU flags are replaced
-where a test needs a CPU this one is not.
+written here, so each test states exactly which candidates the archive offers; a test that needs another kind of CPU
+runs as that kind (TS_CPU_AS masks the flags the handler reads); the others assert what the kind they run as must do,
+and `make test` runs them again as an AVX2-only CPU (marker cpu_kind).
 """
 
 import json
@@ -11,7 +12,7 @@ import shutil
 import pytest
 import torch
 
-from handlers.core import runtime
+from handlers.core import cpu, runtime
 from handlers.core.config import ConfigError
 from handlers.text import backends
 from handlers.text.model import load_sentence_encoder
@@ -19,9 +20,9 @@ from scripts.ops.handler_loader import handler_class, load_handler, make_context
 from tests.unit.tiny_minilm import make_tiny_model_dir
 
 openvino = pytest.importorskip("openvino")
+pytestmark = pytest.mark.cpu_kind
 
 TEXTS = ["short", "a somewhat longer sentence about serving", "東京 🙂 café " * 30, "x " * 400]
-NO_BF16_CPU = {"avx2", "fma", "avx", "sse4_2"}
 
 
 @pytest.fixture
@@ -133,11 +134,14 @@ def test_auto_skips_candidates_this_worker_cannot_run_with_their_reasons_and_ser
     handler.initialize(context)
 
     assert (handler.backend, handler.precision) == ("openvino", "fp32")
+    # A CPU without native bf16 (avx2) refuses bf16 for that before the configured precision is compared.
+    no_native_bf16 = runtime.machine_can_run("bf16", torch.device("cpu"))
     assert refusals(handler) == [
         ("openvino", "fp16", "fp16 is served on CUDA only; this worker runs on cpu"),
         ("aot", "fp32", "no backends/aot-fp32.pt2 in the archive (scripts/build_backends.py builds it)"),
-        ("openvino", "bf16", "handler.precision is fp32"),
+        ("openvino", "bf16", no_native_bf16 or "handler.precision is fp32"),
     ]
+    assert (no_native_bf16 is None) == (runtime.cpu_kind() in ("avx512-bf16", "amx"))
     described = handler.describe()
     assert described["backend_reason"] == "rank 4 of 4 in backends/manifest.json"
     assert described["requested_backend"] == "auto" and described["backend_min_cosine"] >= 0.999
@@ -164,17 +168,18 @@ def test_auto_refuses_a_candidate_below_the_accuracy_gate_and_serves_the_next(mo
 def test_a_cpu_without_native_bf16_skips_bf16_candidates_and_auto_precision_becomes_fp32(
     write_ir, model_dir, monkeypatch
 ):
-    monkeypatch.setattr(runtime, "cpu_flags", lambda: set(NO_BF16_CPU))
+    monkeypatch.setenv(cpu.CPU_KIND_ENV, "avx2")
     write_ir(model_dir)
     write_manifest(model_dir, [("openvino", "bf16"), ("openvino", "fp32")])
     handler, _ = load(model_dir)  # precision: auto
 
     assert refusals(handler) == [("openvino", "bf16", "this CPU has no native bf16 (neither avx512_bf16 nor amx_bf16)")]
     assert (handler.backend, handler.precision) == ("openvino", "fp32")
+    assert handler.describe()["cpu_kind"] == "avx2"
 
 
 def test_an_aot_package_compiled_for_instructions_this_cpu_lacks_is_refused_before_it_is_loaded(model_dir, monkeypatch):
-    monkeypatch.setattr(runtime, "cpu_flags", lambda: set(NO_BF16_CPU))
+    monkeypatch.setenv(cpu.CPU_KIND_ENV, "avx2")
     # Loading it would run machine code this CPU cannot execute (the worker dies of SIGILL): it must not be opened.
     (model_dir / "backends").mkdir()
     (model_dir / backends.aot_package("fp32")).write_bytes(b"not a package")
@@ -187,9 +192,13 @@ def test_an_aot_package_compiled_for_instructions_this_cpu_lacks_is_refused_befo
     assert (handler.backend, handler.precision) == ("eager", "fp32")
 
 
-def test_an_explicit_backend_that_cannot_run_fails_the_worker_with_every_reason(model_dir):
-    with pytest.raises(ConfigError, match=r"openvino fp32: no backends/openvino/model\.xml in the archive"):
-        load(model_dir, backend="openvino", precision="fp32", warmup=False)
+@pytest.mark.parametrize(
+    ("backend", "missing"), [("openvino", r"backends/openvino/model\.xml"), ("aot", r"backends/aot-fp32\.pt2")]
+)
+def test_an_explicit_backend_that_cannot_run_fails_the_worker_with_every_reason(model_dir, backend, missing):
+    # An archive without that backend's files (built elsewhere, or its build refused it), on every kind of CPU.
+    with pytest.raises(ConfigError, match=rf"{backend} fp32: no {missing} in the archive"):
+        load(model_dir, backend=backend, precision="fp32", warmup=False)
 
 
 def test_backend_options_are_validated_with_the_key_named(model_dir):

@@ -260,8 +260,3 @@ def test_bf16_passes_the_accuracy_gate(unpacked_model):
 def test_bad_bucket_config_is_refused_with_its_key(unpacked_model):
     with pytest.raises(ConfigError, match="handler.length_buckets: the last length bucket must equal"):
         load(unpacked_model("minilm"), length_buckets=[16, 64])
-
-
-def test_aot_without_a_package_in_the_archive_is_a_clear_config_error(unpacked_model):
-    with pytest.raises(ConfigError, match=r"aot fp32: no backends/aot-fp32\.pt2 in the archive"):
-        load(unpacked_model("minilm"), backend="aot", warmup=False)
