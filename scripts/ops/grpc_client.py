@@ -116,7 +116,11 @@ class TorchServeGrpc:
         self._tokens = {"inference": token, "management": management_token}
         self._pb: ModuleType = grpc_stubs.load("inference_pb2")
         self._mpb: ModuleType = grpc_stubs.load("management_pb2")
-        self._channels = [grpc.insecure_channel(inference), grpc.insecure_channel(management)]
+        # grpcio refuses a received message over 4 MB unless told otherwise, while an answer may be as large as the
+        # server's max_response_size (6,553,500 bytes by default; the worker refuses larger ones with a 413): the
+        # server bounds what it sends, so the client takes whatever size it is sent.
+        options = [("grpc.max_receive_message_length", -1)]
+        self._channels = [grpc.insecure_channel(inference, options), grpc.insecure_channel(management, options)]
         self._inference = grpc_stubs.load("inference_pb2_grpc").InferenceAPIsServiceStub(self._channels[0])
         self._management = grpc_stubs.load("management_pb2_grpc").ManagementAPIsServiceStub(self._channels[1])
 
