@@ -31,7 +31,7 @@ help:
 	@echo "make test-fast   unit tests that need no built archive and no server (under 2 minutes)"
 	@echo "make test-cpu-kinds   the precision/backend tests (marker cpu_kind) as each kind of CPU this machine can be"
 	@echo "             run as: avx2, avx512-bf16, amx (TS_CPU_AS masks CPU features; docs/troubleshooting.md)"
-	@echo "make lint    ruff + the type checker (part of make test)"
+	@echo "make lint    ruff + the type checker + the import-graph check (part of make test)"
 	@echo "make install create .venv from requirements.txt (every target does this first)"
 	@echo "make mar     build model_store/*.mar (incremental; FORCE=1 rebuilds)"
 	@echo "make grpc-stubs   TorchServe's gRPC Python stubs from the installed wheel's .proto files (build/grpc/)"
@@ -118,11 +118,13 @@ test-cpu-kinds: mar
 test-fast: install
 	$(PY) -m pytest -m "unit and not slow" tests $(PYTEST_ARGS)
 
-# Settings in pyproject.toml: ruff's rules and format, mypy on handlers/ and scripts/ops/.
+# Settings in pyproject.toml: ruff's rules and format, mypy on handlers/ and scripts/ops/; then no import circle in
+# handlers/ (imports inside functions count) and no import of scripts/, loadtests/ or tests/ from it.
 lint: install
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
+	$(PY) -m scripts.import_graph
 
 reliability: mar
 	$(WITH_JAVA) $(PY) -m scripts.reliability $(RELIABILITY_ARGS)

@@ -21,7 +21,7 @@ Where each model's request is parsed, batched, computed and answered (paths unde
   answer shape (its request module), refusals in the route's error shape (core/errors.py ``error_body``).
 - generator (``generator.py``): parsed in generation/requests.py ``parse_generation_request`` (the OpenAI routes
   v1/completions and v1/chat/completions in generation/openai_api.py ``parse_openai_request``, chat messages rendered
-  by generation/chat.py); batched by generation/requests.py ``start_generations``; computed by generation/decoding.py
+  by generation/chat.py); batched by generation/requests.py ``start_generations``; computed by generation/running.py
   ``generate`` (model loading: generation/model.py, limits: generation/limits.py); answered by
   ``GeneratorHandler.postprocess`` in the request's API shape (generation/answers.py), streamed pieces by
   generation/streaming.py (NDJSON, or server-sent events for the OpenAI routes).

@@ -19,7 +19,7 @@ has gone is no longer handed over and its rows are freed (:mod:`handlers.generat
 :mod:`handlers.generation.running`). Each step answers TorchServe with the new text of every open stream; a plain
 request is left out of the answer until it is complete, so its status is that of its outcome. Prompts reuse the keys
 and values of a prefix computed before (:mod:`handlers.generation.prefix_cache`). Without ``continuousBatching`` the
-handler decodes each batch TorchServe collected to its end (:func:`handlers.generation.decoding.generate`), sending
+handler decodes each batch TorchServe collected to its end (:func:`handlers.generation.running.generate`), sending
 stream pieces as intermediate responses (:mod:`handlers.generation.streaming`). Either way each request samples with
 its own seeded generator, so its tokens do not depend on what it shares steps with. The model folder:
 :mod:`handlers.generation.model`; its token limits (``auto`` from the model's positions):
@@ -43,7 +43,7 @@ from handlers.core.http import RequestView, json_body, to_json
 from handlers.core.metrics import HandlerMetrics
 from handlers.generation import chat, kv_cache
 from handlers.generation.answers import Outcome
-from handlers.generation.decoding import FINISH_ERROR, generate
+from handlers.generation.decoding import FINISH_ERROR
 from handlers.generation.limits import AUTO, AutoOrInt
 from handlers.generation.model import LoadedGenerator, load_generator
 from handlers.generation.openai_api import (
@@ -62,7 +62,7 @@ from handlers.generation.requests import (
     parse_generation_request,
     start_generations,
 )
-from handlers.generation.running import RunningBatch
+from handlers.generation.running import RunningBatch, generate
 from handlers.generation.scheduler import Active, Iteration, StepScheduler
 from handlers.generation.semantic_cache.cache import SemanticCache, SemanticQuery, open_semantic_cache
 from handlers.generation.semantic_cache.options import SEMANTIC_CACHE_OPTION

@@ -1,6 +1,6 @@
 """Per-token decoding latency versus position, with and without the key/value cache, and time to first token.
 
-Runs handlers.generation.decoding.generate in this process (no server, so the numbers are the model's, not HTTP's)
+Runs handlers.generation.running.generate in this process (no server, so the numbers are the model's, not HTTP's)
 on the generator's model folder: greedy decoding of one prompt, timing every step. With the cache a step feeds one token
 and its cost stays flat as the text grows; without it every step recomputes the whole prefix, so its cost grows
 with the position. Time to first token (prefill of the prompt + choosing the first token) is reported per mode.
@@ -50,7 +50,8 @@ def time_steps(model, prompt, new_tokens, use_cache):
     """Seconds of each decoding step of one greedy run (step 0 = prefill + first token = time to first token)."""
     import torch
 
-    from handlers.generation.decoding import SamplingSettings, Sequence, generate
+    from handlers.generation.decoding import SamplingSettings, Sequence
+    from handlers.generation.running import generate
 
     stamps = []
     sequence = Sequence(list(prompt), SamplingSettings(max_new_tokens=new_tokens))

@@ -518,8 +518,8 @@ def build(
     """Build, gate and rank the backends of ``model_dir``; returns the manifest (also written to backends/)."""
     import torch
 
-    from handlers.text.folder import SERVED_FILE, FolderError, inspect_folder
-    from handlers.text.kinds import kind_named
+    from handlers.text.folder import SERVED_FILE, FolderError
+    from handlers.text.kinds import inspect_folder, kind_named
 
     model_dir = Path(model_dir)
     staged = [name for name in (SERVED_FILE, "reference_sentences.json") if not (model_dir / name).is_file()]

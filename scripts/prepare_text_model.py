@@ -227,8 +227,8 @@ def parity(out: Path, kind: Any, reference: Any, sentences: list[str]) -> tuple[
 def stage(
     source: str, out: Path, kind_name: str | None, min_parity: float | None, trust_remote_code: bool = False
 ) -> dict[str, Any]:
-    from handlers.text.folder import SERVED_FILE, inspect_folder
-    from handlers.text.kinds import kind_named
+    from handlers.text.folder import SERVED_FILE
+    from handlers.text.kinds import inspect_folder, kind_named
 
     folder, origin = resolve_source(source)
     info = inspect_folder(folder, kind_name, trust_remote_code)

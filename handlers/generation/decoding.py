@@ -7,17 +7,15 @@ The pieces, each usable without a server:
   every row's next token is at the last column.
 - :func:`choose_token`: greedy or seeded temperature/top-k/top-p sampling for one row, with that request's own
   generator, so a request's tokens never depend on its batch-mates.
-- :func:`generate`: a whole batch decoded to its end. The prompts are run once (prefill); each later step feeds only
-  the newest token of every active row together with the cache (:class:`handlers.generation.running.RunningBatch`;
-  ``use_cache=False`` recomputes the whole prefix every step instead: the reference the tests and the benchmark
-  compare against). A row that finishes leaves the batch at once: its rows are dropped from the cache and from the
-  mask, so the remaining rows compute exactly what they would alone.
+- :func:`recompute`: a whole batch decoded to its end without a cache, every step running each row's whole prefix
+  again (the reference the tests and the benchmark compare against; the cached path,
+  :func:`handlers.generation.running.generate`, builds on these pieces, so it lives above them).
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -179,36 +177,6 @@ _KEEPS_LAST_LOGITS: dict[type, bool] = {}
 StepCallback = Callable[[dict[int, int]], None]
 
 
-def generate(
-    model: Any,
-    sequences: list[Sequence],
-    stop_token_ids: Iterable[int] | None,
-    pad_token_id: int,
-    use_cache: bool = True,
-    on_step: StepCallback | None = None,
-    prefix_cache: Any = None,
-) -> list[Sequence]:
-    """Decode every sequence until it stops or reaches its max_new_tokens; returns ``sequences`` (filled in place).
-
-    ``stop_token_ids``: the end-of-text token id(s) that finish a sequence (empty: only the length limit does);
-    ``prefix_cache``: a :class:`handlers.generation.prefix_cache.PrefixCache` the prompts reuse and fill.
-    """
-    if not use_cache:
-        return recompute(model, sequences, frozenset(stop_token_ids or ()), pad_token_id, on_step)
-    from handlers.generation.running import RunningBatch
-
-    index = {sequence: position for position, sequence in enumerate(sequences)}
-    batch = RunningBatch(model, pad_token_id, stop_token_ids, prefix_cache)
-    new_tokens = batch.prefill(list(sequences))
-    while True:
-        if on_step is not None:
-            on_step({index[sequence]: token for sequence, token in new_tokens.items()})
-        batch.remove_finished()
-        if not batch.rows:
-            return sequences
-        new_tokens = batch.step()
-
-
 def recompute(
     model: Any,
     sequences: list[Sequence],
@@ -216,7 +184,8 @@ def recompute(
     pad_token_id: int,
     on_step: StepCallback | None,
 ) -> list[Sequence]:
-    """:func:`generate` without a cache: every step runs each row's whole prefix again (the reference)."""
+    """:func:`handlers.generation.running.generate` without a cache: every step runs each row's whole prefix again
+    (the reference)."""
     device = next(model.parameters()).device
     while True:
         rows = [sequence for sequence in sequences if not sequence.finished]

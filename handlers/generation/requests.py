@@ -107,7 +107,7 @@ class GenerationBatch:
 
 
 def start_generations(payloads: list[AcceptedGeneration], tokenizer: Any) -> GenerationBatch:
-    """Each accepted request's decoding state, ready for :func:`handlers.generation.decoding.generate`."""
+    """Each accepted request's decoding state, ready for :func:`handlers.generation.running.generate`."""
     return GenerationBatch(
         [
             Generation(

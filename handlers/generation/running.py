@@ -11,8 +11,8 @@
 :meth:`RunningBatch.remove` takes sequences out (finished: length, end-of-text, a stop sequence found in the text, an
 error; or cancelled) and frees the cache columns no remaining row uses. Each sequence samples with its own seeded
 generator and its rows compute exactly what they would alone, so its tokens do not depend on what it shares steps
-with. Whole-batch decoding (:func:`handlers.generation.decoding.generate`) is a prefill followed by steps; per-step
-scheduling (:mod:`handlers.generation.scheduler`) interleaves prefills of new requests with the steps of running ones.
+with. Whole-batch decoding (:func:`generate`) is a prefill followed by steps; per-step scheduling
+(:mod:`handlers.generation.scheduler`) interleaves prefills of new requests with the steps of running ones.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from handlers.generation import kv_cache
-from handlers.generation.decoding import Sequence, append_tokens, left_pad, model_step
+from handlers.generation.decoding import Sequence, StepCallback, append_tokens, left_pad, model_step, recompute
 from handlers.generation.prefix_cache import NO_HIT, PrefixCache
 
 NewTokens = dict[Sequence, int]  # the token each sequence got in one forward pass
@@ -143,3 +143,31 @@ class RunningBatch:
         finished = [sequence for sequence in self.sequences if sequence.finished]
         self.remove(finished)
         return finished
+
+
+def generate(
+    model: Any,
+    sequences: list[Sequence],
+    stop_token_ids: Iterable[int] | None,
+    pad_token_id: int,
+    use_cache: bool = True,
+    on_step: StepCallback | None = None,
+    prefix_cache: Any = None,
+) -> list[Sequence]:
+    """Decode every sequence until it stops or reaches its max_new_tokens; returns ``sequences`` (filled in place).
+
+    ``stop_token_ids``: the end-of-text token id(s) that finish a sequence (empty: only the length limit does);
+    ``prefix_cache``: a :class:`handlers.generation.prefix_cache.PrefixCache` the prompts reuse and fill.
+    """
+    if not use_cache:
+        return recompute(model, sequences, frozenset(stop_token_ids or ()), pad_token_id, on_step)
+    index = {sequence: position for position, sequence in enumerate(sequences)}
+    batch = RunningBatch(model, pad_token_id, stop_token_ids, prefix_cache)
+    new_tokens = batch.prefill(list(sequences))
+    while True:
+        if on_step is not None:
+            on_step({index[sequence]: token for sequence, token in new_tokens.items()})
+        batch.remove_finished()
+        if not batch.rows:
+            return sequences
+        new_tokens = batch.step()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -16,12 +16,27 @@ from handlers.core.answer_size import answer_too_large
 from handlers.core.errors import RequestError, too_large
 from handlers.text.buckets import padded_tokens, plan_forward_groups
 from handlers.text.cache import CachedRow, CacheKey, RowCache
+from handlers.text.folder import TextModelFolder
 from handlers.text.rows import DEFAULT_OPTIONS, Row, RowOptions
 from handlers.text.shared_cache import SharedCache
+from handlers.text.tokenization import ServedTokenizer
 
-if TYPE_CHECKING:
-    from handlers.text.folder import TextModelFolder
-    from handlers.text.handler import LoadedTextModel
+
+class EncodingModel(Protocol):
+    """What batch assembly needs of a loaded model (handlers/text/handler.py ``LoadedTextModel`` is one): declared
+    here, below the handler, so this module does not import the handler that imports it."""
+
+    @property
+    def info(self) -> TextModelFolder: ...
+
+    @property
+    def tokenizer(self) -> ServedTokenizer: ...
+
+    @property
+    def max_tokens(self) -> int: ...
+
+    @property
+    def buckets(self) -> list[int]: ...
 
 
 class RowsRequest(Protocol):
@@ -119,7 +134,7 @@ def model_inputs(
     return tuple(tensors[name] for name in info.model_inputs)
 
 
-def encode_rows(loaded: LoadedTextModel, rows: Sequence[Row], options: Sequence[RowOptions]) -> list[Any]:
+def encode_rows(loaded: EncodingModel, rows: Sequence[Row], options: Sequence[RowOptions]) -> list[Any]:
     """Tokenize rows: one tokenizer call per token limit among them (one call when no row has its own limit)."""
     limits = sorted({o.max_tokens for o in options})
     if len(limits) == 1:
@@ -133,7 +148,7 @@ def encode_rows(loaded: LoadedTextModel, rows: Sequence[Row], options: Sequence[
 
 
 def encode_padded(
-    loaded: LoadedTextModel,
+    loaded: EncodingModel,
     rows: Sequence[Row],
     options: Sequence[RowOptions] | None = None,
     pad_length: int | None = None,
@@ -146,7 +161,7 @@ def encode_padded(
 
 def assemble_batch(
     payloads: Sequence[RowsRequest],
-    loaded: LoadedTextModel,
+    loaded: EncodingModel,
     cache: RowCache,
     key_of: Callable[[Row, RowOptions], CacheKey],
     max_request_tokens: int,

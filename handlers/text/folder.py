@@ -3,9 +3,9 @@
 A text model is a Hugging Face folder (``config.json``, safetensors weights, a tokenizer), bare or inside a
 sentence-transformers layout (``modules.json`` and one folder per module). Its kind (an embedding model, a classifier,
 a sparse or a multi-vector encoder: handlers/text/kinds/) reads its own files; this module holds what every kind
-shares: JSON files, weights, the refusal of code shipped with the folder, the model's positions and token limit, and
-:func:`inspect_folder`, which returns a :class:`TextModelFolder` or raises :class:`FolderError`, whose message names
-the file, the problem and the fix.
+shares: JSON files, weights, the refusal of code shipped with the folder, the model's positions and token limit,
+:class:`TextModelFolder` and :class:`FolderError`, whose message names the file, the problem and the fix. The entry
+point, ``inspect_folder``, lives with the kinds (handlers/text/kinds/__init__.py), which this module sits below.
 
 Architectures are not listed anywhere: whatever ``config.json``'s ``model_type`` is, transformers loads it (offline,
 from the folder) and the packaging step proves the served answers equal to the reference library's before anything
@@ -20,13 +20,11 @@ importing sentence-transformers.
 from __future__ import annotations
 
 import json
-import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from handlers.text.modules import HeadModule
+from handlers.text.head import HeadModule, PoolingModule
 
 WEIGHTS = "model.safetensors"
 SHARDED_WEIGHTS = "model.safetensors.index.json"
@@ -91,8 +89,6 @@ class TextModelFolder:
 
     @property
     def excludes_prompt(self) -> bool:
-        from handlers.text.modules import PoolingModule
-
         return any(isinstance(module, PoolingModule) and not module.include_prompt for module in self.head)
 
 
@@ -290,28 +286,3 @@ def read_served(folder: Path) -> dict[str, Any]:
             SERVED_FILE, f"is format {served.get('format')!r}, not {SERVED_FORMAT}", "package the model again"
         )
     return served
-
-
-def inspect_folder(
-    folder: str | os.PathLike[str], kind: str | None = None, trust_remote_code: bool = False
-) -> TextModelFolder:
-    """Read and check a model folder; ``kind`` None takes the one the folder says it is (handlers/text/kinds).
-
-    A staged folder's text_model.json supplies what transformers decided at package time (and the kind, and the
-    remote-code opt-in, which it records)."""
-    from handlers.text.kinds import detect_kind, kind_named
-
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise FolderError(str(folder), "is not a folder", "pass the folder your training run saved the model to")
-    served = read_served(folder)
-    name = kind or served.get("kind") or detect_kind(folder)
-    info = kind_named(name).read_folder(folder, trust_remote_code or bool(served.get("trust_remote_code")))
-    if served:
-        body = served.get("body") or {}
-        info = replace(
-            info,
-            body_class=str(body.get("class") or info.body_class),
-            input_names=tuple(served.get("tokenizer", {}).get("input_names") or info.input_names),
-        )
-    return info

@@ -25,7 +25,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from handlers.text.folder import TextModelFolder, inspect_folder, read_json
+from handlers.text.folder import TextModelFolder, read_json
+from handlers.text.kinds import inspect_folder
 from handlers.text.modules import Head
 from handlers.text.tokenization import ServedTokenizer, load_served_tokenizer
 

@@ -32,6 +32,15 @@ import torch
 from torch import nn
 
 from handlers.text.folder import FolderError, check_module_weights, optional_json, required_json
+from handlers.text.head import (
+    DenseModule,
+    HeadModule,
+    LayerNormModule,
+    MultiVectorMaskModule,
+    NormalizeModule,
+    PoolingModule,
+    SpladeModule,
+)
 
 # sentence-transformers' pooling modes, in the order it concatenates them (sentence_transformer/modules/pooling.py).
 POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
@@ -63,54 +72,6 @@ class TransformerModule:
     max_seq_length: int | None
     lowercase: bool
     task_lengths: dict[str, int] = field(default_factory=dict)  # multi-vector: query_length / document_length
-
-
-@dataclass(frozen=True)
-class PoolingModule:
-    path: str
-    modes: tuple[str, ...]
-    include_prompt: bool
-    dimension: int  # the token embedding width it expects
-
-
-@dataclass(frozen=True)
-class DenseModule:
-    path: str
-    in_features: int
-    out_features: int
-    bias: bool
-    activation: str  # a class path, e.g. torch.nn.modules.activation.Tanh
-    target: str  # SENTENCE or TOKENS
-    residual: bool
-
-
-@dataclass(frozen=True)
-class LayerNormModule:
-    path: str
-    dimension: int
-
-
-@dataclass(frozen=True)
-class NormalizeModule:
-    path: str
-    target: str
-
-
-@dataclass(frozen=True)
-class SpladeModule:
-    path: str
-    strategy: str  # max | sum
-    activation: str  # relu | log1p_relu
-
-
-@dataclass(frozen=True)
-class MultiVectorMaskModule:
-    path: str
-    skiplist_words: tuple[str, ...]
-    skiplist_tasks: tuple[str, ...]
-
-
-HeadModule = PoolingModule | DenseModule | LayerNormModule | NormalizeModule | SpladeModule | MultiVectorMaskModule
 
 
 def module_name(entry: Any) -> str:
@@ -319,17 +280,6 @@ HEAD_READERS: dict[str, Callable[[Path, str, dict[str, Any]], HeadModule]] = {
     "SpladePooling": read_splade,
     "MultiVectorMask": read_multi_vector_mask,
 }
-
-
-def output_width(head: tuple[HeadModule, ...], token_width: int) -> int:
-    """Floats per row (or per token) after the chain, from the token states' width."""
-    width = token_width
-    for module in head:
-        if isinstance(module, PoolingModule):
-            width = width * len(module.modes)
-        elif isinstance(module, DenseModule):
-            width = module.out_features
-    return width
 
 
 # --------------------------------------------------------------------------------------------------- torch steps

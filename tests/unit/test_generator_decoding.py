@@ -8,7 +8,8 @@ assertion compares two ways of computing the same thing (cache vs recompute, bat
 import pytest
 import torch
 
-from handlers.generation.decoding import SamplingSettings, Sequence, choose_token, generate, left_pad
+from handlers.generation.decoding import SamplingSettings, Sequence, choose_token, left_pad
+from handlers.generation.running import generate
 from handlers.generation.streaming import INCOMPLETE_CHARACTER, IncrementalText
 
 PROMPTS = [

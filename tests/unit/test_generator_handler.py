@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from handlers.core.config import ConfigError
-from handlers.generation.decoding import SamplingSettings, Sequence, generate
+from handlers.generation.decoding import SamplingSettings, Sequence
+from handlers.generation.running import generate
 from scripts.ops.handler_loader import ChunkRecorder, load_handler, parse_predict_response, set_requests, statuses
 
 JSON = {"Content-Type": "application/json"}

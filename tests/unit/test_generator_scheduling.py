@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from handlers.core.config import ConfigError
-from handlers.generation.decoding import SamplingSettings, Sequence, generate
+from handlers.generation.decoding import SamplingSettings, Sequence
 from handlers.generation.prefix_cache import PrefixCache
-from handlers.generation.running import RunningBatch
+from handlers.generation.running import RunningBatch, generate
 from scripts.ops.handler_loader import ContinuousFrontend, load_handler, record_metrics, set_requests
 
 LONG = {"prompt": "Once upon a time", "max_new_tokens": 120, "temperature": 0.9, "seed": 3}

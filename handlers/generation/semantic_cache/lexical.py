@@ -620,7 +620,3 @@ def spelled_alike(first: str, second: str) -> bool:
         )
     longer, shorter = (first, second) if len(first) > len(second) else (second, first)
     return any(longer[:i] + longer[i + 1 :] == shorter for i in range(len(longer)))
-
-
-def same_question(new: str, stored: str) -> bool:
-    return not compare(read(new), read(stored))

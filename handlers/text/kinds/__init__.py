@@ -1,14 +1,16 @@
 """The kinds of text model, one class each, in one table: what the engine asks of a model kind (handlers/text/kinds/
 base.py). The kind of a folder is read from the folder itself (:func:`detect_kind`): sentence-transformers records it
 as ``model_type`` in config_sentence_transformers.json, a transformers classifier has a *ForSequenceClassification
-architecture."""
+architecture. :func:`inspect_folder` reads and checks a folder as the kind it is."""
 
 from __future__ import annotations
 
 import json
+import os
+from dataclasses import replace
 from pathlib import Path
 
-from handlers.text.folder import FolderError, optional_json
+from handlers.text.folder import FolderError, TextModelFolder, optional_json, read_served
 from handlers.text.kinds.base import TextKind
 from handlers.text.kinds.classification import ClassificationKind
 from handlers.text.kinds.embedding import EmbeddingKind
@@ -57,3 +59,26 @@ def detect_kind(folder: Path) -> str:
         "or MultiVectorEncoder, or a transformers *ForSequenceClassification model)",
         f"save the model with sentence-transformers or save_pretrained, or name the kind ({', '.join(KINDS)})",
     )
+
+
+def inspect_folder(
+    folder: str | os.PathLike[str], kind: str | None = None, trust_remote_code: bool = False
+) -> TextModelFolder:
+    """Read and check a model folder; ``kind`` None takes the one the folder says it is (handlers/text/kinds).
+
+    A staged folder's text_model.json supplies what transformers decided at package time (and the kind, and the
+    remote-code opt-in, which it records)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FolderError(str(folder), "is not a folder", "pass the folder your training run saved the model to")
+    served = read_served(folder)
+    name = kind or served.get("kind") or detect_kind(folder)
+    info = kind_named(name).read_folder(folder, trust_remote_code or bool(served.get("trust_remote_code")))
+    if served:
+        body = served.get("body") or {}
+        info = replace(
+            info,
+            body_class=str(body.get("class") or info.body_class),
+            input_names=tuple(served.get("tokenizer", {}).get("input_names") or info.input_names),
+        )
+    return info
