@@ -397,6 +397,8 @@ def ideal_capacity(
     max_step_seconds: float | None = None,
     workers: int = 0,  # Locust's worker processes: nothing to distribute here
     log: Callable[..., Any] = print,
+    confirm: int = 3,
+    margin: float = 0.85,
 ) -> dict[str, Any]:
     """Load the archive's handler in its configured workers, search the capacity, write <out_dir>/ideal.json."""
     import yaml
@@ -445,11 +447,12 @@ def ideal_capacity(
                 max_steps,
                 max_late_share=max_late_share,
                 log=log,
+                confirm=confirm,
+                margin=margin,
             )
         finally:
             pool.close()
-    passing = [step for step in found["steps"] if step.passed]
-    at_capacity = max(passing, key=lambda step: step.rate) if passing else None
+    at_capacity = found["at_capacity"]
     detail = kept.get(at_capacity.rate) if at_capacity else None
     long_tokens = int(pool.described.get("max_tokens") or 0)
     result = {
@@ -465,6 +468,7 @@ def ideal_capacity(
         "capacity_rate": found["capacity_rate"],
         "stopped_because": found["stopped_because"],
         "steps": [dataclasses.asdict(step) for step in found["steps"]],
+        "capacity_spread": found["capacity_spread"],
         "at_capacity": dataclasses.asdict(at_capacity) if at_capacity else None,
         "tail": tail_breakdown(detail["records"], detail["batches"], long_tokens) if detail and long_tokens else {},
         "requests_at_capacity": detail["records"] if detail else [],
