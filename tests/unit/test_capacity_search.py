@@ -437,3 +437,71 @@ def test_a_step_lasts_long_enough_for_its_minimum_number_of_requests():
     assert capacity.step_duration(4.0, 12.0, min_requests=0) == 12.0
     assert capacity.step_duration(1.0, 12.0, min_requests=300, max_step_seconds=120) == 120  # capped at low rates
     assert capacity.step_duration(4.0, 12.0, min_requests=300, max_step_seconds=5) == 12.0  # never below the floor
+
+
+def test_compare_rounds_reverse_the_order_and_aggregate_to_the_median_with_its_spread():
+    assert compare.round_orders(["ours", "ours-eager", "ideal"], 3) == [
+        ["ours", "ours-eager", "ideal"],
+        ["ideal", "ours-eager", "ours"],
+        ["ours", "ours-eager", "ideal"],
+    ]
+    # The issue's two runs: ours 14.7 then 52.3, ours-eager 32 then 30; a third round decides ours' median.
+    per_round = [
+        {"ours": {"capacity_rate": 14.7, "moderate_p50_ms": 9}, "ours-eager": {"capacity_rate": 32.0}},
+        {"ours": {"capacity_rate": 52.3}, "ours-eager": {"capacity_rate": 30.0}},
+        {"ours": {"capacity_rate": 50.0}, "ours-eager": {"error": "did not start"}},
+    ]
+    results = compare.aggregate_rounds(per_round)
+    assert results["ours"]["capacity_rate"] == 50.0 and results["ours"]["moderate_p50_ms"] == 9
+    assert results["ours"]["capacity_spread"] == {"min": 14.7, "median": 50.0, "max": 52.3}
+    assert results["ours"]["capacity_rounds"] == [14.7, 52.3, 50.0]
+    assert results["ours-eager"]["capacity_rate"] == 31.0 and results["ours-eager"]["round_errors"] == ["did not start"]
+    assert compare.aggregate_rounds(per_round[:1]) is per_round[0]  # one round: its figures unchanged
+    flips = compare.ranking_flips(per_round)
+    assert flips == [
+        {"systems": ["ours", "ours-eager"], "rounds": {"ours": [14.7, 52.3, 50.0], "ours-eager": [32.0, 30.0, None]}}
+    ]
+    assert compare.ranking_flips(per_round[1:]) == []  # ours ahead wherever both were measured
+    compare.add_ratios(results)
+    text = compare_report.render_markdown(
+        {
+            "model": "minilm",
+            "slo_ms": 250,
+            "cores": 2,
+            "started_at": "now",
+            "search": {"step_seconds": 20},
+            "moderate_rate": 10,
+            "systems": results,
+            "rounds": 3,
+            "orders": compare.round_orders(["ours", "ours-eager"], 3),
+            "ranking_flips": flips,
+            "targets": compare.evaluate_targets("minilm", results),
+        }
+    )
+    assert "| 50.0 (14.7–52.3 over 3 rounds) |" in text
+    assert "RANKING FLIPPED between rounds: ours vs ours-eager" in text
+    assert "- round 2: ours-eager, ours" in text and "- ours: 14.7 / 52.3 / 50 requests/s" in text
+
+
+def test_compare_runs_every_system_in_each_rounds_order_and_the_fixed_rate_runs_once(monkeypatch, tmp_path):
+    calls = []
+
+    def measure_system(name, systems, results, measure, *args):
+        low_rate, precision, ours_info = args[5], args[9], args[10]
+        calls.append((name, measure["out_dir"].name, measure["moderate_rate"], low_rate))
+        results[name] = {"capacity_rate": {"ours": 40.0, "naive": 5.0}[name] + len(calls)}
+        return precision, ours_info
+
+    monkeypatch.setattr(compare, "measure_system", measure_system)
+    result = compare.compare(
+        "minilm", 100, ["ours", "naive"], {"step_seconds": 1}, tmp_path, "store", 10, 5, 2, 1, 1, [1], quiet, rounds=2
+    )
+    assert calls == [
+        ("ours", "round-1", 10, 2),
+        ("naive", "round-1", 10, 2),
+        ("naive", "round-2", None, None),
+        ("ours", "round-2", None, None),
+    ]
+    assert result["systems"]["ours"]["capacity_rounds"] == [41.0, 44.0]
+    assert result["systems"]["ours"]["capacity_rate"] == 42.5 and result["ranking_flips"] == []
+    assert result["systems"]["naive"]["ratio_to_ours"] == round(7.5 / 42.5, 3)  # naive: 7 and 8
