@@ -417,7 +417,9 @@ def ideal_capacity(
         pool = WorkerPool(folder, model_name, model, worker_count)
         try:
             count_tokens = token_counter(folder, pool.described)
-            kept: dict[float, dict[str, Any]] = {}
+            # Each run's records, per rate in run order: a confirmed rate has several, and the one kept is the run
+            # that stands for the capacity.
+            kept: dict[float, list[dict[str, Any]]] = {}
             counter = {"n": 0}
 
             def run_step(rate: float, seconds: float, seed: int) -> tuple[capacity_search.Step, list[Arrival], list]:
@@ -431,7 +433,9 @@ def ideal_capacity(
                 seconds = round(capacity_search.step_duration(rate, step_seconds, min_requests, max_step_seconds), 1)
                 step, planned, batches = run_step(rate, seconds, payload_seed + counter["n"])
                 tokens = count_tokens([a.body for a in planned]) if count_tokens else None
-                kept[rate] = {"records": request_records(planned, batches, tokens), "batches": batch_records(batches)}
+                kept.setdefault(rate, []).append(
+                    {"records": request_records(planned, batches, tokens), "batches": batch_records(batches)}
+                )
                 return step
 
             if warmup_seconds > 0:
@@ -453,7 +457,7 @@ def ideal_capacity(
         finally:
             pool.close()
     at_capacity = found["at_capacity"]
-    detail = kept.get(at_capacity.rate) if at_capacity else None
+    detail = kept[at_capacity.rate][at_capacity.run - 1] if at_capacity else None
     long_tokens = int(pool.described.get("max_tokens") or 0)
     result = {
         "model": model,
