@@ -92,7 +92,8 @@ def model_root(unpacked):
 
 def check_folder(folder):
     """The packaging step's own folder check; returns what it found or raises FetchError with its message."""
-    from handlers.text.folder import FolderError, inspect_folder
+    from handlers.text.folder import FolderError
+    from handlers.text.kinds import inspect_folder
 
     if not (folder / "modules.json").is_file():
         raise FetchError(f"{folder}: no modules.json, so not a sentence-transformers folder")
