@@ -9,16 +9,16 @@ Where each model's request is parsed, batched, computed and answered (paths unde
   a ``ClassifierBatch`` (every request's rows in one tensor); computed by classification/nets.py ``MLPClassifier``;
   answered by classification/requests.py ``answer_requests``.
 - minilm and every text model packaged from its folder, of any kind (``embeddings.py``, ``text_classifier.py``,
-  ``text_model.py``): routed by the URL path to one of the kind's API surfaces (text/routes.py ``Route``: its own body,
-  OpenAI, Cohere, TEI, rerank shapes, the tokenizer; listed by the kind's class, handlers/text/kinds/), and parsed by
-  that route's request module, handlers/text/requests/ (embedding.py ``parse_embedding_request``, classification.py,
-  rerank.py, zero_shot.py, sparse.py, multi_vector.py, tokenize.py); batched by text/batch.py ``assemble_batch``, called
+  ``text_model.py``): routed by the URL path to one row of the kind's route table (text/routes.py ``Route``; the rows
+  are listed by the kind's class, handlers/text/kinds/), and parsed by that row's parser: one module per API dialect,
+  text/dialects/ (native.py, openai.py, cohere.py, jina.py, tei.py), the other kinds' own bodies in text/requests/
+  (classification.py, zero_shot.py, sparse.py, multi_vector.py); batched by text/batch.py ``assemble_batch``, called
   from text/handler.py ``TextModelHandler.preprocess`` (the LRU cache in text/cache.py, the shared tier in
   text/shared_cache.py, length buckets in text/buckets.py); computed by text/model.py ``TextModule`` (text/bert.py's
   plain-torch BERT or the transformers class the packaging step recorded, then the folder's sentence-transformers
   modules, text/modules.py) through the backend that serves it (text/backends.py: eager, jit, aot, openvino), each row
   turned into its kind's value (``TextKind.row_value``); answered by text/batch.py ``answer_requests`` with the route's
-  answer shape (its request module), refusals in the route's error shape (core/errors.py ``error_body``).
+  answer writer, refusals in the route's error shape (core/errors.py ``error_body``).
 - generator (``generator.py``): parsed in generation/requests.py ``parse_generation_request`` (the OpenAI routes
   v1/completions and v1/chat/completions in generation/openai_api.py ``parse_openai_request``, chat messages rendered
   by generation/chat.py); batched by generation/requests.py ``start_generations``; computed by generation/running.py
@@ -37,8 +37,9 @@ text/: the one engine of every text model (docs/your-model.md): ``folder.py`` re
 ``kinds/`` holds one class per kind in one table (what a kind reads, computes, measures and answers), ``modules.py``
 the sentence-transformers module chain as torch steps, ``model.py`` the torch module, ``tokenization.py`` the
 tokenizer exactly as transformers builds it, ``handler.py`` the shared handler base ``TextModelHandler``,
-``batch.py``/``cache.py``/``shared_cache.py``/``buckets.py``/``backends.py`` the batch path, ``requests/`` each kind's
-request parsing and answers.
+``batch.py``/``cache.py``/``shared_cache.py``/``buckets.py``/``backends.py`` the batch path, ``dialects/`` one
+module per API dialect (typed requests, parsers, answer writers, route rows), ``requests/`` each kind's own body and
+what the dialects share.
 
 core/: ``base.py`` the batch orchestration every handler inherits (load, the backend walk with its accuracy gate,
 warm-up; per batch: parse each request, preprocess -> inference -> postprocess, one result per request, a failed batch

@@ -1,11 +1,12 @@
-"""The API surfaces of a text model, one object each: where a request comes in, how its body is read, how it is
-answered and in which shape its refusals go out.
+"""The route table of a text model, one row per API surface: where a request comes in, how its body is read, how it
+is answered and in which shape its refusals go out.
 
 TorchServe 0.12 hands ``/predictions/<model>/<version>/<path>`` to the model with ``<path>`` in the request header
-``url_path`` (handlers/core/http.py RequestView.url_path). A kind lists the routes it serves
-(:meth:`handlers.text.kinds.base.TextKind.routes`); the handler looks the path up in that table once per request and
-from then on carries the route with the request (:class:`Routed`), so parsing, answering and refusing never test the
-URL again. A route's rows go through the one text-model path like every other request's.
+``url_path`` (handlers/core/http.py RequestView.url_path). The rows are defined by the API dialects' modules
+(handlers/text/dialects/) and listed by the kind (:meth:`handlers.text.kinds.base.TextKind.routes`); the handler looks
+the path up in that table once per request and from then on carries the row with the request (:class:`Routed`), so
+parsing, answering and refusing never test the URL or the dialect again. A route's rows go through the one
+text-model path like every other request's.
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ import json
 
 import pytest
 
+from handlers.text.dialects.native import parse_embedding
 from handlers.text.requests.common import TextLimits
-from handlers.text.requests.embedding import parse_embedding_request
+from handlers.text.requests.embedding import VectorSpace
 from scripts.reliability.cost import archive_config, classifier_requests, judge, minilm_requests
 
 GOOD_TIMES = {"chars": 0.40, "padding": 0.68}
@@ -76,8 +77,11 @@ def test_minilm_max_requests_are_accepted_and_reach_the_shipped_limits(minilm_li
     tokens = {}
     for name, kind in kinds.items():
         body = kind.make(3)
-        parsed = parse_embedding_request(
-            json.loads(body) if kind.content_type == "application/json" else body, kind.content_type, 384, limits
+        parsed = parse_embedding(
+            json.loads(body) if kind.content_type == "application/json" else body,
+            kind.content_type,
+            VectorSpace(384),
+            limits,
         )
         counts = [len(e.ids) for e in tokenizer.encode_batch(parsed.texts)]
         tokens[name] = (sum(counts), len(counts), sum(len(t) for t in parsed.texts))

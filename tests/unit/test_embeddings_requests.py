@@ -1,24 +1,34 @@
-"""Embedding request validation and response shapes (handlers/text/requests/embedding.py), without a model."""
+"""Embedding request validation and response shapes at the model's own URL and OpenAI's route
+(handlers/text/dialects/native.py, openai.py), without a model."""
 
 import pytest
 import torch
 
 from handlers.core.errors import RequestError
 from handlers.text.cache import CachedRow
+from handlers.text.dialects.native import EmbeddingRequest, parse_embedding, write_embedding
+from handlers.text.dialects.openai import OpenAIEmbeddingRequest, parse_embeddings
 from handlers.text.requests.common import TextLimits
-from handlers.text.requests.embedding import format_response, parse_embedding_request
+from handlers.text.requests.embedding import NO_PROMPTS, VectorSpace
 
 JSON = "application/json"
 LIMITS = TextLimits(max_inputs=4, max_text_chars=100, max_request_chars=250)
 
 
+SPACE = VectorSpace(384)
+
+
 def parse(body, content_type=JSON, limits=LIMITS):
-    return parse_embedding_request(body, content_type, 384, limits)
+    return parse_embedding(body, content_type, SPACE, limits)
+
+
+def format_response(request, rows, model_name):
+    return write_embedding(request, rows, model_name, SPACE)
 
 
 def test_plain_text_body_is_one_text():
     request = parse("A sentence.", "text/plain")
-    assert (request.texts, request.shape, request.truncate) == (["A sentence."], "text", True)
+    assert isinstance(request, EmbeddingRequest) and (request.texts, request.truncate) == (["A sentence."], True)
 
 
 def test_plain_text_bytes_are_decoded_as_utf8():
@@ -27,12 +37,12 @@ def test_plain_text_bytes_are_decoded_as_utf8():
 
 def test_text_field_and_truncate_flag():
     request = parse({"text": "hello", "truncate": False})
-    assert (request.texts, request.shape, request.truncate) == (["hello"], "text", False)
+    assert isinstance(request, EmbeddingRequest) and (request.texts, request.truncate) == (["hello"], False)
 
 
 def test_openai_shape_with_a_string_or_a_list():
     single = parse({"input": "one", "model": "whatever", "user": "u1", "encoding_format": "float", "dimensions": 384})
-    assert (single.texts, single.shape, single.names) == (["one"], "openai", ["'input'"])
+    assert isinstance(single, OpenAIEmbeddingRequest) and (single.texts, single.names) == (["one"], ["'input'"])
     many = parse({"input": ["a", "b", "c"]})
     assert many.texts == ["a", "b", "c"] and many.names == ["'input'[0]", "'input'[1]", "'input'[2]"]
 
@@ -173,7 +183,7 @@ def test_floats_are_marked_float32_so_to_json_prints_their_shortest_text():
 
 
 def route(body, content_type=JSON):
-    return parse_embedding_request(body, content_type, 384, LIMITS, served_model="minilm")
+    return parse_embeddings(body, content_type, SPACE, LIMITS, NO_PROMPTS, "minilm")
 
 
 def test_openai_route_takes_the_openai_shape_naming_the_served_model():

@@ -20,8 +20,8 @@ from handlers.core.config import ConfigError
 from handlers.core.errors import RequestError
 from handlers.text.batch import answer_requests
 from handlers.text.cache import CachedRow
+from handlers.text.dialects.native import EmbeddingRequest
 from handlers.text.kinds.embedding import text_preparation
-from handlers.text.requests.embedding import EmbeddingRequest
 
 
 class Embedder:
@@ -46,7 +46,7 @@ class Embedder:
         embedded."""
         prepared = self.preparation.apply(texts, self.default_prompt)
         options = self.preparation.options(1, self.default_prompt)
-        payloads = [EmbeddingRequest([text], ["prompt"], "text", truncate=True, options=options) for text in prepared]
+        payloads = [EmbeddingRequest([text], ["prompt"], truncate=True, options=options) for text in prepared]
         with torch.inference_mode():
             batch = self.handler.preprocess(payloads)
             computed = self.handler.inference(batch, None)

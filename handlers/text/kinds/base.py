@@ -11,8 +11,8 @@ gate; handlers/text/batch.py) calls these methods and never branches on a kind's
 - measures how close a candidate backend computes to eager fp32 (:meth:`similarity`, the accuracy gate),
 - turns one row of the model's output into what is cached and answered (:meth:`row_value`), and checks a value read
   back from the shared cache tier (:meth:`check_value`),
-- describes itself (:meth:`describe`), and parses requests and shapes answers (its request module under
-  handlers/text/requests/).
+- describes itself (:meth:`describe`), parses its own body and shapes its answer (its request module under
+  handlers/text/requests/), and lists the API dialects it speaks (:meth:`routes`: rows of handlers/text/dialects/).
 
 Adding a kind is one subclass here plus its request module, registered in handlers/text/kinds/__init__.py KINDS.
 """
@@ -27,9 +27,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from handlers.core import runtime
-from handlers.core.errors import TEI
+from handlers.text.dialects import tei
 from handlers.text.folder import TextModelFolder
-from handlers.text.requests.tokenize import answer_tokenizer, parse_decode, parse_info, parse_tokenize
 from handlers.text.routes import Route
 from handlers.text.rows import Row, RowOptions
 
@@ -38,14 +37,6 @@ if TYPE_CHECKING:
     from handlers.text.cache import CachedRow
     from handlers.text.requests.common import RequestContext
     from handlers.text.tokenization import ServedTokenizer
-
-
-# Every text model's tokenizer, in text-embeddings-inference's shapes (handlers/text/requests/tokenize.py).
-TOKENIZER_ROUTES = (
-    Route("tokenize", parse_tokenize, answer_tokenizer, TEI, "text-embeddings-inference /tokenize"),
-    Route("decode", parse_decode, answer_tokenizer, TEI, "text-embeddings-inference /decode"),
-    Route("info", parse_info, answer_tokenizer, TEI, "text-embeddings-inference /info"),
-)
 
 
 class Reference:
@@ -127,8 +118,9 @@ class TextKind:
     # ------------------------------------------------------------------------------------------- requests
     def routes(self) -> tuple[Route, ...]:
         """The API surfaces this kind serves (handlers/text/routes.py): its own body at the model's URL and the
-        tokenizer's routes; a kind adds the APIs whose clients it answers."""
-        return (Route("", self.parse_request, self.answer, api="this project's own"), *TOKENIZER_ROUTES)
+        tokenizer's routes (TEI's); a kind adds the rows of the dialects whose clients it answers
+        (handlers/text/dialects/)."""
+        return (Route("", self.parse_request, self.answer, api="this project's own"), *tei.TOKENIZER)
 
     def parse_request(self, api: RequestContext, body: Any, request: RequestView) -> Any:
         """One request's body at the model's own URL validated into its payload (a handlers.text.batch.RowsRequest),

@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from handlers.core.errors import COHERE, RERANK_V1, TEI
 from handlers.core.http import RequestView
 from handlers.text.cache import CachedRow
+from handlers.text.dialects import cohere, jina, tei
 from handlers.text.folder import (
     FolderError,
     TextModelFolder,
@@ -27,9 +27,9 @@ from handlers.text.folder import (
 )
 from handlers.text.kinds.base import Case, Reference, TextKind
 from handlers.text.labels import MULTI_LABEL, REGRESSION, SCORE, SINGLE_LABEL, probabilities
-from handlers.text.requests.classification import format_answer, parse_classification_request
+from handlers.text.requests.classification import format_answer, format_rerank, parse_classification_request
 from handlers.text.requests.common import RequestContext, decoded_body
-from handlers.text.requests.rerank import COHERE_V1, COHERE_V2, TEI_RERANK, format_rerank, parse_rerank
+from handlers.text.requests.rerank import RerankRequest
 from handlers.text.requests.zero_shot import ZeroShotRequest, format_zero_shot, is_zero_shot, parse_zero_shot
 from handlers.text.routes import Route
 
@@ -112,36 +112,21 @@ class ClassificationKind(TextKind):
         return TransformersClassifierReference(folder, info)
 
     def routes(self) -> tuple[Route, ...]:
-        return (
-            *super().routes(),
-            Route(COHERE_V2, self.parse_cohere_v2, self.answer_rerank, COHERE, "Cohere rerank v2"),
-            Route(COHERE_V1, self.parse_cohere_v1, self.answer_rerank, RERANK_V1, "Cohere rerank v1 and Jina rerank"),
-            Route(TEI_RERANK, self.parse_tei_rerank, self.answer_rerank, TEI, "text-embeddings-inference /rerank"),
-        )
+        return (*super().routes(), cohere.RERANK_V2, jina.RERANK, tei.RERANK)
 
     def parse_request(self, api: RequestContext, body: Any, request: RequestView) -> Any:
         """The model's own body: a text, a list, the project's rerank body, or a zero-shot request."""
         body = decoded_body(body, request.content_type)
         if is_zero_shot(body):
             return parse_zero_shot(api, body)
-        return parse_classification_request(body, request.content_type, api.limits, api.info)
+        return parse_classification_request(api, body, request.content_type)
 
     def answer(self, api: RequestContext, payload: Any, rows: list[CachedRow]) -> Any:
         if isinstance(payload, ZeroShotRequest):
             return format_zero_shot(api, payload, rows)
+        if isinstance(payload, RerankRequest):
+            return format_rerank(api, payload, rows)
         return format_answer(payload, rows, api.info, api.model_name)
-
-    def parse_cohere_v2(self, api: RequestContext, body: Any, request: RequestView) -> Any:
-        return parse_rerank(api, body, request.content_type, COHERE_V2)
-
-    def parse_cohere_v1(self, api: RequestContext, body: Any, request: RequestView) -> Any:
-        return parse_rerank(api, body, request.content_type, COHERE_V1)
-
-    def parse_tei_rerank(self, api: RequestContext, body: Any, request: RequestView) -> Any:
-        return parse_rerank(api, body, request.content_type, TEI_RERANK)
-
-    def answer_rerank(self, api: RequestContext, payload: Any, rows: list[CachedRow]) -> Any:
-        return format_rerank(api, payload, rows)
 
     def similarity(
         self, info: TextModelFolder, expected: torch.Tensor, got: torch.Tensor, mask: torch.Tensor | None = None

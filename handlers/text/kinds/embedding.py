@@ -12,26 +12,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from handlers.core.errors import COHERE, OPENAI, TEI
 from handlers.core.http import RequestView
 from handlers.text.cache import CachedRow
+from handlers.text.dialects import cohere, native, openai, tei
 from handlers.text.folder import FolderError, TextModelFolder
 from handlers.text.kinds.base import Case, Reference
 from handlers.text.kinds.sentence_transformers import MODEL_CONFIG, SavedModel, SentenceTransformersKind, hidden_width
 from handlers.text.modules import SENTENCE, DenseModule, LayerNormModule, NormalizeModule, PoolingModule
 from handlers.text.quantization import EMBEDDING_TYPES, INTEGER_TYPES, write_calibration
 from handlers.text.requests.common import RequestContext
-from handlers.text.requests.embedding import (
-    COHERE_ROUTE,
-    OPENAI_ROUTE,
-    TEI_ROUTE,
-    TextPreparation,
-    VectorSpace,
-    format_response,
-    parse_cohere_embed,
-    parse_embedding_request,
-    parse_tei_embed,
-)
+from handlers.text.requests.embedding import text_preparation
 from handlers.text.routes import Route
 from handlers.text.rows import Row, RowOptions
 from handlers.text.tokenization import ServedTokenizer
@@ -135,39 +125,13 @@ class EmbeddingKind(SentenceTransformersKind):
         return preparation.apply([case.text], prompt)[0], (preparation.options(1, prompt) or [RowOptions()])[0]
 
     def routes(self) -> tuple[Route, ...]:
-        return (
-            *super().routes(),
-            Route(OPENAI_ROUTE, self.parse_openai, self.answer, OPENAI, "OpenAI embeddings"),
-            Route(COHERE_ROUTE, self.parse_cohere, self.answer, COHERE, "Cohere embed v2"),
-            Route(TEI_ROUTE, self.parse_tei, self.answer, TEI, "text-embeddings-inference /embed"),
-        )
+        return (*super().routes(), openai.EMBEDDINGS, cohere.EMBED, tei.EMBED)
 
     def parse_request(self, api: RequestContext, body: Any, request: RequestView) -> Any:
-        space = vector_space(api)
-        preparation = text_preparation(api.info, api.tokenizer)
-        return parse_embedding_request(
-            body, request.content_type, space.dimension, api.limits, preparation, None, space
-        )
-
-    def parse_openai(self, api: RequestContext, body: Any, request: RequestView) -> Any:
-        space = vector_space(api)
-        preparation = text_preparation(api.info, api.tokenizer)
-        return parse_embedding_request(
-            body, request.content_type, space.dimension, api.limits, preparation, api.served_name, space
-        )
-
-    def parse_cohere(self, api: RequestContext, body: Any, request: RequestView) -> Any:
-        preparation = text_preparation(api.info, api.tokenizer)
-        return parse_cohere_embed(
-            body, request.content_type, vector_space(api), api.limits, preparation, api.served_name, api.tokenizer
-        )
-
-    def parse_tei(self, api: RequestContext, body: Any, request: RequestView) -> Any:
-        preparation = text_preparation(api.info, api.tokenizer)
-        return parse_tei_embed(body, request.content_type, vector_space(api), api.limits, preparation)
+        return native.parse_route(api, body, request)
 
     def answer(self, api: RequestContext, payload: Any, rows: list[CachedRow]) -> Any:
-        return format_response(payload, rows, api.model_name, vector_space(api))
+        return native.answer_route(api, payload, rows)
 
     def allowed_dimensions(self, info: TextModelFolder, configured: list[int]) -> tuple[int, ...] | None:
         """Sizes below the model's own that 'dimensions' may ask for: the folder's matryoshka_dimensions and
@@ -209,15 +173,3 @@ class EmbeddingKind(SentenceTransformersKind):
             "normalize": info.normalized,
             "truncate_dim": info.truncate_dim,
         }
-
-
-def vector_space(api: RequestContext) -> VectorSpace:
-    """What the served vectors allow requests to ask for (sizes, re-normalisation of a cut, the calibration)."""
-    normalizes = any(isinstance(module, NormalizeModule) for module in api.info.head)
-    return VectorSpace(api.info.output_size, api.dimensions, normalizes, api.calibration)
-
-
-def text_preparation(info: TextModelFolder, tokenizer: ServedTokenizer) -> TextPreparation:
-    """How the folder says a text becomes the model's input (handlers/text/requests/embedding.py TextPreparation)."""
-    prompt_tokens = tokenizer.prompt_length if info.excludes_prompt else None
-    return TextPreparation(dict(info.prompts), info.default_prompt_name, info.lowercase, prompt_tokens)

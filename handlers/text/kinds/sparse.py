@@ -13,16 +13,16 @@ from typing import Any
 
 import torch
 
-from handlers.core.errors import TEI
 from handlers.core.http import RequestView
 from handlers.text.cache import CachedRow
+from handlers.text.dialects import tei
 from handlers.text.folder import FolderError, TextModelFolder
 from handlers.text.kinds.base import Case, Reference
 from handlers.text.kinds.sentence_transformers import MODEL_CONFIG, SentenceTransformersKind
 from handlers.text.modules import SpladeModule
 from handlers.text.requests.common import RequestContext
 from handlers.text.requests.embedding import TextPreparation
-from handlers.text.requests.sparse import TEI_ROUTE, format_sparse_answer, parse_sparse_request, parse_tei_sparse
+from handlers.text.requests.sparse import format_sparse_answer, parse_sparse_request
 from handlers.text.routes import Route
 from handlers.text.rows import Row, RowOptions
 from handlers.text.tokenization import ServedTokenizer
@@ -85,14 +85,10 @@ class SparseKind(SentenceTransformersKind):
         return preparation.apply([case.text], prompt)[0], RowOptions()
 
     def routes(self) -> tuple[Route, ...]:
-        tei = Route(TEI_ROUTE, self.parse_tei, self.answer, TEI, "text-embeddings-inference /embed_sparse")
-        return (*super().routes(), tei)
+        return (*super().routes(), tei.EMBED_SPARSE)
 
     def parse_request(self, api: RequestContext, body: Any, request: RequestView) -> Any:
         return parse_sparse_request(api, body, request.content_type)
-
-    def parse_tei(self, api: RequestContext, body: Any, request: RequestView) -> Any:
-        return parse_tei_sparse(api, body, request.content_type)
 
     def answer(self, api: RequestContext, payload: Any, rows: list[CachedRow]) -> Any:
         return format_sparse_answer(api, payload, rows)

@@ -23,7 +23,7 @@ and tokens per request after truncation.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -33,6 +33,7 @@ from handlers.core.http import Float32
 from handlers.text.folder import TextModelFolder
 from handlers.text.labels import MULTI_LABEL, probabilities
 from handlers.text.requests.common import (
+    RequestContext,
     TextLimits,
     check_count,
     check_request_chars,
@@ -41,7 +42,14 @@ from handlers.text.requests.common import (
     positive_int,
 )
 from handlers.text.requests.embedding import EmbeddingRow
-from handlers.text.requests.rerank import ranked_results
+from handlers.text.requests.rerank import (
+    RerankRequest,
+    check_reranker,
+    document_names,
+    document_texts,
+    ranked_results,
+    rerank_scores,
+)
 from handlers.text.rows import Row, RowOptions
 
 SINGLE_FIELDS = {"text", "text_pair", "top_k", "truncate"}
@@ -54,19 +62,19 @@ MULTI_LABEL_THRESHOLD = 0.5
 class ClassificationRequest:
     texts: list[Row]  # model inputs: a text or a (text, text pair) per row
     names: list[str]  # how error messages name each row
-    shape: str  # "single", "list" or "rerank"
+    shape: str  # "single" or "list"
     truncate: bool
     top_k: int | None = 1  # labels in "scores" (None: all); 1 without "top_k": no "scores" at all
     scores: bool = False  # the request asked for top_k
-    top_n: int | None = None  # rerank: results kept
-    documents: list[str] = field(default_factory=list)  # rerank with return_documents
     options: list[RowOptions] | None = None  # every row computes with the defaults
 
 
 def parse_classification_request(
-    body: Any, content_type: str, limits: TextLimits, info: TextModelFolder
-) -> ClassificationRequest:
-    """Validate one request body (as TorchServe hands it over) into a :class:`ClassificationRequest`."""
+    api: RequestContext, body: Any, content_type: str
+) -> ClassificationRequest | RerankRequest:
+    """Validate one request body (as TorchServe hands it over) into a :class:`ClassificationRequest`, or for the
+    rerank body a :class:`RerankRequest`."""
+    limits, info = api.limits, api.info
     body = decoded_body(body, content_type)
     if isinstance(body, str):
         return ClassificationRequest([check_text(body, "body", limits.max_text_chars)], ["body"], "single", True)
@@ -86,8 +94,9 @@ def parse_classification_request(
     truncate = body.get("truncate", True)
     if not isinstance(truncate, bool):
         raise RequestError(f"'truncate' must be true or false, got {truncate!r}")
+    request: ClassificationRequest | RerankRequest
     if shape == "query":
-        request = rerank_request(body, truncate, limits, info)
+        request = rerank_request(api, body, truncate)
     else:
         request = classify_request(body, shape, truncate, limits)
         request.top_k, request.scores = top_k(body, len(info.labels))
@@ -134,29 +143,17 @@ def classify_request(body: dict[str, Any], shape: str, truncate: bool, limits: T
     return ClassificationRequest(rows, names, "list", truncate)
 
 
-def rerank_request(
-    body: dict[str, Any], truncate: bool, limits: TextLimits, info: TextModelFolder
-) -> ClassificationRequest:
-    if len(info.labels) != 1:
-        raise RequestError(
-            f"this model has {len(info.labels)} outputs ({', '.join(info.labels[:8])}); reranking needs a model with "
-            f"one relevance score (a cross-encoder): send 'text' or 'inputs' instead"
-        )
-    query = check_text(body["query"], "'query'", limits.max_text_chars)
-    documents = body.get("documents")
-    if not isinstance(documents, list) or not documents:
-        raise RequestError("'documents' must be a non-empty list of texts")
-    check_count(len(documents), "'documents'", limits)
-    names = [f"'documents'[{i}]" for i in range(len(documents))]
-    texts = [check_text(item, name, limits.max_text_chars) for item, name in zip(documents, names, strict=True)]
+def rerank_request(api: RequestContext, body: dict[str, Any], truncate: bool) -> RerankRequest:
+    check_reranker(api, "instead")
+    query = check_text(body["query"], "'query'", api.limits.max_text_chars)
+    texts = document_texts(api, body.get("documents"), "documents", structured=False)
     return_documents = body.get("return_documents", False)
     if not isinstance(return_documents, bool):
         raise RequestError(f"'return_documents' must be true or false, got {return_documents!r}")
     top_n = positive_int(body, "top_n")
-    return ClassificationRequest(
+    return RerankRequest(
         [(query, text) for text in texts],
-        names,
-        "rerank",
+        document_names("documents", len(texts)),
         truncate,
         top_n=None if top_n is None else min(top_n, len(texts)),
         documents=texts if return_documents else [],
@@ -184,9 +181,12 @@ def format_answer(
     if request.shape == "single":
         return row_answer(scores[0], info, request)
     tokens = sum(row.tokens for row in rows)
-    usage = {"prompt_tokens": tokens, "total_tokens": tokens}
-    if request.shape == "list":
-        results = [row_answer(row_scores, info, request) for row_scores in scores]
-        return {"results": results, "model": model_name, "usage": usage}
-    ranked = ranked_results(scores[:, 0].tolist(), request.top_n, request.documents)
-    return {"results": ranked, "model": model_name, "usage": usage}
+    results = [row_answer(row_scores, info, request) for row_scores in scores]
+    return {"results": results, "model": model_name, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+
+def format_rerank(api: RequestContext, request: RerankRequest, rows: Sequence[EmbeddingRow]) -> dict[str, Any]:
+    """The rerank body's answer: the documents best first."""
+    tokens = sum(row.tokens for row in rows)
+    ranked = ranked_results(rerank_scores(api, request, rows), request.top_n, request.documents)
+    return {"results": ranked, "model": api.model_name, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}

@@ -9,9 +9,8 @@ Accepted bodies (docs/your-model.md):
 - ``{"input": "..." | ["...", ...], same options}`` -> ``{"object": "list", "data": [{"index", "sparse"[, "tokens"]}],
   "model": ..., "usage": {...}}``.
 
-At ``/predictions/<model>/<version>/embed_sparse``, text-embeddings-inference's shape: ``{"inputs": "..." |
-["...", ...], "truncate": bool?, "truncation_direction": "right"?, "prompt_name": str?}`` -> one list per input of
-``{"index", "value"}``, in token-id order, as TEI answers (:func:`parse_tei_sparse`).
+At ``/predictions/<model>/<version>/embed_sparse`` the model also speaks text-embeddings-inference's shape
+(handlers/text/dialects/tei.py).
 
 Entries come largest weight first (ties by token id); ``top_k`` keeps the k largest of a text (the folder's own
 ``max_active_dims`` has already been applied, as ``SparseEncoder.encode()`` applies it). ``decode`` names each kept
@@ -28,13 +27,8 @@ from handlers.core.errors import RequestError
 from handlers.core.http import Float32
 from handlers.text.requests.common import (
     RequestContext,
-    check_bool,
-    check_fields,
     check_request_chars,
-    check_right_truncation,
-    json_object,
     positive_int,
-    text_list,
     text_or_input,
     truncate_flag,
 )
@@ -42,8 +36,6 @@ from handlers.text.requests.embedding import TextPreparation
 from handlers.text.rows import RowOptions
 
 OPTIONS = {"top_k", "decode", "truncate", "prompt_name"}
-TEI_FIELDS = {"inputs", "truncate", "truncation_direction", "prompt_name"}
-TEI_ROUTE = "embed_sparse"
 MAX_TOP_K = 1 << 20
 
 
@@ -51,7 +43,7 @@ MAX_TOP_K = 1 << 20
 class SparseRequest:
     texts: list[str]
     names: list[str]
-    shape: str  # "text", "list" or "tei"
+    shape: str  # "text" (plain or {"text"}) or "list" ({"input"})
     truncate: bool
     top_k: int | None = None
     decode: bool = False
@@ -78,20 +70,6 @@ def parse_sparse_request(api: RequestContext, body: Any, content_type: str) -> S
     return request
 
 
-def parse_tei_sparse(api: RequestContext, body: Any, content_type: str) -> SparseRequest:
-    body = json_object(body, content_type, "'inputs' (a text or a list of texts)")
-    check_fields(body, TEI_FIELDS)
-    if "inputs" not in body:
-        raise RequestError("missing field 'inputs' (a text or a list of texts)")
-    texts, names = text_list(body["inputs"], "inputs", api.limits)
-    check_right_truncation(body, "texts")
-    preparation = TextPreparation(dict(api.info.prompts), api.info.default_prompt_name, api.info.lowercase)
-    prompt = preparation.prompt(body)
-    request = SparseRequest(preparation.apply(texts, prompt), names, "tei", check_bool(body, "truncate", False))
-    check_request_chars(sum(len(text) for text in request.texts), api.limits)
-    return request
-
-
 def row_answer(api: RequestContext, request: SparseRequest, value: Any) -> dict[str, Any]:
     ids, weights = value
     ids, weights = ids[: request.top_k].tolist(), weights[: request.top_k].tolist()
@@ -105,13 +83,6 @@ def row_answer(api: RequestContext, request: SparseRequest, value: Any) -> dict[
 
 
 def format_sparse_answer(api: RequestContext, request: SparseRequest, rows: Sequence[Any]) -> Any:
-    if request.shape == "tei":
-        answer = []
-        for row in rows:
-            ids, weights = row.value
-            order = sorted(range(len(ids)), key=lambda i: int(ids[i]))
-            answer.append([{"index": int(ids[i]), "value": Float32(weights[i])} for i in order])
-        return answer
     if request.shape == "text":
         [row] = rows
         return {**row_answer(api, request, row.value), "truncated": row.truncated}
