@@ -492,15 +492,14 @@ class TextEngine(Engine):
         requests = [RowRequest((row,), (options.name,), options.truncate, (options.row,)) for row in rows]
         return self.run(requests, lambda _request, computed: computed[0])
 
-    def score(
-        self, pairs: Sequence[tuple[str, str]], options: EncodeOptions = EncodeOptions()
-    ) -> list[CachedRow | RequestError]:
-        """Per (text, text) pair of a classifier or cross-encoder: its scores as the model answers them (each label's
-        probability, or a reranker's relevance; the folder says which activation), or that pair's error."""
+    def score(self, rows: Sequence[Row], options: EncodeOptions = EncodeOptions()) -> list[CachedRow | RequestError]:
+        """Per row of a classifier or cross-encoder (a text, or a (text, text) pair): its scores as the model answers
+        them (each label's probability, or a reranker's relevance: the folder says which activation), or that row's
+        error."""
         activation = self.loaded.info.activation
         return [
             row if isinstance(row, RequestError) else replace(row, value=probabilities(row.value, activation))
-            for row in self.encode(list(pairs), options)
+            for row in self.encode(rows, options)
         ]
 
     def tokenize(self, rows: Sequence[Row], max_tokens: int = 0) -> list[Tokenized]:
