@@ -13,7 +13,7 @@ Where each model's request is parsed, batched, computed and answered (paths unde
   are listed by the kind's class, handlers/text/kinds/), and parsed by that row's parser: one module per API dialect,
   text/dialects/ (native.py, openai.py, cohere.py, jina.py, tei.py), the other kinds' own bodies in text/requests/
   (classification.py, zero_shot.py, sparse.py, multi_vector.py); batched by text/batch.py ``assemble_batch``, called
-  from text/handler.py ``TextModelHandler.preprocess`` (the LRU cache in text/cache.py, the shared tier in
+  from text/engine.py ``TextEngine.prepare`` (the LRU cache in text/cache.py, the shared tier in
   text/shared_cache.py, length buckets in text/buckets.py); computed by text/model.py ``TextModule`` (text/bert.py's
   plain-torch BERT or the transformers class the packaging step recorded, then the folder's sentence-transformers
   modules, text/modules.py) through the backend that serves it (text/backends.py: eager, jit, aot, openvino), each row
@@ -31,18 +31,20 @@ Every handler answers through core/base.py (``answer``/``reject``: status, conte
 Entry modules: ``classifier.py`` (ClassifierHandler), ``embeddings.py`` (EmbeddingHandler), ``text_classifier.py``
 (TextClassifierHandler), ``text_model.py`` (TextHandler, any kind), ``generator.py`` (GeneratorHandler). Each model's
 files are loaded by ``classification/nets.py``, ``text/model.py`` (``read_model_files``, ``build_module``; into
-text/handler.py's ``LoadedTextModel``) and ``generation/model.py`` into a typed ``Loaded*`` object.
+text/engine.py's ``LoadedTextModel``) and ``generation/model.py`` into a typed ``Loaded*`` object.
 
 text/: the one engine of every text model (docs/your-model.md): ``folder.py`` reads and checks a model's folder,
 ``kinds/`` holds one class per kind in one table (what a kind reads, computes, measures and answers), ``modules.py``
 the sentence-transformers module chain as torch steps, ``model.py`` the torch module, ``tokenization.py`` the
-tokenizer exactly as transformers builds it, ``handler.py`` the shared handler base ``TextModelHandler``,
+tokenizer exactly as transformers builds it, ``engine.py`` the text engine ``TextEngine`` (load, then rows in and
+values or per-row errors out, with no TorchServe in it), ``handler.py`` its TorchServe adapter ``TextModelHandler``,
 ``batch.py``/``cache.py``/``shared_cache.py``/``buckets.py``/``backends.py`` the batch path, ``dialects/`` one
 module per API dialect (typed requests, parsers, answer writers, route rows), ``requests/`` each kind's own body and
 what the dialects share.
 
-core/: ``base.py`` the batch orchestration every handler inherits (load, the backend walk with its accuracy gate,
-warm-up; per batch: parse each request, preprocess -> inference -> postprocess, one result per request, a failed batch
+core/: ``engine.py`` what every model family does at load (device, threads, the backend walk with its accuracy gate,
+warm-up), ``base.py`` the batch orchestration every handler inherits (TorchServe's context -> an engine; per batch:
+parse each request, preprocess -> inference -> postprocess, one result per request, a failed batch
 retried one request at a time, errors mapped to statuses), ``http.py`` request headers and bodies, strict JSON out
 (``to_json``), ``errors.py`` per-request errors, ``config.py`` the ``handler:`` config schema, ``metrics.py`` the custom
 metrics (config/metrics.yaml is generated from it), ``runtime.py`` device/threads/precision/compile/CPU flags,

@@ -291,14 +291,14 @@ def costs(embedder: Any, verifier: Any, path: Path = PARAPHRASES, rounds: int = 
             times.append((time.perf_counter() - started) * 1000 / count)
         return round(min(times), 4)
 
-    def uncached(handler: Any) -> None:
-        handler.cache = type(handler.cache)(0)  # each round computes, as a worker meeting new prompts does
+    def uncached(engine: Any) -> None:
+        engine.cache = type(engine.cache)(0)  # each round computes, as a worker meeting new prompts does
 
     def embed_all() -> None:
         for batch in batches:
             embedder.embed(batch)
 
-    uncached(embedder.handler)
+    uncached(embedder.engine)
     readings = [lexical.read(text) for text in texts]
     neighbours = list(zip(readings, readings[1:] + readings[:1], strict=True))
     result: dict[str, Any] = {
@@ -316,7 +316,7 @@ def costs(embedder: Any, verifier: Any, path: Path = PARAPHRASES, rounds: int = 
             for batch in pair_batches:
                 verifier.score(batch)
 
-        uncached(verifier.handler)
+        uncached(verifier.engine)
         result["verifier_ms_per_pair"] = per_item(score_all, len(pairs))
         result["verifier"] = verifier.describe()
     return result

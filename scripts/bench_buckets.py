@@ -35,7 +35,7 @@ def measure(archive: str, backends: list[str], rows_list: list[int], calls: int)
                 with torch.inference_mode():
                     for call in range(calls + 3):
                         started = time.perf_counter()
-                        handler.forward(handler.loaded.model, batch)
+                        handler.engine.forward(handler.loaded.model, batch)
                         if call >= 3:
                             times.append(1000 * (time.perf_counter() - started))
                 print(

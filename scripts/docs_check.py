@@ -594,12 +594,12 @@ def check_links(file: str, text: str, documents: dict[str, str]) -> list[Problem
 
 
 def ready_line_parts() -> list[str]:
-    """The fixed parts of the line a worker logs when it is ready (handlers/core/base.py), in order, up to the
+    """The fixed parts of the line a worker logs when it is ready (handlers/core/engine.py), in order, up to the
     precision: what a user greps model_log.log for."""
-    source = (REPO / "handlers" / "core" / "base.py").read_text()
+    source = (REPO / "handlers" / "core" / "engine.py").read_text()
     match = re.search(r'"(%s %s ready on [^"]*)"\s*"([^"]*)"', source)
     if not match:
-        raise LookupError("handlers/core/base.py no longer logs '%s %s ready on ...'")
+        raise LookupError("handlers/core/engine.py no longer logs '%s %s ready on ...'")
     parts = [part for part in re.split(r"%[-.\d]*[sdf]", match.group(1) + match.group(2)) if part.strip()]
     return parts[:3]  # " ready on ", ": backend=", " precision="
 

@@ -1,27 +1,23 @@
-"""The shared base of every handler: load-time choices once, then parse -> preprocess -> inference -> postprocess.
+"""The TorchServe side every handler shares: TorchServe's context -> an engine (handlers/core/engine.py) that loads the
+model; each batch parse -> preprocess -> inference -> postprocess -> one answer per request.
 
-A subclass supplies the model-specific parts:
+A subclass supplies the request side:
 
 - ``options``: its ``handler:`` config schema (``config.COMMON_OPTIONS`` plus its own keys),
-- ``load_model(model_dir)``: what it loads, as a :class:`Loaded` object (the fp32 model in eval mode, plus e.g. its
-  tokenizer and limits),
-- ``reference_batch(loaded)`` and ``warmup_batches(loaded)``: fixed inputs for the accuracy gate and for warm-up,
-- ``forward(model, batch)``: one forward pass returning a tensor (used by the gate, warm-up and inference),
+- ``create_engine(settings)``: the engine that loads its model (by default one whose family parts are this handler's
+  own ``load_model``, ``reference_batch``, ``warmup_batches`` and ``forward``, see :class:`HandlerEngine`),
 - ``parse_request(body, request)``: validation of one request into its payload, raising :class:`RequestError`,
 - ``preprocess(payloads)`` -> a batch object (with ``rows``), ``inference(batch, scope)`` -> outputs,
   ``postprocess(outputs, payloads)`` -> one result per payload: each stage gets what it needs from the one before by
   return value; nothing about a batch is left on the handler.
 
-The base owns what is the same everywhere: the config, device, threads, the backend walk (which backend and precision
-serve, each candidate checked against fp32 by the accuracy gate, refusals logged with their reason), warm-up,
-per-request error mapping, one result per request, retrying a failed batch one request at a time, and the metrics
-every handler records. A handler with more backends than eager/jit overrides ``backend_candidates`` and
-``load_backend``.
+The base owns what is the same everywhere on the TorchServe side: reading the context, the load metrics, per-request
+error mapping, one result per request, retrying a failed batch one request at a time, and the metrics every handler
+records. What serves (device, threads, the backend walk and its accuracy gate, warm-up) is the engine's.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Iterable, Sequence
@@ -32,47 +28,17 @@ import torch
 
 from handlers.core import identity, logging_setup, runtime
 from handlers.core.answer_size import answer_too_large, frame_limit
-from handlers.core.config import COMMON_OPTIONS, ConfigError, Option, validate
+from handlers.core.config import COMMON_OPTIONS, Option
+from handlers.core.engine import GATE_REFUSAL, BackendChoice, Candidate, Engine, EngineSettings, Loaded
 from handlers.core.errors import RequestError, ServerError, server_failure
 from handlers.core.http import FORM_CONTENT_TYPES, RequestView, request_body, to_json
-from handlers.core.load_phases import LoadPhases
 from handlers.core.metrics import HandlerMetrics
 
 logger = logging.getLogger(__name__)
 logging_setup.install()  # a body TorchServe cannot decode costs one log line, not its ~15-line traceback
 
 JSON_CONTENT_TYPE = "application/json"
-GATE_REFUSAL = "accuracy gate:"  # how a refusal by the accuracy gate starts (gate_rejected is read from it)
-
-
-@dataclass
-class Loaded:
-    """What ``load_model`` returns; a handler's own subclass adds what else it loaded (tokenizer, limits, ...).
-
-    After load, ``model`` is the served model (converted, compiled), not the fp32 one."""
-
-    model: Any  # a torch.nn.Module, or the callable torch.compile / AOTInductor / OpenVINO made of it
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """A (backend, precision) the backend walk may serve, and why it is on the list."""
-
-    backend: str
-    precision: str
-    why: str  # e.g. "configured", "rank 1 in backends/manifest.json": shown as backend_reason when it serves
-
-
-@dataclass(frozen=True)
-class BackendChoice:
-    """The backend walk's outcome: what serves, how close it is to fp32, and what was refused before it."""
-
-    model: Any
-    backend: str
-    precision: str
-    min_cosine: float  # smallest cosine similarity of its outputs to fp32 eager's on the reference batch
-    reason: str  # why this candidate serves
-    fallbacks: list[dict[str, str]]  # {backend, precision, reason} tried and refused at load, in order
+__all__ = ["GATE_REFUSAL", "BackendChoice", "BatchScope", "Candidate", "HandlerEngine", "Loaded", "ServingHandler"]
 
 
 class Batch(Protocol):
@@ -110,138 +76,49 @@ class ServingHandler:
 
     # ----------------------------------------------------------------------------------------------- load time
     def initialize(self, context: Any) -> None:
-        # Each step's seconds, logged on the ready line and described (load_phases), so a slow start says where.
-        self.load_phases = phases = LoadPhases()
+        """TorchServe's context -> the engine's settings; the engine loads; its choices are recorded as metrics."""
         properties = context.system_properties
-        self.model_dir = properties.get("model_dir")
         yaml_config = getattr(context, "model_yaml_config", None) or {}
-        self.config = validate(yaml_config.get("handler"), self.options)
         self.max_batch_requests = int(properties.get("batch_size") or yaml_config.get("batchSize") or 1)
         model_info = (getattr(context, "manifest", None) or {}).get("model", {})
-        self.model_name = model_info.get("modelName", type(self).__name__)
         self.max_answer_bytes = frame_limit()  # handlers/core/answer_size.py: larger bodies kill the worker
-        self.model_version = str(model_info.get("modelVersion", "0"))
-        self.device = runtime.choose_device(properties.get("gpu_id"))
-        self.threads = runtime.set_threads(self.config["threads"], int(yaml_config.get("maxWorkers") or 1))
-        # What this worker computes with, as a digest of the archive's content (recorded at package time): in every
-        # cache key, in describe and in each answer's header, so two models under one name never share an answer.
-        self.identity = str(identity.of_folder(self.model_dir, yaml_config.get("handler"))["identity"])
-
-        with phases.phase("model"):
-            loaded = self.load_model(self.model_dir)
-            fp32_model = loaded.model.eval().to(self.device)
-        # Inputs are made outside inference mode, as served requests' are: a compiled graph guards on that too.
-        with phases.phase("reference_inputs"):
-            reference_batch = self.reference_batch(loaded)
-        with torch.inference_mode():
-            choice = self.select_backend(fp32_model, loaded, reference_batch)
-        self.backend, self.precision = choice.backend, choice.precision
-        self.backend_reason, self.backend_fallbacks = choice.reason, choice.fallbacks
-        self.min_cosine = choice.min_cosine
-        gated = [f["precision"] for f in choice.fallbacks if f["reason"].startswith(GATE_REFUSAL)]
-        self.gate_rejected = gated[0] if gated and gated[0] != choice.precision else None
-        # Warm-up shapes depend on the backend that serves (a jit graph needs every shape family, eager one pass).
-        with phases.phase("warmup"):
-            warmup_batches = list(self.warmup_batches(loaded)) if self.config["warmup"] else []
-            with torch.inference_mode():
-                for batch in warmup_batches:
-                    self.forward(choice.model, batch)
-        self.loaded = dataclasses.replace(loaded, model=choice.model)  # the fp32 copy is not kept alive
-        # Only jit compiles in the worker; reading dynamo's counter imports torch._dynamo (~1 s of a start) otherwise.
-        self.compiles_after_warmup = runtime.compile_count() if self.backend == "jit" else 0
-        self.load_seconds = phases.finish()
-        logger.info(
-            "%s %s ready on %s: backend=%s precision=%s (requested %s/%s; %s; min cosine to fp32 %.6f), threads=%d, "
-            "load %.1fs (%s)",
-            self.model_name,
-            self.model_version,
-            self.device,
-            self.backend,
-            self.precision,
-            self.config["backend"],
-            self.config["precision"],
-            self.backend_reason,
-            self.min_cosine,
-            self.threads,
-            self.load_seconds,
-            phases.summary(),
+        settings = EngineSettings(
+            model_dir=properties.get("model_dir"),
+            handler_config=yaml_config.get("handler"),
+            name=model_info.get("modelName", type(self).__name__),
+            version=str(model_info.get("modelVersion", "0")),
+            gpu_id=properties.get("gpu_id"),
+            workers=int(yaml_config.get("maxWorkers") or 1),
         )
+        engine = self.engine = self.create_engine(settings)
+        # What the request side reads of the engine's settings (a handler's own family parts read them at load).
+        self.model_dir, self.model_name, self.model_version = engine.model_dir, engine.model_name, engine.model_version
+        self.config, self.device, self.threads, self.identity = (
+            engine.config,
+            engine.device,
+            engine.threads,
+            engine.identity,
+        )
+        engine.start()
+        # Its load-time choices, as the request side, describe and the tools read them off a handler.
+        self.loaded = engine.loaded
+        self.backend, self.precision, self.min_cosine = engine.backend, engine.precision, engine.min_cosine
+        self.backend_reason, self.backend_fallbacks = engine.backend_reason, engine.backend_fallbacks
+        self.gate_rejected, self.load_seconds, self.load_phases = (
+            engine.gate_rejected,
+            engine.load_seconds,
+            engine.load_phases,
+        )
+        self.compiles_after_warmup = engine.compiles_after_warmup
         load_metrics = HandlerMetrics(context, self.model_name)
         load_metrics.record("ServedBackend", 1, [("Backend", self.backend), ("Precision", self.precision)])
         load_metrics.record("ServedPrecision", 1, [("Precision", self.precision)])
         load_metrics.record("PrecisionMinCosine", self.min_cosine, [("Precision", self.precision)])
         self.initialized = True
 
-    def select_backend(self, fp32_model: torch.nn.Module, loaded: Any, reference: Any) -> BackendChoice:
-        """Walk the candidates in order; the first that loads and passes the accuracy gate against fp32 serves.
-
-        Each refused candidate is logged once with its reason and listed in ``backend_fallbacks``. The walk of the
-        base handler ends with eager fp32, which always passes; a walk with nothing left is a config error."""
-        wanted = runtime.resolve_precision(self.config["precision"], self.device)
-        if wanted == "int8" and self.device.type != "cpu":
-            raise ConfigError("handler.precision: int8 dynamic quantization runs on CPU only")
-        phases = self.load_phases
-        with phases.phase("gate_reference"):
-            expected = self.reference_output(fp32_model, reference)
-        bound = self.config["min_cosine"]
-        fallbacks: list[dict[str, str]] = []
-        for candidate in self.backend_candidates(loaded, wanted):
-            backend, precision = candidate.backend, candidate.precision
-            try:
-                with phases.phase("backend_load"):
-                    model = self.load_backend(backend, precision, fp32_model, loaded)
-                exact = backend == "eager" and precision == "fp32"  # the reference itself: nothing to compare
-                with phases.phase("gate"):
-                    similarity = (
-                        1.0
-                        if exact
-                        else self.gate_similarity(loaded, expected, self.reference_output(model, reference))
-                    )
-            except runtime.BackendUnavailable as error:
-                reason = str(error)
-            except ConfigError:
-                raise
-            except Exception as error:  # a candidate that breaks while loading must not stop the ones after it
-                logger.warning("backend %s %s failed to load", backend, precision, exc_info=True)
-                reason = f"failed to load: {type(error).__name__}: {error}"
-            else:
-                if similarity >= bound:
-                    logger.info(
-                        "backend %s %s serves (%s): min cosine %.6f to fp32 eager on the reference batch (bound %g)",
-                        backend,
-                        precision,
-                        candidate.why,
-                        similarity,
-                        bound,
-                    )
-                    return BackendChoice(model, backend, precision, similarity, candidate.why, fallbacks)
-                reason = f"{GATE_REFUSAL} min cosine {similarity:.6f} to fp32 eager is below the bound {bound:g}"
-            logger.warning("backend %s %s not served: %s", backend, precision, reason)
-            fallbacks.append({"backend": backend, "precision": precision, "reason": reason})
-        refused = "; ".join(f"{f['backend']} {f['precision']}: {f['reason']}" for f in fallbacks)
-        raise ConfigError(f"handler.backend: no candidate can serve on this worker ({refused})")
-
-    def gate_similarity(self, loaded: Any, expected: torch.Tensor, got: torch.Tensor) -> float:
-        """How close a candidate's reference output is to fp32 eager's, compared with handler.min_cosine: the smallest
-        row cosine similarity (a text model uses its kind's measure, handlers/text/kinds/)."""
-        return runtime.min_cosine_similarity(expected, got)
-
-    def backend_candidates(self, loaded: Any, precision: str) -> list[Candidate]:
-        """The configured backend at the wanted precision, then at fp32 (where the accuracy gate falls back to)."""
-        backend = self.config["backend"]
-        candidates = [Candidate(backend, precision, "configured")]
-        if precision != "fp32":
-            candidates.append(Candidate(backend, "fp32", f"fp32, because {precision} was refused"))
-        return candidates
-
-    def load_backend(self, backend: str, precision: str, fp32_model: torch.nn.Module, loaded: Any) -> Any:
-        """The callable that serves ``backend`` at ``precision``; raises runtime.BackendUnavailable with the reason."""
-        model = runtime.convert_model(fp32_model, precision)
-        if backend == "jit":
-            return runtime.compile_model(model)
-        if backend == "eager":
-            return model
-        raise ConfigError(f"handler.backend: {type(self).__name__} cannot serve {backend!r}")
+    def create_engine(self, settings: EngineSettings) -> Engine:
+        """The engine that loads this handler's model (not loaded yet)."""
+        return HandlerEngine(settings, self)
 
     # ----------------------------------------------------------------------------------------------- per batch
     def handle(self, data: list[Any], context: Any) -> list[str]:
@@ -332,22 +209,7 @@ class ServingHandler:
 
     def describe(self) -> dict[str, Any]:
         """What ``describe --customized`` shows: the choices this worker made at load."""
-        return {
-            "identity": self.identity,
-            "backend": self.backend,
-            "requested_backend": self.config["backend"],
-            "backend_reason": self.backend_reason,
-            "precision": self.precision,
-            "requested_precision": self.config["precision"],
-            "backend_min_cosine": round(self.min_cosine, 6),
-            "backend_fallbacks": self.backend_fallbacks,
-            "gate_rejected": self.gate_rejected,
-            "device": str(self.device),
-            "cpu_kind": runtime.cpu_kind(),  # what precision auto and the refusals were decided for (TS_CPU_AS)
-            "threads": self.threads,
-            "load_seconds": round(self.load_seconds, 2),
-            "load_phases": self.load_phases.rounded(),
-        }
+        return self.engine.describe()
 
     def run_stages(self, accepted: Sequence[tuple[int, Any]], scope: BatchScope) -> list[Any]:
         """Results for the accepted (batch index, payload) pairs, one each, in order: a value or a RequestError.
@@ -462,6 +324,8 @@ class ServingHandler:
         return JSON_CONTENT_TYPE
 
     # ----------------------------------------------------------------------------------------------- subclass API
+    # A handler served by HandlerEngine supplies its model family's parts here (handlers/core/engine.py says what
+    # each is for); one with an engine of its own (handlers/text/handler.py) overrides create_engine instead.
     def load_model(self, model_dir: str) -> Loaded:
         raise NotImplementedError
 
@@ -471,12 +335,7 @@ class ServingHandler:
     def warmup_batches(self, loaded: Any) -> Sequence[Any]:
         return []
 
-    def reference_output(self, model: Any, reference: Any) -> torch.Tensor:
-        """``model``'s output on the reference inputs, which the accuracy gate compares (one forward pass here)."""
-        return self.forward(model, reference)
-
     def forward(self, model: Any, batch: Any) -> torch.Tensor:
-        """One forward pass of ``model`` (the fp32 or converted module, or a compiled callable) on ``batch``."""
         raise NotImplementedError
 
     def parse_request(self, body: Any, request: RequestView) -> Any:
@@ -490,3 +349,27 @@ class ServingHandler:
 
     def postprocess(self, outputs: Any, payloads: list[Any]) -> list[Any]:
         raise NotImplementedError
+
+
+class HandlerEngine(Engine):
+    """The engine of a handler whose model family parts are its own methods (the classifier, the generator): the
+    walk, gate and warm-up are the engine's, the model, its inputs and its forward pass the handler's."""
+
+    def __init__(self, settings: EngineSettings, handler: ServingHandler) -> None:
+        self.handler = handler
+        super().__init__(settings, handler.options)
+
+    def family_name(self) -> str:
+        return type(self.handler).__name__
+
+    def load_model(self, model_dir: str) -> Loaded:
+        return self.handler.load_model(model_dir)
+
+    def reference_batch(self, loaded: Any) -> Any:
+        return self.handler.reference_batch(loaded)
+
+    def warmup_batches(self, loaded: Any) -> Sequence[Any]:
+        return self.handler.warmup_batches(loaded)
+
+    def forward(self, model: Any, batch: Any) -> torch.Tensor:
+        return self.handler.forward(model, batch)

@@ -23,8 +23,8 @@ from handlers.text.tokenization import ServedTokenizer
 
 
 class EncodingModel(Protocol):
-    """What batch assembly needs of a loaded model (handlers/text/handler.py ``LoadedTextModel`` is one): declared
-    here, below the handler, so this module does not import the handler that imports it."""
+    """What batch assembly needs of a loaded model (handlers/text/engine.py ``LoadedTextModel`` is one): declared
+    here, below the engine, so this module does not import the engine that imports it."""
 
     @property
     def info(self) -> TextModelFolder: ...

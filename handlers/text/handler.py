@@ -1,188 +1,28 @@
-"""The one text-model path: every embedding model, classifier, reranker, sparse and multi-vector encoder is served by
-this base.
+"""The TorchServe adapter of the text engine (handlers/text/engine.py): every embedding model, classifier, reranker,
+sparse and multi-vector encoder is served by this base.
 
-Per batch TorchServe hands over: look each row (a text, or a text pair) up in the worker's LRU cache and then the
-shared tier, tokenize the misses with ONE call of the fast tokenizer, group them by token length and run one forward
-pass per group, then answer every request with exactly its own rows, in order. What differs between kinds (what a
-folder holds, what a computed row is, what a request may say and how it is answered) is the kind's
-(handlers/text/kinds/): this module never branches on a kind's name.
-
-The kind is what the archive's ``text_model.json`` says (written by the packaging step); an entry module may pin one
-(handlers/embeddings.py). Model, limits and buckets come from the model's own folder (handlers/text/folder.py); the
-compiled backends, their accuracy gate and ranking from the archive's backends/ (handlers/text/backends.py,
-scripts/build_backends.py).
+At load, TorchServe's context becomes a :class:`TextEngine` (the kind the archive's ``text_model.json`` says, which
+an entry module may pin: handlers/embeddings.py) and the request side reads what it needs of it (limits, tokenizer,
+the kind's routes). Per batch TorchServe hands over: each request is parsed by its route into rows, the valid ones
+go through the engine together (LRU and shared tier, one tokenizer call, one forward pass per length group) and
+each gets exactly its own answer, in its route's shape. This module never branches on a kind's name.
 """
 
 from __future__ import annotations
 
-import logging
-from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
-import torch
-
-from handlers.core import memory, runtime
-from handlers.core.base import BatchScope, Candidate, Loaded, ServingHandler
-from handlers.core.config import COMMON_OPTIONS, ConfigError, Option
+from handlers.core.base import BatchScope, ServingHandler
+from handlers.core.engine import EngineSettings
 from handlers.core.errors import NATIVE, RequestError, error_body, shaped
 from handlers.core.http import RequestView
 from handlers.core.metrics import HandlerMetrics
-from handlers.text import backends
-from handlers.text.batch import (
-    ComputedRows,
-    Encoded,
-    TextBatch,
-    answer_requests,
-    assemble_batch,
-    encode_padded,
-    encode_rows,
-    model_inputs,
-)
-from handlers.text.buckets import auto_buckets, check_buckets, plan_forward_groups
-from handlers.text.cache import CacheKey, RowCache, cache_key
-from handlers.text.folder import FolderError, TextModelFolder, read_json, read_served
-from handlers.text.kinds import kind_named
-from handlers.text.kinds.base import TextKind
-from handlers.text.model import build_module, read_model_files
+from handlers.text.batch import ComputedRows, TextBatch
+from handlers.text.engine import TEXT_MODEL_OPTIONS, LoadedTextModel, TextEngine, kind_options, served_kind
 from handlers.text.quantization import load_calibration
-from handlers.text.requests.common import RequestContext, TextLimits
+from handlers.text.requests.common import RequestContext
 from handlers.text.routes import Routed, route_table
-from handlers.text.rows import DEFAULT_OPTIONS, Row, RowOptions
-from handlers.text.shared_cache import (
-    SHARED_CACHE_OPTION,
-    Namespace,
-    SharedCache,
-    open_shared_cache,
-    record_shared_cache,
-)
-from handlers.text.tokenization import ServedTokenizer
-
-logger = logging.getLogger(__name__)
-
-Tokens = tuple[torch.Tensor, ...]  # the model's arguments (TextModelFolder.model_inputs), [rows, length]
-
-
-def check_dimensions(option: Option, key: str, value: Any) -> Any:
-    if isinstance(value, list) and all(type(size) is int and size >= 1 for size in value):
-        return sorted(set(value))
-    option.refuse(key, f"expected a list of positive integers (embedding sizes a request may ask for), got {value!r}")
-    return value
-
-
-def check_length_buckets(option: Option, key: str, value: Any) -> Any:
-    if value == "auto" or isinstance(value, list):
-        return value
-    option.refuse(key, f"expected 'auto' or a list of token lengths, got {value!r}")
-    return value
-
-
-@dataclass
-class LoadedTextModel(Loaded):
-    """A text model and what serving it needs, as loaded from its folder and checked against the config."""
-
-    info: TextModelFolder  # what the folder says: kind, head, labels, prompts, limits
-    tokenizer: ServedTokenizer  # truncating at max_tokens
-    dimension: int  # floats per row: output size of the kind (embedding width, labels, vocabulary, token width)
-    max_tokens: int  # the model's token limit (texts are truncated to it)
-    buckets: list[int]  # token lengths rows are padded to
-    limits: TextLimits
-
-    @property
-    def pad_id(self) -> int:
-        return self.info.pad_id
-
-
-def load_text_model(model_dir: str, config: dict[str, Any], kind: TextKind) -> LoadedTextModel:
-    """Load the model and its tokenizer; refuse a folder or a ``handler:`` config that cannot serve it."""
-    try:
-        files = read_model_files(model_dir, kind.name)
-    except FolderError as error:
-        raise ConfigError(f"model folder: {error}") from None
-    info = kind.resolve(files.info, files.tokenizer)
-    configured = config["length_buckets"]
-    try:
-        buckets = auto_buckets(info.max_tokens) if configured == "auto" else check_buckets(configured, info.max_tokens)
-    except ValueError as error:
-        raise ConfigError(f"handler.length_buckets: {error}") from None
-    if config["max_forward_tokens"] < info.max_tokens:
-        raise ConfigError(f"handler.max_forward_tokens must hold one {info.max_tokens}-token row")
-    if config["max_request_chars"] < config["max_text_chars"]:
-        raise ConfigError(
-            f"handler.max_request_chars ({config['max_request_chars']}) is below "
-            f"handler.max_text_chars ({config['max_text_chars']}): no request could carry "
-            f"the longest text allowed"
-        )
-    return LoadedTextModel(
-        model=build_module(model_dir, info),
-        info=info,
-        tokenizer=files.tokenizer,
-        dimension=info.output_size,
-        max_tokens=info.max_tokens,
-        buckets=buckets,
-        limits=TextLimits(config["max_inputs"], config["max_text_chars"], config["max_request_chars"]),
-    )
-
-
-TEXT_MODEL_OPTIONS: dict[str, Option] = {
-    **COMMON_OPTIONS,
-    "backend": Option(
-        str,
-        "auto",
-        ("auto", "eager", "jit", "aot", "openvino"),
-        help="what runs the model: auto = the best prebuilt candidate in backends/manifest.json that this "
-        "machine runs and that passes the accuracy gate, else eager; eager = the torch module; jit = "
-        "torch.compile at load; aot = the archive's AOTInductor package; openvino = its OpenVINO IR",
-    ),
-    "max_inputs": Option(int, 64, minimum=1, maximum=4096, help="texts one request may carry ('input' list)"),
-    # Cost bounds per request (docs/reliability.md has the measured worst case at these values).
-    "max_text_chars": Option(
-        int,
-        20000,
-        minimum=1,
-        help="characters one text may have; checked before "
-        "tokenizing, which reads the whole text even when it is truncated",
-    ),
-    "max_request_chars": Option(int, 50000, minimum=1, help="characters of all texts of one request"),
-    "max_request_tokens": Option(
-        int,
-        1024,
-        minimum=1,
-        help="tokens of one request after truncation (usage.prompt_tokens); bounds its forward passes",
-    ),
-    "cache_size": Option(int, 4096, minimum=0, help="rows kept in the worker's LRU cache; 0 disables it"),
-    "shared_cache": SHARED_CACHE_OPTION,
-    "length_buckets": Option(
-        object,
-        "auto",
-        validator=check_length_buckets,
-        help="token lengths rows are padded to; the last must be the model's limit; auto = 16, 32, 64, ... up to "
-        "the model's own limit",
-    ),
-    "max_forward_tokens": Option(int, 8192, minimum=256, help="padded tokens one forward pass may hold"),
-    "release_memory_tokens": Option(
-        int,
-        512,
-        minimum=0,
-        help="after a batch of at least this many padded tokens, return freed heap memory to the OS (~2 ms); 0 = never",
-    ),
-    "reference_sentences": Option(str, "reference_sentences.json", help="accuracy-gate sentences in the archive"),
-    "dimensions": Option(
-        object,
-        [],
-        validator=check_dimensions,
-        help="embedding models: the shorter sizes a request's 'dimensions' may ask for (a Matryoshka-trained model's "
-        "sizes); each answer is the vector's first N values, re-normalised where the model normalises",
-    ),
-}
-
-
-def kind_options(kind: TextKind) -> dict[str, Option]:
-    """The text engine's options with the kind's own defaults (a classifier's gate bound differs)."""
-    options = dict(TEXT_MODEL_OPTIONS)
-    for key, default in kind.options_defaults().items():
-        options[key] = replace(options[key], default=default)
-    return options
+from handlers.text.shared_cache import record_shared_cache
 
 
 class TextModelHandler(ServingHandler):
@@ -190,15 +30,19 @@ class TextModelHandler(ServingHandler):
 
     kind_name: str | None = None
     options = TEXT_MODEL_OPTIONS
+    engine: TextEngine
     loaded: LoadedTextModel
 
     # ----------------------------------------------------------------------------------------------- load time
-    def initialize(self, context: Any) -> None:
-        model_dir = context.system_properties.get("model_dir")
-        self.kind = self.archive_kind(model_dir)
+    def create_engine(self, settings: EngineSettings) -> TextEngine:
+        self.kind = served_kind(settings.model_dir, self.kind_name, type(self).__name__)
         self.options = kind_options(self.kind)
+        return TextEngine(settings, self.kind)
+
+    def initialize(self, context: Any) -> None:
         super().initialize(context)
-        self.cache = RowCache(self.config["cache_size"])
+        engine = self.engine
+        self.cache, self.shared_cache = engine.cache, engine.shared_cache
         # The name the model is registered (and routed) under, which OpenAI clients send as 'model'.
         served_name = str(getattr(context, "model_name", None) or self.model_name)
         info = self.loaded.info
@@ -209,193 +53,18 @@ class TextModelHandler(ServingHandler):
             self.model_name,
             served_name,
             dimensions=self.kind.allowed_dimensions(info, self.config["dimensions"]),
-            calibration=load_calibration(model_dir, info.output_size),
+            calibration=load_calibration(self.model_dir, info.output_size),
             max_request_tokens=self.config["max_request_tokens"],
         )
         self.route_table = route_table(self.kind.routes())
-        # The shared tier's keys name everything that determines a row, so no other model content, version, backend
-        # or precision can read this worker's entries (handlers/text/shared_cache.py).
-        namespace = Namespace(
-            self.model_name,
-            self.model_version,
-            self.backend,
-            self.precision,
-            self.loaded.max_tokens,
-            self.loaded.dimension,
-            self.kind.value_layout,
-            identity=self.identity,
-        )
-        self.shared_cache: SharedCache | None = open_shared_cache(
-            self.config["shared_cache"], namespace, lambda value: self.kind.check_value(info, value)
-        )
-
-    def archive_kind(self, model_dir: str) -> TextKind:
-        """The kind this worker serves: the archive's (text_model.json), which a pinned kind must match."""
-        try:
-            recorded = read_served(Path(model_dir)).get("kind")
-        except FolderError as error:
-            raise ConfigError(f"model folder: {error}") from None
-        name = recorded or self.kind_name
-        if name is None:
-            raise ConfigError(
-                "model folder: text_model.json is missing, so the model's kind is unknown; package the model with "
-                "python -m scripts.package"
-            )
-        if self.kind_name is not None and name != self.kind_name:
-            raise ConfigError(
-                f"model folder: the archive holds a {name} model, which {type(self).__name__} does not serve "
-                f"(it serves {self.kind_name}); package it with its own template (docs/your-model.md)"
-            )
-        return kind_named(name)
 
     @property
     def routes(self) -> tuple[str, ...]:  # type: ignore[override]
         return tuple(self.route_table)
 
-    def load_model(self, model_dir: str) -> LoadedTextModel:
-        return load_text_model(model_dir, self.config, self.kind)
-
-    def reference_rows(self, loaded: LoadedTextModel, sentences: list[str]) -> list[tuple[Row, RowOptions]]:
-        """The gate's inputs: the kind's reference cases as the served path computes them."""
-        cases = self.kind.reference_cases(loaded.info, sentences)
-        return [self.kind.served_row(loaded.info, loaded.tokenizer, case) for case in cases]
-
-    def reference_batch(self, loaded: LoadedTextModel) -> list[Tokens]:
-        """The reference sentences as served: one padded group per length bucket.
-
-        Padded to the longest sentence instead, one long sentence would make every row of the gate's forward passes
-        (eager fp32 and each candidate) that long: ~6x the tokens, seconds of a worker's start-up on one thread."""
-        sentences = read_json(Path(self.model_dir), self.config["reference_sentences"])
-        if not isinstance(sentences, list) or not sentences or not all(isinstance(s, str) for s in sentences):
-            raise ConfigError(
-                f"handler.reference_sentences: {self.config['reference_sentences']} must be a list of strings"
-            )
-        rows = self.reference_rows(loaded, sentences)
-        options = [option for _, option in rows]
-        encodings = encode_rows(loaded, [row for row, _ in rows], options)
-        groups = plan_forward_groups(
-            [len(encoding.ids) for encoding in encodings], loaded.buckets, self.config["max_forward_tokens"]
-        )
-        return [
-            model_inputs(
-                loaded.info, [encodings[row] for row in g.rows], [options[row] for row in g.rows], g.pad_length
-            )
-            for g in groups
-        ]
-
-    def reference_output(self, model: Any, reference: list[Tokens]) -> Any:
-        """Per reference group: the model's output and the group's attention mask."""
-        return [(self.forward(model, group).to("cpu", torch.float32), group[1]) for group in reference]
-
-    def gate_similarity(self, loaded: LoadedTextModel, expected: Any, got: Any) -> float:
-        """The kind's measure, the worst over the reference groups (with each group's attention mask: a multi-vector
-        model's padded positions are not answers)."""
-        return min(
-            self.kind.similarity(loaded.info, want, have, mask)
-            for (want, mask), (have, _) in zip(expected, got, strict=True)
-        )
-
-    def warmup_batches(self, loaded: LoadedTextModel) -> list[Tokens]:
-        """What the serving backend needs run once before the first request, and no more (load time counts).
-
-        jit: every bucket length with 1 row and with 2 rows (half padded): with dynamic shapes one graph serves every
-        batch size >= 2 and every length; size 1 is specialised by the compiler, so both are run (the jit unit test
-        proves a mixed load afterwards compiles nothing). aot / openvino: one row per bucket length (their first
-        call at a new length prepares buffers for it). eager: one small pass warms the kernels.
-        """
-        token = loaded.pad_id + 3 if loaded.pad_id + 3 < 100 else 5
-
-        def rows(real: list[int], length: int) -> Tokens:
-            encodings = [Encoded([token] * n, [0] * n) for n in real]
-            return model_inputs(loaded.info, encodings, [DEFAULT_OPTIONS] * len(real), length)
-
-        if self.backend == "eager":
-            return [rows([loaded.buckets[0]], loaded.buckets[0])]
-        row_counts = (1, 2) if self.backend == "jit" else (1,)
-        batches = []
-        for length in loaded.buckets:
-            for count in row_counts:
-                batches.append(rows([length] + [max(2, length // 2)] * (count - 1), length))
-        return batches
-
-    def forward(self, model: Any, batch: Tokens) -> torch.Tensor:
-        return model(*(tensor.to(self.device) for tensor in batch))
-
-    def encode_padded(self, texts: list[Row]) -> Tokens:
-        """Texts as one padded batch for :meth:`forward` (benchmarks time the bare forward pass with it)."""
-        return encode_padded(self.loaded, texts)
-
-    def backend_candidates(self, loaded: LoadedTextModel, precision: str) -> list[Candidate]:
-        """auto: the archive's prebuilt candidates best first, then eager (at the wanted precision, then fp32)."""
-        if self.config["backend"] != "auto":
-            return super().backend_candidates(loaded, precision)
-        manifest, problem = backends.read_manifest(self.model_dir)
-        candidates = []
-        if manifest is None:
-            logger.info("backend auto: %s, so eager serves", problem)
-            last_resort = f"last resort: {problem}"
-        else:
-            ranked = backends.ranked_candidates(manifest)
-            for place, entry in enumerate(ranked, start=1):
-                measured = f", {entry['ms_per_text']} ms/text at build" if "ms_per_text" in entry else ""
-                why = f"rank {place} of {len(ranked)} in {backends.MANIFEST}{measured}"
-                candidates.append(Candidate(entry["backend"], entry["precision"], why))
-            for refused in manifest.get("refused") or []:
-                logger.info("backend auto: refused when the archive was built: %s", refused)
-            not_built = f" ({manifest['not_built']})" if manifest.get("not_built") else ""
-            nothing_left = "every prebuilt candidate was refused" if ranked else f"{backends.MANIFEST} lists none"
-            nothing_left += not_built
-            last_resort = f"last resort: {nothing_left}"
-        candidates.append(Candidate("eager", precision, last_resort))
-        if precision != "fp32":
-            candidates.append(Candidate("eager", "fp32", f"{last_resort}; {precision} refused"))
-        return candidates
-
-    def load_backend(self, backend: str, precision: str, fp32_model: torch.nn.Module, loaded: LoadedTextModel) -> Any:
-        if self.config["backend"] == "auto" and backend != "eager":
-            # A prebuilt candidate serves only where it is what was asked for and what this machine computes well.
-            reason = backends.machine_can_run(precision, self.device)
-            if reason:
-                raise backends.BackendUnavailable(reason)
-            requested = self.config["precision"]
-            if requested != "auto" and precision != requested:
-                raise backends.BackendUnavailable(f"handler.precision is {requested}")
-        model = backends.load_backend(
-            backend,
-            precision,
-            self.model_dir,
-            fp32_model,
-            self.threads,
-            self.device,
-            max_rows=self.config["max_forward_tokens"] // loaded.buckets[0],
-            max_tokens=loaded.buckets[-1],
-        )
-        if self.config["backend"] == "auto" and backend != "eager":
-            # Lengths where the build's ranking found eager faster than this candidate go to eager (same precision).
-            lengths = backends.eager_lengths(
-                backends.manifest_entry(Path(self.model_dir), backend, precision)[1], loaded.buckets
-            )
-            if lengths:
-                logger.info(
-                    "backend %s %s: rows padded to %s tokens run eager (faster there at build)",
-                    backend,
-                    precision,
-                    sorted(lengths),
-                )
-                return backends.LengthRouted(model, runtime.convert_model(fp32_model, precision), lengths)
-        return model
-
     def describe(self) -> dict[str, Any]:
         return {
-            **super().describe(),
-            "model": self.kind.describe(self.loaded.info),
-            "max_tokens": self.loaded.max_tokens,
-            "length_buckets": self.loaded.buckets,
-            "eager_lengths": sorted(getattr(self.loaded.model, "eager_lengths", ())),
-            "cache_size": self.config["cache_size"],
-            "cached": len(self.cache),
-            "shared_cache": self.shared_cache.describe() if self.shared_cache is not None else None,
-            "dimension": self.loaded.dimension,
+            **super().describe(),  # the engine's load-time choices, model, buckets and caches
             "routes": {path or "": route.api for path, route in self.route_table.items()},
             **self.kind.describe_requests(self.api),
             "limits": {
@@ -424,42 +93,15 @@ class TextModelHandler(ServingHandler):
             return error_body(error, payload.route.error_shape)
         return super().error_value(payload, error)
 
-    def cache_key(self, row: Row, options: RowOptions = DEFAULT_OPTIONS) -> CacheKey:
-        return cache_key(
-            row, self.model_version, self.precision, self.loaded.max_tokens, options, identity=self.identity
-        )
-
     def preprocess(self, payloads: list[Any]) -> TextBatch:
-        return assemble_batch(
-            payloads,
-            self.loaded,
-            self.cache,
-            self.cache_key,
-            self.config["max_request_tokens"],
-            self.config["max_forward_tokens"],
-            self.shared_cache,
-            self.max_answer_bytes,
-        )
+        return self.engine.prepare(payloads, self.max_answer_bytes)
 
     def inference(self, batch: TextBatch, scope: BatchScope) -> ComputedRows:
-        """One forward pass per length group; each row's value lands at its own position."""
-        values: list[Any] = [None] * len(batch.compute_keys)
-        info = self.loaded.info
-        for forward_pass in batch.passes:
-            output = self.forward(self.loaded.model, forward_pass.inputs).to("cpu", torch.float32)
-            for position, row in enumerate(forward_pass.rows):
-                values[row] = self.kind.row_value(
-                    info, output, position, batch.compute_ids[row], batch.compute_options[row]
-                )
-        return ComputedRows(batch, values)
+        return self.engine.compute(batch)
 
     def postprocess(self, computed: ComputedRows, payloads: list[Any]) -> list[Any]:
-        return answer_requests(
-            computed,
-            payloads,
-            self.cache,
-            lambda payload, rows: payload.route.answer(self.api, payload.request, rows),
-            self.shared_cache,
+        return self.engine.finish(
+            computed, payloads, lambda payload, rows: payload.route.answer(self.api, payload.request, rows)
         )
 
     def after_batch(self, batch: TextBatch, metrics: HandlerMetrics) -> None:
@@ -473,8 +115,4 @@ class TextModelHandler(ServingHandler):
             record_shared_cache(self.shared_cache, metrics)
         metrics.record("PaddedTokens", stats.padded_tokens)
         metrics.record("RealTokens", stats.real_tokens)
-        threshold = self.config["release_memory_tokens"]
-        if threshold and stats.padded_tokens >= threshold:
-            # Otherwise the allocator keeps what this batch's activations and tokenizer buffers freed, and the
-            # worker's RSS ratchets up with every larger batch (see handlers/core/memory.py).
-            memory.release_free_memory()
+        self.engine.release_memory(batch)

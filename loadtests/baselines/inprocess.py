@@ -77,18 +77,19 @@ def raw_forward_ms(handler, model, repeats=200):
     """Median time of one forward pass on a single input (no parsing, no pre/post-processing)."""
     import torch
 
+    engine = handler.engine  # what the handler computes with, called without the request side
     payload = traffic(model).payloads(0, 0).next()
     if model == "classifier":
         batch = torch.tensor([payload["inputs"]], dtype=torch.float32)
     else:
-        batch = handler.encode_padded([payload["text"]])
+        batch = engine.encode_padded([payload["text"]])
     times = []
     with torch.inference_mode():
         for _ in range(5):
-            handler.forward(handler.model, batch)
+            engine.forward(engine.model, batch)
         for _ in range(repeats):
             started = time.perf_counter()
-            handler.forward(handler.model, batch)
+            engine.forward(engine.model, batch)
             times.append(time.perf_counter() - started)
     return round(statistics.median(times) * 1e3, 3)
 

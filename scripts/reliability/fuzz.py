@@ -46,6 +46,7 @@ import numpy as np
 import torch
 import yaml
 
+from handlers.core.errors import RequestError
 from scripts.reliability import corpus
 from scripts.reliability.fuzz_grammar import EITHER, ERROR, FLT_MAX, OK, Grammar, Limits
 
@@ -600,12 +601,12 @@ class TextClassifierOracle:
         if sum(map(len, texts)) > limits["max_request_chars"]:
             return True
         try:
-            encodings = self.handler.loaded.tokenizer.encode_batch(rows)
+            tokenized = self.handler.engine.tokenize(rows)
         except Exception:  # text the tokenizer cannot take: the handler alone decides
             return False
-        if truncate is False and any(encoding.overflowing for encoding in encodings):
+        if truncate is False and any(row.truncated for row in tokenized):
             return True
-        return sum(len(encoding.ids) for encoding in encodings) > limits["max_request_tokens"]
+        return sum(len(row.ids) for row in tokenized) > limits["max_request_tokens"]
 
     def call(self, content_type, body, path=""):
         from scripts.ops.handler_loader import set_requests
@@ -616,18 +617,18 @@ class TextClassifierOracle:
 
     def alone(self, content_type, body):
         """The request alone in-process: its status and answer, its shape, and every label's probability per row
-        (asked again as an 'inputs' list with top_k null, so that labels and rankings can be compared)."""
+        (scored by the handler's text engine, so that labels and rankings can be compared)."""
         status, answer = self.call(content_type, body)
         shape = "single" if isinstance(body, str) or "text" in body else "list" if "inputs" in body else "rerank"
         documents = body.get("documents") if shape == "rerank" else None
         if status != 200:
             return status, answer, shape, None, documents
         rows, _ = self.rows(body)
-        inputs = [list(row) if isinstance(row, tuple) else row for row in rows]
-        every_status, every = self.call("application/json", {"inputs": inputs, "top_k": None})
-        if every_status != 200:
+        scored = self.handler.engine.score(rows)  # the handler's own engine, each row alone
+        if any(isinstance(row, RequestError) for row in scored):
             return status, answer, shape, None, documents
-        probabilities = [{s["label"]: s["score"] for s in row["scores"]} for row in every["results"]]
+        labels = self.handler.loaded.info.labels
+        probabilities = [dict(zip(labels, row.value.tolist(), strict=True)) for row in scored]
         return status, answer, shape, probabilities, documents
 
     def prepare(self, cases):

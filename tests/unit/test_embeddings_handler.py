@@ -42,15 +42,15 @@ def vectors(answer):
 
 
 def counting_forward(handler):
-    """Wrap handler.forward to record the shape of every forward pass."""
+    """Wrap the handler's engine's forward to record the shape of every forward pass."""
     shapes = []
-    original = handler.forward
+    original = handler.engine.forward
 
     def forward(model, batch):
         shapes.append(tuple(batch[0].shape))
         return original(model, batch)
 
-    handler.forward = forward
+    handler.engine.forward = forward
     return shapes
 
 
@@ -145,17 +145,17 @@ def test_cached_texts_skip_the_forward_pass_and_give_the_same_embedding(unpacked
 
 def test_the_cache_key_holds_model_identity_version_precision_and_token_limit(minilm):
     handler, _ = minilm
-    digest, *rest = handler.cache_key("text")
+    digest, *rest = handler.engine.cache_key("text")
     assert handler.identity.startswith("sha256:") and handler.describe()["identity"] == handler.identity
     assert rest == [handler.identity, "1.0", "fp32", 256]
-    assert digest != handler.cache_key("text ")[0] and digest == handler.cache_key("te" + "xt")[0]
+    assert digest != handler.engine.cache_key("text ")[0] and digest == handler.engine.cache_key("te" + "xt")[0]
 
 
 def test_the_cache_keeps_a_fixed_size_digest_not_the_text(minilm):
     """A cache full of maximum-length texts must not hold their characters (bounded worker memory)."""
     handler, _ = minilm
     long_text = "🙂" * handler.config["max_text_chars"]
-    assert len(handler.cache_key(long_text)[0]) == 16
+    assert len(handler.engine.cache_key(long_text)[0]) == 16
 
 
 def test_a_cached_truncated_text_still_refuses_truncate_false(unpacked_model):

@@ -582,17 +582,17 @@ def cross_encoder_dir(tmp_path_factory):
     return staged
 
 
-def test_the_verifier_scores_pairs_through_the_classifier_handler_as_a_served_reranker_would(cross_encoder_dir):
+def test_the_verifier_scores_pairs_through_the_text_engine_as_a_served_reranker_would(cross_encoder_dir):
     from sentence_transformers import CrossEncoder
 
     verifier = load_verifier(
         str(cross_encoder_dir.parent), "verifier", {"backend": "eager", "precision": "fp32"}, "auto", "t", "1", 1, None
     )
     pairs = [("How do I reset my password?", "how do i reset my pasword"), ("a", "b"), ("x" * 30_000, "too long")]
-    scores = verifier.score(pairs * 30)  # more pairs than one call of the handler may carry
+    scores = verifier.score(pairs * 30)  # more pairs than one request may carry: the engine scores each alone
     expected = CrossEncoder(str(cross_encoder_dir), device="cpu").predict(pairs[:2])
     assert scores[:2] == pytest.approx([float(e) for e in expected], abs=1e-5)
-    assert scores[2] == 0.0 and len(scores) == 90  # a pair over the handler's limits is not verified
+    assert scores[2] == 0.0 and len(scores) == 90  # a pair over the model's limits is not verified
     assert verifier.describe()["label"] == verifier.label
 
 

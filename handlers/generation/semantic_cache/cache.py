@@ -382,11 +382,11 @@ def open_semantic_cache(
         settings["threshold"],
         settings["candidates"],
         "on" if settings["lexical_check"] else "off",
-        f"{verifier.handler.backend} {verifier.handler.precision} at {settings['verifier_threshold']}"
+        f"{verifier.engine.backend} {verifier.engine.precision} at {settings['verifier_threshold']}"
         if verifier is not None
         else "none",
         settings["capacity"],
-        embedder.handler.backend,
-        embedder.handler.precision,
+        embedder.engine.backend,
+        embedder.engine.precision,
     )
     return cache

@@ -99,10 +99,9 @@ def check_semantic_cache(option: Option, key: str, value: Any) -> dict[str, Any]
 def check_model_handlers(option: Option, key: str, settings: dict[str, Any]) -> None:
     """The embedder's and the verifier's handler options, each against its own handler's schema: a typo is refused
     here, when packaging, not in a worker."""
-    from handlers.text.handler import TEXT_MODEL_OPTIONS
-    from handlers.text_classifier import TextClassifierHandler
+    from handlers.text.engine import TEXT_MODEL_OPTIONS
 
-    for name, schema in (("embedder_handler", TEXT_MODEL_OPTIONS), ("verifier_handler", TextClassifierHandler.options)):
+    for name, schema in (("embedder_handler", TEXT_MODEL_OPTIONS), ("verifier_handler", TEXT_MODEL_OPTIONS)):
         if not isinstance(settings[name], dict):
             option.refuse(key, f"{name}: expected the model's handler options as a mapping")
         try:

@@ -1,7 +1,7 @@
 """What a kind of text model is, as one class: everything in which an embedding model, a classifier, a sparse and a
 multi-vector encoder differ, and nothing in which they do not.
 
-The engine (handlers/text/handler.py: caches, one tokenizer call, length buckets, compiled backends, the accuracy
+The engine (handlers/text/engine.py: caches, one tokenizer call, length buckets, compiled backends, the accuracy
 gate; handlers/text/batch.py) calls these methods and never branches on a kind's name. A kind:
 
 - reads its folder (:meth:`TextKind.read_folder`: which files it needs, what its modules compute, which transformers

@@ -1,0 +1,508 @@
+"""The text engine: every embedding model, classifier, reranker, sparse and multi-vector encoder computed in process,
+with no TorchServe in it.
+
+:meth:`TextEngine.load` loads a model folder (or an unpacked archive) as a worker does: the kind its
+``text_model.json`` records, the model and tokenizer, the backend walk over the archive's compiled backends with
+the accuracy gate, warm-up, the worker's LRU cache of rows and the shared tier where configured. Then rows (a text,
+or a text pair) go through the one text-model path: look each up in the LRU and the shared tier, tokenize the misses
+with ONE call of the fast tokenizer, group them by token length, one forward pass per group. :meth:`TextEngine.encode`
+and :meth:`TextEngine.score` answer per row, a value or that row's own error; :meth:`TextEngine.run` takes requests
+of several rows (what the TorchServe handler, handlers/text/handler.py, hands it) and a function that shapes each
+request's answer from its rows. What differs between kinds is the kind's (handlers/text/kinds/): this module never
+branches on a kind's name.
+
+Model, limits and buckets come from the model's own folder (handlers/text/folder.py); the compiled backends, their
+accuracy gate and ranking from the archive's backends/ (handlers/text/backends.py, scripts/build_backends.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from handlers.core import memory, runtime
+from handlers.core.config import COMMON_OPTIONS, ConfigError, Option
+from handlers.core.engine import Candidate, Engine, EngineSettings, Loaded
+from handlers.core.errors import RequestError
+from handlers.text import backends
+from handlers.text.batch import (
+    ComputedRows,
+    Encoded,
+    RowsRequest,
+    TextBatch,
+    answer_requests,
+    assemble_batch,
+    encode_padded,
+    encode_rows,
+    model_inputs,
+)
+from handlers.text.buckets import auto_buckets, check_buckets, plan_forward_groups
+from handlers.text.cache import CachedRow, CacheKey, RowCache, cache_key
+from handlers.text.folder import FolderError, TextModelFolder, read_json, read_served
+from handlers.text.kinds import kind_named
+from handlers.text.kinds.base import TextKind
+from handlers.text.labels import probabilities
+from handlers.text.model import build_module, read_model_files
+from handlers.text.requests.common import TextLimits
+from handlers.text.rows import DEFAULT_OPTIONS, Row, RowOptions
+from handlers.text.shared_cache import SHARED_CACHE_OPTION, Namespace, SharedCache, open_shared_cache
+from handlers.text.tokenization import ServedTokenizer
+
+logger = logging.getLogger(__name__)
+
+Tokens = tuple[torch.Tensor, ...]  # the model's arguments (TextModelFolder.model_inputs), [rows, length]
+
+
+def check_dimensions(option: Option, key: str, value: Any) -> Any:
+    if isinstance(value, list) and all(type(size) is int and size >= 1 for size in value):
+        return sorted(set(value))
+    option.refuse(key, f"expected a list of positive integers (embedding sizes a request may ask for), got {value!r}")
+    return value
+
+
+def check_length_buckets(option: Option, key: str, value: Any) -> Any:
+    if value == "auto" or isinstance(value, list):
+        return value
+    option.refuse(key, f"expected 'auto' or a list of token lengths, got {value!r}")
+    return value
+
+
+@dataclass
+class LoadedTextModel(Loaded):
+    """A text model and what serving it needs, as loaded from its folder and checked against the config."""
+
+    info: TextModelFolder  # what the folder says: kind, head, labels, prompts, limits
+    tokenizer: ServedTokenizer  # truncating at max_tokens
+    dimension: int  # floats per row: output size of the kind (embedding width, labels, vocabulary, token width)
+    max_tokens: int  # the model's token limit (texts are truncated to it)
+    buckets: list[int]  # token lengths rows are padded to
+    limits: TextLimits
+
+    @property
+    def pad_id(self) -> int:
+        return self.info.pad_id
+
+
+def load_text_model(model_dir: str, config: dict[str, Any], kind: TextKind) -> LoadedTextModel:
+    """Load the model and its tokenizer; refuse a folder or a ``handler:`` config that cannot serve it."""
+    try:
+        files = read_model_files(model_dir, kind.name)
+    except FolderError as error:
+        raise ConfigError(f"model folder: {error}") from None
+    info = kind.resolve(files.info, files.tokenizer)
+    configured = config["length_buckets"]
+    try:
+        buckets = auto_buckets(info.max_tokens) if configured == "auto" else check_buckets(configured, info.max_tokens)
+    except ValueError as error:
+        raise ConfigError(f"handler.length_buckets: {error}") from None
+    if config["max_forward_tokens"] < info.max_tokens:
+        raise ConfigError(f"handler.max_forward_tokens must hold one {info.max_tokens}-token row")
+    if config["max_request_chars"] < config["max_text_chars"]:
+        raise ConfigError(
+            f"handler.max_request_chars ({config['max_request_chars']}) is below "
+            f"handler.max_text_chars ({config['max_text_chars']}): no request could carry "
+            f"the longest text allowed"
+        )
+    return LoadedTextModel(
+        model=build_module(model_dir, info),
+        info=info,
+        tokenizer=files.tokenizer,
+        dimension=info.output_size,
+        max_tokens=info.max_tokens,
+        buckets=buckets,
+        limits=TextLimits(config["max_inputs"], config["max_text_chars"], config["max_request_chars"]),
+    )
+
+
+TEXT_MODEL_OPTIONS: dict[str, Option] = {
+    **COMMON_OPTIONS,
+    "backend": Option(
+        str,
+        "auto",
+        ("auto", "eager", "jit", "aot", "openvino"),
+        help="what runs the model: auto = the best prebuilt candidate in backends/manifest.json that this "
+        "machine runs and that passes the accuracy gate, else eager; eager = the torch module; jit = "
+        "torch.compile at load; aot = the archive's AOTInductor package; openvino = its OpenVINO IR",
+    ),
+    "max_inputs": Option(int, 64, minimum=1, maximum=4096, help="texts one request may carry ('input' list)"),
+    # Cost bounds per request (docs/reliability.md has the measured worst case at these values).
+    "max_text_chars": Option(
+        int,
+        20000,
+        minimum=1,
+        help="characters one text may have; checked before "
+        "tokenizing, which reads the whole text even when it is truncated",
+    ),
+    "max_request_chars": Option(int, 50000, minimum=1, help="characters of all texts of one request"),
+    "max_request_tokens": Option(
+        int,
+        1024,
+        minimum=1,
+        help="tokens of one request after truncation (usage.prompt_tokens); bounds its forward passes",
+    ),
+    "cache_size": Option(int, 4096, minimum=0, help="rows kept in the worker's LRU cache; 0 disables it"),
+    "shared_cache": SHARED_CACHE_OPTION,
+    "length_buckets": Option(
+        object,
+        "auto",
+        validator=check_length_buckets,
+        help="token lengths rows are padded to; the last must be the model's limit; auto = 16, 32, 64, ... up to "
+        "the model's own limit",
+    ),
+    "max_forward_tokens": Option(int, 8192, minimum=256, help="padded tokens one forward pass may hold"),
+    "release_memory_tokens": Option(
+        int,
+        512,
+        minimum=0,
+        help="after a batch of at least this many padded tokens, return freed heap memory to the OS (~2 ms); 0 = never",
+    ),
+    "reference_sentences": Option(str, "reference_sentences.json", help="accuracy-gate sentences in the archive"),
+    "dimensions": Option(
+        object,
+        [],
+        validator=check_dimensions,
+        help="embedding models: the shorter sizes a request's 'dimensions' may ask for (a Matryoshka-trained model's "
+        "sizes); each answer is the vector's first N values, re-normalised where the model normalises",
+    ),
+}
+
+
+def kind_options(kind: TextKind) -> dict[str, Option]:
+    """The text engine's options with the kind's own defaults (a classifier's gate bound differs)."""
+    options = dict(TEXT_MODEL_OPTIONS)
+    for key, default in kind.options_defaults().items():
+        options[key] = replace(options[key], default=default)
+    return options
+
+
+def served_kind(model_dir: str, pinned: str | None = None, pinned_by: str = "") -> TextKind:
+    """The kind a model folder holds (its text_model.json), which a ``pinned`` kind (an entry module's, named
+    ``pinned_by`` in the refusal) must match."""
+    try:
+        recorded = read_served(Path(model_dir)).get("kind")
+    except FolderError as error:
+        raise ConfigError(f"model folder: {error}") from None
+    name = recorded or pinned
+    if name is None:
+        raise ConfigError(
+            "model folder: text_model.json is missing, so the model's kind is unknown; package the model with "
+            "python -m scripts.package"
+        )
+    if pinned is not None and name != pinned:
+        raise ConfigError(
+            f"model folder: the archive holds a {name} model, which {pinned_by} does not serve "
+            f"(it serves {pinned}); package it with its own template (docs/your-model.md)"
+        )
+    return kind_named(name)
+
+
+@dataclass(frozen=True)
+class EncodeOptions:
+    """How :meth:`TextEngine.encode` computes its rows."""
+
+    truncate: bool = True  # False: a row over the token limit is that row's error instead of being cut
+    row: RowOptions = DEFAULT_OPTIONS  # prompt length, a shorter token limit, task: part of each row's cache key
+    name: str = "text"  # what a row's error calls it
+
+
+@dataclass(frozen=True)
+class RowRequest:
+    """One row as a request of the text-model path (handlers/text/batch.py ``RowsRequest``): refused on its own."""
+
+    texts: tuple[Row]
+    names: tuple[str]
+    truncate: bool
+    options: tuple[RowOptions]
+
+
+@dataclass(frozen=True)
+class Tokenized:
+    """A row as the model sees it: its token ids after truncation, and whether it was cut."""
+
+    ids: list[int]
+    truncated: bool
+
+
+class TextEngine(Engine):
+    """A text model loaded for computing rows; :meth:`load` makes one from a folder."""
+
+    loaded: LoadedTextModel
+
+    def __init__(self, settings: EngineSettings, kind: TextKind) -> None:
+        self.kind = kind
+        super().__init__(settings, kind_options(kind))
+
+    @classmethod
+    def load(
+        cls,
+        model_dir: str | Path,
+        config: Mapping[str, Any] | None = None,
+        kind: str | None = None,
+        threads: int | None = None,
+        name: str = "text-model",
+        version: str = "1",
+        gpu_id: int | str | None = None,
+    ) -> TextEngine:
+        """The model in ``model_dir`` loaded and warmed up: ``config`` is its ``handler:`` section (the folder's
+        model-config.yaml is not read: say what differs from the defaults), ``kind`` the kind it must be (None:
+        whatever its text_model.json says), ``threads`` torch threads (None: the config's)."""
+        handler_config = dict(config or {})
+        if threads is not None:
+            handler_config["threads"] = threads
+        settings = EngineSettings(str(model_dir), handler_config, name, version, gpu_id)
+        engine = cls(settings, served_kind(settings.model_dir, kind, f"the {kind} engine"))
+        engine.start()
+        return engine
+
+    def start(self) -> None:
+        super().start()
+        self.cache = RowCache(self.config["cache_size"])
+        info = self.loaded.info
+        # The shared tier's keys name everything that determines a row, so no other model content, version, backend
+        # or precision can read this engine's entries (handlers/text/shared_cache.py).
+        namespace = Namespace(
+            self.model_name,
+            self.model_version,
+            self.backend,
+            self.precision,
+            self.loaded.max_tokens,
+            self.loaded.dimension,
+            self.kind.value_layout,
+            identity=self.identity,
+        )
+        self.shared_cache: SharedCache | None = open_shared_cache(
+            self.config["shared_cache"], namespace, lambda value: self.kind.check_value(info, value)
+        )
+
+    # ----------------------------------------------------------------------------------------------- load time
+    def load_model(self, model_dir: str) -> LoadedTextModel:
+        return load_text_model(model_dir, self.config, self.kind)
+
+    def reference_rows(self, loaded: LoadedTextModel, sentences: list[str]) -> list[tuple[Row, RowOptions]]:
+        """The gate's inputs: the kind's reference cases as the served path computes them."""
+        cases = self.kind.reference_cases(loaded.info, sentences)
+        return [self.kind.served_row(loaded.info, loaded.tokenizer, case) for case in cases]
+
+    def reference_batch(self, loaded: LoadedTextModel) -> list[Tokens]:
+        """The reference sentences as served: one padded group per length bucket.
+
+        Padded to the longest sentence instead, one long sentence would make every row of the gate's forward passes
+        (eager fp32 and each candidate) that long: ~6x the tokens, seconds of a worker's start-up on one thread."""
+        sentences = read_json(Path(self.model_dir), self.config["reference_sentences"])
+        if not isinstance(sentences, list) or not sentences or not all(isinstance(s, str) for s in sentences):
+            raise ConfigError(
+                f"handler.reference_sentences: {self.config['reference_sentences']} must be a list of strings"
+            )
+        rows = self.reference_rows(loaded, sentences)
+        options = [option for _, option in rows]
+        encodings = encode_rows(loaded, [row for row, _ in rows], options)
+        groups = plan_forward_groups(
+            [len(encoding.ids) for encoding in encodings], loaded.buckets, self.config["max_forward_tokens"]
+        )
+        return [
+            model_inputs(
+                loaded.info, [encodings[row] for row in g.rows], [options[row] for row in g.rows], g.pad_length
+            )
+            for g in groups
+        ]
+
+    def reference_output(self, model: Any, reference: list[Tokens]) -> Any:
+        """Per reference group: the model's output and the group's attention mask."""
+        return [(self.forward(model, group).to("cpu", torch.float32), group[1]) for group in reference]
+
+    def gate_similarity(self, loaded: LoadedTextModel, expected: Any, got: Any) -> float:
+        """The kind's measure, the worst over the reference groups (with each group's attention mask: a multi-vector
+        model's padded positions are not answers)."""
+        return min(
+            self.kind.similarity(loaded.info, want, have, mask)
+            for (want, mask), (have, _) in zip(expected, got, strict=True)
+        )
+
+    def warmup_batches(self, loaded: LoadedTextModel) -> list[Tokens]:
+        """What the serving backend needs run once before the first request, and no more (load time counts).
+
+        jit: every bucket length with 1 row and with 2 rows (half padded): with dynamic shapes one graph serves every
+        batch size >= 2 and every length; size 1 is specialised by the compiler, so both are run (the jit unit test
+        proves a mixed load afterwards compiles nothing). aot / openvino: one row per bucket length (their first
+        call at a new length prepares buffers for it). eager: one small pass warms the kernels.
+        """
+        token = loaded.pad_id + 3 if loaded.pad_id + 3 < 100 else 5
+
+        def rows(real: list[int], length: int) -> Tokens:
+            encodings = [Encoded([token] * n, [0] * n) for n in real]
+            return model_inputs(loaded.info, encodings, [DEFAULT_OPTIONS] * len(real), length)
+
+        if self.backend == "eager":
+            return [rows([loaded.buckets[0]], loaded.buckets[0])]
+        row_counts = (1, 2) if self.backend == "jit" else (1,)
+        batches = []
+        for length in loaded.buckets:
+            for count in row_counts:
+                batches.append(rows([length] + [max(2, length // 2)] * (count - 1), length))
+        return batches
+
+    def forward(self, model: Any, batch: Tokens) -> torch.Tensor:
+        return model(*(tensor.to(self.device) for tensor in batch))
+
+    def encode_padded(self, texts: list[Row]) -> Tokens:
+        """Texts as one padded batch for :meth:`forward` (benchmarks time the bare forward pass with it)."""
+        return encode_padded(self.loaded, texts)
+
+    def backend_candidates(self, loaded: LoadedTextModel, precision: str) -> list[Candidate]:
+        """auto: the archive's prebuilt candidates best first, then eager (at the wanted precision, then fp32)."""
+        if self.config["backend"] != "auto":
+            return super().backend_candidates(loaded, precision)
+        manifest, problem = backends.read_manifest(self.model_dir)
+        candidates = []
+        if manifest is None:
+            logger.info("backend auto: %s, so eager serves", problem)
+            last_resort = f"last resort: {problem}"
+        else:
+            ranked = backends.ranked_candidates(manifest)
+            for place, entry in enumerate(ranked, start=1):
+                measured = f", {entry['ms_per_text']} ms/text at build" if "ms_per_text" in entry else ""
+                why = f"rank {place} of {len(ranked)} in {backends.MANIFEST}{measured}"
+                candidates.append(Candidate(entry["backend"], entry["precision"], why))
+            for refused in manifest.get("refused") or []:
+                logger.info("backend auto: refused when the archive was built: %s", refused)
+            not_built = f" ({manifest['not_built']})" if manifest.get("not_built") else ""
+            nothing_left = "every prebuilt candidate was refused" if ranked else f"{backends.MANIFEST} lists none"
+            nothing_left += not_built
+            last_resort = f"last resort: {nothing_left}"
+        candidates.append(Candidate("eager", precision, last_resort))
+        if precision != "fp32":
+            candidates.append(Candidate("eager", "fp32", f"{last_resort}; {precision} refused"))
+        return candidates
+
+    def load_backend(self, backend: str, precision: str, fp32_model: torch.nn.Module, loaded: LoadedTextModel) -> Any:
+        if self.config["backend"] == "auto" and backend != "eager":
+            # A prebuilt candidate serves only where it is what was asked for and what this machine computes well.
+            reason = backends.machine_can_run(precision, self.device)
+            if reason:
+                raise backends.BackendUnavailable(reason)
+            requested = self.config["precision"]
+            if requested != "auto" and precision != requested:
+                raise backends.BackendUnavailable(f"handler.precision is {requested}")
+        model = backends.load_backend(
+            backend,
+            precision,
+            self.model_dir,
+            fp32_model,
+            self.threads,
+            self.device,
+            max_rows=self.config["max_forward_tokens"] // loaded.buckets[0],
+            max_tokens=loaded.buckets[-1],
+        )
+        if self.config["backend"] == "auto" and backend != "eager":
+            # Lengths where the build's ranking found eager faster than this candidate go to eager (same precision).
+            lengths = backends.eager_lengths(
+                backends.manifest_entry(Path(self.model_dir), backend, precision)[1], loaded.buckets
+            )
+            if lengths:
+                logger.info(
+                    "backend %s %s: rows padded to %s tokens run eager (faster there at build)",
+                    backend,
+                    precision,
+                    sorted(lengths),
+                )
+                return backends.LengthRouted(model, runtime.convert_model(fp32_model, precision), lengths)
+        return model
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            **super().describe(),
+            "model": self.kind.describe(self.loaded.info),
+            "max_tokens": self.loaded.max_tokens,
+            "length_buckets": self.loaded.buckets,
+            "eager_lengths": sorted(getattr(self.loaded.model, "eager_lengths", ())),
+            "cache_size": self.config["cache_size"],
+            "cached": len(self.cache),
+            "shared_cache": self.shared_cache.describe() if self.shared_cache is not None else None,
+            "dimension": self.loaded.dimension,
+        }
+
+    # ----------------------------------------------------------------------------------------------- rows
+    def cache_key(self, row: Row, options: RowOptions = DEFAULT_OPTIONS) -> CacheKey:
+        return cache_key(
+            row, self.model_version, self.precision, self.loaded.max_tokens, options, identity=self.identity
+        )
+
+    def prepare(self, requests: Sequence[RowsRequest], max_answer_bytes: int = 0) -> TextBatch:
+        """Cache lookups, one tokenizer call for the misses, each request's limits (an answer over
+        ``max_answer_bytes`` where the request can estimate it, 0 = no bound), padded length groups. Call it outside
+        inference mode: the tensors are made as warm-up's were (a compiled graph guards on that)."""
+        return assemble_batch(
+            requests,
+            self.loaded,
+            self.cache,
+            self.cache_key,
+            self.config["max_request_tokens"],
+            self.config["max_forward_tokens"],
+            self.shared_cache,
+            max_answer_bytes,
+        )
+
+    def compute(self, batch: TextBatch) -> ComputedRows:
+        """One forward pass per length group (call it in inference mode); each row's value lands at its own position."""
+        values: list[Any] = [None] * len(batch.compute_keys)
+        info = self.loaded.info
+        for forward_pass in batch.passes:
+            output = self.forward(self.loaded.model, forward_pass.inputs).to("cpu", torch.float32)
+            for position, row in enumerate(forward_pass.rows):
+                values[row] = self.kind.row_value(
+                    info, output, position, batch.compute_ids[row], batch.compute_options[row]
+                )
+        return ComputedRows(batch, values)
+
+    def finish(
+        self,
+        computed: ComputedRows,
+        requests: Sequence[RowsRequest],
+        format_answer: Callable[[Any, list[CachedRow]], Any],
+    ) -> list[Any]:
+        """Each request's answer, ``format_answer(request, its rows)``, or its error; the computed rows are stored in
+        the LRU and the shared tier."""
+        return answer_requests(computed, requests, self.cache, format_answer, self.shared_cache)
+
+    def release_memory(self, batch: TextBatch) -> None:
+        """After a large batch, return what its activations and tokenizer buffers freed to the OS: otherwise the
+        allocator keeps it and the process's RSS ratchets up with every larger batch (handlers/core/memory.py)."""
+        threshold = self.config["release_memory_tokens"]
+        if batch.stats is not None and threshold and batch.stats.padded_tokens >= threshold:
+            memory.release_free_memory()
+
+    def run(self, requests: Sequence[RowsRequest], format_answer: Callable[[Any, list[CachedRow]], Any]) -> list[Any]:
+        """prepare -> compute -> finish for requests of rows: per request its answer or its own error."""
+        batch = self.prepare(requests)
+        with torch.inference_mode():
+            computed = self.compute(batch)
+        answers = self.finish(computed, requests, format_answer)
+        self.release_memory(batch)
+        return answers
+
+    def encode(self, rows: Sequence[Row], options: EncodeOptions = EncodeOptions()) -> list[CachedRow | RequestError]:
+        """Per row: what the model computes for it (its kind's value: a vector, a sparse row, token vectors, a
+        classifier's logits) with its token count and whether it was truncated, or why that row alone cannot be
+        computed. The rows are computed together, in one batch."""
+        requests = [RowRequest((row,), (options.name,), options.truncate, (options.row,)) for row in rows]
+        return self.run(requests, lambda _request, computed: computed[0])
+
+    def score(self, rows: Sequence[Row], options: EncodeOptions = EncodeOptions()) -> list[CachedRow | RequestError]:
+        """Per row of a classifier or cross-encoder (a text, or a (text, text) pair): its scores as the model answers
+        them (each label's probability, or a reranker's relevance: the folder says which activation), or that row's
+        error."""
+        activation = self.loaded.info.activation
+        return [
+            row if isinstance(row, RequestError) else replace(row, value=probabilities(row.value, activation))
+            for row in self.encode(rows, options)
+        ]
+
+    def tokenize(self, rows: Sequence[Row], max_tokens: int = 0) -> list[Tokenized]:
+        """Each row's token ids as the model would see them (cut at ``max_tokens``, 0 = the model's limit)."""
+        encodings = encode_rows(self.loaded, rows, [RowOptions(max_tokens=max_tokens)] * len(rows))
+        return [Tokenized(list(e.ids), bool(e.overflowing)) for e in encodings]
