@@ -44,6 +44,7 @@ from handlers.core.config import COMMON_OPTIONS, ConfigError, Option
 from handlers.core.errors import OPENAI, RequestError
 from handlers.core.http import RequestView, to_json
 from handlers.core.metrics import HandlerMetrics
+from handlers.core.routes import Route
 from handlers.generation import chat, kv_cache
 from handlers.generation.answers import Outcome
 from handlers.generation.limits import AUTO, AutoOrInt
@@ -98,13 +99,18 @@ class GeneratorHandler(ServingHandler):
         "prefix_cache": PREFIX_CACHE_OPTION,
         "semantic_cache": SEMANTIC_CACHE_OPTION,
     }
-    # '' = the native API at /predictions/<model>; the others follow /predictions/<model>/<version>/.
-    routes = tuple(GENERATION_ROUTES)
+    # The API surfaces, one row per dialect (handlers/generation/routes.py): '' = the native API at
+    # /predictions/<model>; the others follow /predictions/<model>/<version>/. A new dialect is a module and a row.
+    route_table: dict[str, Route] = GENERATION_ROUTES
     loaded: LoadedGenerator
 
     def __init__(self) -> None:
         super().__init__()
         self.stream_sink = send_chunks  # how intermediate chunks leave; unit tests record them instead
+
+    @property
+    def routes(self) -> tuple[str, ...]:  # type: ignore[override]
+        return tuple(self.route_table)
 
     # ----------------------------------------------------------------------------------------------- load time
     def initialize(self, context: Any) -> None:
@@ -200,7 +206,7 @@ class GeneratorHandler(ServingHandler):
             "openai": {
                 "routes": [
                     f"/predictions/{self.model_name}/{self.model_version}/{route.path}"
-                    for route in GENERATION_ROUTES.values()
+                    for route in self.route_table.values()
                     if route.error_shape == OPENAI
                 ],
                 "chat_template": "the model's" if chat.has_chat_template(self.loaded.tokenizer) else "plain",
@@ -234,7 +240,7 @@ class GeneratorHandler(ServingHandler):
     def parse_request(self, body: Any, request: RequestView) -> AcceptedGeneration | DescribeRequest:
         """Validate one request by its route's parser (handlers.generation.routes; the base has checked the path is
         one of the routes); a refusal takes the route's error shape."""
-        route = GENERATION_ROUTES[request.url_path]
+        route = self.route_table[request.url_path]
         try:
             parsed = route.parse(body, request, self.served)
             if isinstance(parsed, DescribeRequest):
