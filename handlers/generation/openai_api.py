@@ -22,6 +22,9 @@ Refusals are OpenAI-shaped (``{"error": {"message", "type", "param", "code"}}``,
 :meth:`RequestError.to_openai_body`); answers are ``text_completion`` / ``chat.completion`` objects, and streams are
 server-sent events (``data: {chunk}``), the last content chunk carrying ``finish_reason``, then a usage chunk when
 ``stream_options.include_usage`` is true, then ``data: [DONE]``.
+
+This dialect's rows of the generator's route table are :data:`COMPLETIONS` and :data:`CHAT`
+(handlers/generation/routes.py): the parsers raise the shared checks' refusals, which take the rows' OpenAI shape.
 """
 
 from __future__ import annotations
