@@ -19,12 +19,16 @@ Where each model's request is parsed, batched, computed and answered (paths unde
   modules, text/modules.py) through the backend that serves it (text/backends.py: eager, jit, aot, openvino), each row
   turned into its kind's value (``TextKind.row_value``); answered by text/batch.py ``answer_requests`` with the route's
   answer writer, refusals in the route's error shape (core/errors.py ``error_body``).
-- generator (``generator.py``): parsed in generation/requests.py ``parse_generation_request`` (the OpenAI routes
-  v1/completions and v1/chat/completions in generation/openai_api.py ``parse_openai_request``, chat messages rendered
-  by generation/chat.py); batched by generation/requests.py ``start_generations``; computed by generation/running.py
-  ``generate`` (model loading: generation/model.py, limits: generation/limits.py); answered by
-  ``GeneratorHandler.postprocess`` in the request's API shape (generation/answers.py), streamed pieces by
-  generation/streaming.py (NDJSON, or server-sent events for the OpenAI routes).
+- generator (``generator.py``, the TorchServe adapter): routed by the URL path to one of its API surfaces
+  (generation/routes.py ``GENERATION_ROUTES``: the native API, OpenAI's completions and chat, describe), and parsed by
+  that route's dialect module: generation/native.py ``parse_generation_request``, generation/openai_api.py
+  ``parse_completion`` / ``parse_chat`` (chat messages rendered by generation/chat.py), the checks they share in
+  generation/requests.py; batched by generation/loop.py ``GenerationLoop`` (per step: generation/scheduler.py; whole
+  batch: generation/requests.py ``start_generations``); computed by generation/running.py (``RunningBatch``,
+  ``generate``; model loading: generation/model.py, limits: generation/limits.py); answered by
+  ``GenerationLoop.postprocess`` / ``GenerationLoop.step`` in the request's dialect shape (its route's answer writer,
+  generation/answers.py), streamed pieces by generation/streaming.py (NDJSON, or server-sent events for the OpenAI
+  routes).
 
 Every handler answers through core/base.py (``answer``/``reject``: status, content type, strict JSON).
 

@@ -1,10 +1,11 @@
 """What a finished generation looks like to its client: one answer shape per API, one streaming mechanism.
 
-Every accepted request carries the :class:`Answers` of the API it came through (chosen when it is parsed): the native
-``{"prompt": ...}`` API (:class:`NativeAnswers`: one JSON object, or NDJSON lines when streamed) or OpenAI's
+Every accepted request carries the :class:`Answers` of the API it came through (its route's answer writer, made when
+it is parsed: :mod:`handlers.generation.routes`): the native ``{"prompt": ...}`` API
+(:class:`handlers.generation.native.NativeAnswers`: one JSON object, or NDJSON lines when streamed) or OpenAI's
 completions and chat completions (:mod:`handlers.generation.openai_api`: ``text_completion`` / ``chat.completion``
 objects, or server-sent events). Decoding, stop sequences and the intermediate responses are the same for all of them
-(``handlers/generator.py``, :mod:`handlers.generation.streaming`); only these methods differ:
+(:mod:`handlers.generation.loop`, :mod:`handlers.generation.streaming`); only these methods differ:
 
 - ``body(outcome)``: the JSON value of a non-streamed answer,
 - ``piece(text)``: one intermediate stream chunk carrying new text,
@@ -19,7 +20,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from handlers.core.errors import RequestError
-from handlers.generation.streaming import STREAM_CONTENT_TYPE, ndjson
 
 
 @dataclass(frozen=True)
@@ -59,41 +59,3 @@ class Answers(Protocol):
     def error_body(self, error: RequestError) -> dict[str, Any]: ...
 
     def stream_error(self, body: dict[str, Any]) -> str: ...
-
-
-class NativeAnswers:
-    """``POST /predictions/generator``: ``{"text", "finish_reason", "prompt_tokens", "completion_tokens", "model"}``
-    (+ ``"seed"`` when sampling); streamed as NDJSON ``{"text": piece, "done": false}`` lines and a last line with
-    ``"done": true``, the rest of the text and the counts (docs/generation.md)."""
-
-    stream_content_type = STREAM_CONTENT_TYPE
-    plain_error_until_streamed = False
-
-    def counts(self, outcome: Outcome) -> dict[str, Any]:
-        answer: dict[str, Any] = {
-            "finish_reason": outcome.finish_reason,
-            "prompt_tokens": outcome.prompt_tokens,
-            "completion_tokens": outcome.completion_tokens,
-            "model": outcome.model,
-        }
-        if outcome.seed is not None:
-            answer["seed"] = outcome.seed
-        return outcome.marked(answer)
-
-    def body(self, outcome: Outcome) -> dict[str, Any]:
-        return {"text": outcome.text, **self.counts(outcome)}
-
-    def piece(self, text: str) -> str:
-        return ndjson({"text": text, "done": False})
-
-    def stream_end(self, outcome: Outcome) -> str:
-        return ndjson({"text": outcome.rest, "done": True, **self.counts(outcome)})
-
-    def error_body(self, error: RequestError) -> dict[str, Any]:
-        return error.to_body()
-
-    def stream_error(self, body: dict[str, Any]) -> str:
-        return ndjson({**body, "done": True})
-
-
-NATIVE_ANSWERS = NativeAnswers()

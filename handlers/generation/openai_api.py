@@ -22,6 +22,9 @@ Refusals are OpenAI-shaped (``{"error": {"message", "type", "param", "code"}}``,
 :meth:`RequestError.to_openai_body`); answers are ``text_completion`` / ``chat.completion`` objects, and streams are
 server-sent events (``data: {chunk}``), the last content chunk carrying ``finish_reason``, then a usage chunk when
 ``stream_options.include_usage`` is true, then ``data: [DONE]``.
+
+This dialect's rows of the generator's route table are :data:`COMPLETIONS` and :data:`CHAT`
+(handlers/generation/routes.py): the parsers raise the shared checks' refusals, which take the rows' OpenAI shape.
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from handlers.core.errors import OPENAI, RequestError, ShapedError, shaped, shown
+from handlers.core.errors import OPENAI, RequestError, ShapedError, shown
+from handlers.core.http import RequestView, json_body
+from handlers.core.routes import Route
 from handlers.generation import chat
 from handlers.generation.answers import Outcome
 from handlers.generation.decoding import SamplingSettings
@@ -40,6 +45,7 @@ from handlers.generation.requests import (
     FieldError,
     GenerationLimits,
     GenerationRequest,
+    Served,
     cache_request,
     checked_seed,
     checked_stop,
@@ -139,28 +145,9 @@ OTHER_ROUTE_HINTS = {
 NEUTRAL = {**COMPLETION_NEUTRAL, **CHAT_NEUTRAL}  # every field refused unless neutral, for the docs and tests
 
 
-@dataclass(frozen=True)
-class Served:
-    """What the OpenAI parsers need to know about the served model."""
-
-    model_name: str  # TorchServe's model name (in the URL): what answers report as "model"
-    model_info: dict[str, str]  # {name, weights}: its name is accepted as "model" too; both go in system_fingerprint
-    limits: GenerationLimits
-    tokenizer: Any
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys((self.model_name, self.model_info["name"])))
-
-
 # A refusal in OpenAI's error shape, with the field it is about as ``param``: the one shaped-error helper of every
 # OpenAI-, Cohere- and TEI-compatible route (handlers/core/errors.py).
 OpenAIError = ShapedError
-
-
-def as_openai_error(error: RequestError) -> ShapedError:
-    """A refusal raised by the shared checks, in OpenAI's shape (the field it names becomes ``param``)."""
-    return shaped(error, OPENAI)
 
 
 # ------------------------------------------------------------------------------------------------------ parsing
@@ -319,20 +306,6 @@ def parse_chat(body: Any, served: Served) -> GenerationRequest:
     )
 
 
-PARSERS: dict[str, Callable[[Any, Served], GenerationRequest]] = {
-    COMPLETIONS_ROUTE: parse_completion,
-    CHAT_ROUTE: parse_chat,
-}
-
-
-def parse_openai_request(route: str, body: Any, served: Served) -> GenerationRequest:
-    """One OpenAI request for ``route``; every refusal is an OpenAI-shaped RequestError."""
-    try:
-        return PARSERS[route](body, served)
-    except RequestError as error:
-        raise as_openai_error(error) from None
-
-
 def fingerprint(served: Served) -> str:
     """system_fingerprint: which model answers and where its weights come from (the demo's are random)."""
     return f"{served.model_info['name']}; weights: {served.model_info['weights']}"
@@ -423,3 +396,20 @@ class ChatAnswers(OpenAIAnswers):
             delta["content"] = text
         self.role_sent = True
         return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+
+
+# ------------------------------------------------------------------------------------------------------ routes
+def route_parser(parse: Callable[[Any, Served], GenerationRequest]) -> Callable[..., GenerationRequest]:
+    """A route's parser: the body as TorchServe handed it (raw bytes or text are read as JSON here, so that invalid
+    JSON is refused in OpenAI's shape too; a null body goes to ``parse``, which names what it expected)."""
+
+    def parse_route(body: Any, request: RequestView, served: Served) -> GenerationRequest:
+        return parse(None if body is None else json_body(body, request), served)
+
+    return parse_route
+
+
+COMPLETIONS = Route(
+    COMPLETIONS_ROUTE, route_parser(parse_completion), CompletionAnswers, OPENAI, api="OpenAI completions"
+)
+CHAT = Route(CHAT_ROUTE, route_parser(parse_chat), ChatAnswers, OPENAI, api="OpenAI chat completions")

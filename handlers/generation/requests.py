@@ -18,17 +18,15 @@ the same :class:`GenerationRequest` with the same limits. A refusal about one fi
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from handlers.core.errors import RequestError, shown, surrogate_at
-from handlers.generation.answers import NATIVE_ANSWERS, Answers
+from handlers.generation.answers import Answers
 from handlers.generation.decoding import SamplingSettings, Sequence
 from handlers.generation.semantic_cache.options import REQUEST_FIELD, CacheRequest, PromptLookup, parse_cache_request
 from handlers.generation.streaming import AnswerText
 
-FIELDS = ("prompt", "max_new_tokens", "temperature", "top_k", "seed", "stream", REQUEST_FIELD)
 MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes a 64-bit value; keep it a signed one for every client
 MAX_STOP_SEQUENCES = 4  # OpenAI's limit
 MAX_STOP_CHARS = 256  # per stop sequence: longer ones are refused, not searched for in every step's text
@@ -60,13 +58,27 @@ class GenerationRequest:
     settings: SamplingSettings
     stream: bool
     seed_reported: bool  # sampling: the seed used goes back in the answer
+    answers: Answers  # the dialect it came through (its route's answer writer): how its answer and stream are framed
     stop: tuple[str, ...] = ()  # the answer ends before the first of these (finish_reason "stop")
-    answers: Answers = NATIVE_ANSWERS  # the API it came through: how its answer and stream are framed
     # False: a streamed request's pieces all go in its final answer (one NDJSON line), none ahead of it. A gRPC
     # unary Predictions call must not get intermediate pieces: TorchServe 0.12 then fails the worker for good.
     send_pieces: bool = True
     # What the similarity cache compares and what must match exactly (None: the parser gave nothing to look up).
     lookup: PromptLookup | None = None
+
+
+@dataclass(frozen=True)
+class Served:
+    """What every dialect's parser needs to know about the served model (handlers/generation/routes.py)."""
+
+    model_name: str  # TorchServe's model name (in the URL): what answers report as "model"
+    model_info: dict[str, str]  # {name, weights}: its name is accepted as "model" too; both go in system_fingerprint
+    limits: GenerationLimits
+    tokenizer: Any
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys((self.model_name, self.model_info["name"])))
 
 
 @dataclass(frozen=True)
@@ -252,32 +264,3 @@ def checked_stop(body: dict[str, Any]) -> tuple[str, ...]:
         if surrogate_at(sequence) is not None:
             raise FieldError("stop", f"{name} is not valid Unicode (unpaired surrogate)")
     return tuple(stops)
-
-
-def parse_generation_request(
-    body: Any, limits: GenerationLimits, tokenize: Callable[[str], list[int]]
-) -> GenerationRequest:
-    """Validate one (already JSON-decoded) body; ``tokenize`` turns the prompt into token ids."""
-    if not isinstance(body, dict):
-        raise RequestError(f"body must be a JSON object with a 'prompt' field, got {type(body).__name__}")
-    unknown = sorted(set(body) - set(FIELDS))
-    if unknown:
-        raise RequestError(f"unknown field(s) {unknown}; accepted fields are {list(FIELDS)}"[:500])
-    prompt = checked_prompt(body, limits)
-
-    new_tokens = max_new_tokens(body, "max_new_tokens", limits)
-    temperature = checked_temperature(body, limits.max_temperature)
-    top_k = integer(body, "top_k", 0, 0, limits.vocab_size)
-    seed, _ = checked_seed(body)
-    stream = checked_stream(body)
-    lookup = prompt_lookup(body, prompt)
-
-    prompt_ids = prompt_tokens(tokenize(prompt), "'prompt'", limits)
-    settings = SamplingSettings(max_new_tokens=new_tokens, temperature=temperature, top_k=top_k, seed=seed)
-    return GenerationRequest(
-        prompt_ids=prompt_ids,
-        settings=settings,
-        stream=stream,
-        seed_reported=not settings.greedy,
-        lookup=lookup,
-    )

@@ -14,7 +14,8 @@ A request leaves as soon as it is finished (length, end-of-text, a stop sequence
 its answer goes out at once and its rows stop costing steps. The room a request needs is counted at its longest
 (prompt + max_new_tokens) for every row of the batch, as the batch's cache is as wide as its longest row: the running
 batch never holds more than ``max_batch_tokens`` tokens' worth of keys and values. Nothing here knows about HTTP or
-TorchServe's messages (handlers/generator.py does); each piece can be tested in-process.
+TorchServe's messages (handlers/generation/loop.py drives it, handlers/generator.py adapts TorchServe to that); each
+piece can be tested in-process.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from handlers.generation.decoding import FINISH_ERROR, Sequence
+from handlers.generation.requests import AcceptedGeneration, Generation
 from handlers.generation.running import NewTokens, RunningBatch
 
 logger = logging.getLogger(__name__)
@@ -40,17 +42,20 @@ class Active:
     """One request the worker is serving, from its arrival to its answer."""
 
     request_id: str
-    generation: Any  # handlers.generation.requests.Generation: its sequence, text and request
+    generation: Generation  # its sequence, text and request
     arrived: float  # perf_counter when the worker first saw it
     reserve: int  # tokens it may need: prompt + max_new_tokens
-    extra: dict[str, Any] = field(default_factory=dict)  # the handler's own per-request state (stream opened, ...)
+    payload: AcceptedGeneration  # the accepted request: what its answer is framed from
+    # Where the similarity cache keeps its answer when it is done (the group and prompt vector it was looked up
+    # with); None: the cache did not look it up.
+    remember: tuple[bytes, Any] | None = None
+    opened: bool = False  # a piece of its stream went out: its status is 200 already, its end closes the stream
     first_token_at: float | None = None
     admitted: bool = False
 
     @property
     def sequence(self) -> Sequence:
-        sequence: Sequence = self.generation.sequence
-        return sequence
+        return self.generation.sequence
 
 
 @dataclass

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from handlers.core.errors import NATIVE
+from handlers.core.routes import Route, route_table
 
 if TYPE_CHECKING:
     from handlers.core.http import RequestView
@@ -26,19 +26,7 @@ if TYPE_CHECKING:
 Parse = Callable[["RequestContext", Any, "RequestView"], Any]
 Answer = Callable[["RequestContext", Any, "list[CachedRow]"], Any]
 
-
-@dataclass(frozen=True)
-class Route:
-    """One API surface: its path after ``/predictions/<model>/<version>/`` ('' = the model's own URL,
-    ``/predictions/<model>``), the function that validates a body into its request (raising RequestError), the one
-    that answers it from its computed rows, and the error shape of its refusals (handlers/core/errors.py
-    ``error_body``)."""
-
-    path: str
-    parse: Parse
-    answer: Answer
-    error_shape: str = NATIVE
-    api: str = ""  # what clients speak it (for the 404 that lists routes, describe and the docs)
+__all__ = ["Answer", "Parse", "Route", "Routed", "route_table"]  # Route and route_table: handlers/core/routes.py
 
 
 @dataclass(frozen=True)
@@ -75,12 +63,3 @@ class Routed:
         """How a request whose answer is too large to send can be made to fit, in the route's own terms (None: fewer
         inputs is the only way)."""
         return getattr(self.request, "fit_hint", None)
-
-
-def route_table(routes: Sequence[Route]) -> dict[str, Route]:
-    table: dict[str, Route] = {}
-    for route in routes:
-        if route.path in table:
-            raise ValueError(f"two routes serve '{route.path}'")
-        table[route.path] = route
-    return table

@@ -87,7 +87,7 @@ def test_a_default_column_is_the_codes_default():
 
 def test_a_request_field_table_matches_the_schema():
     table = (
-        "<!-- request-fields: handlers.generation.requests:FIELDS! -->\n| field | type |\n| --- | --- |\n"
+        "<!-- request-fields: handlers.generation.native:FIELDS! -->\n| field | type |\n| --- | --- |\n"
         "| `prompt` | string |\n| `max_tokens` | integer |\n"
     )
     problems = problems_of(NOTE + table)

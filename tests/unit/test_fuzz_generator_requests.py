@@ -5,7 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from handlers.core.errors import RequestError
-from handlers.generation.requests import FIELDS, MAX_SEED, GenerationLimits, parse_generation_request
+from handlers.generation.native import FIELDS, parse_generation_request
+from handlers.generation.requests import MAX_SEED, GenerationLimits
 
 LIMITS = GenerationLimits(
     max_prompt_tokens=16,

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from handlers.core.errors import RequestError
+from handlers.core.http import RequestView
 from handlers.generation import chat
 from handlers.generation.decoding import SamplingSettings, choose_token
 from handlers.generation.openai_api import (
@@ -21,9 +22,9 @@ from handlers.generation.openai_api import (
     COMPLETIONS_ROUTE,
     NEUTRAL,
     Served,
-    parse_openai_request,
 )
 from handlers.generation.requests import MAX_SEED, GenerationLimits
+from handlers.generation.routes import GENERATION_ROUTES
 from handlers.generation.streaming import AnswerText
 from scripts.ops.handler_loader import ChunkRecorder, load_handler, set_requests, statuses
 
@@ -50,6 +51,15 @@ def run(handler, context, requests):
     handler.stream_sink = recorder
     answers = handler.handle([{"body": body} for _, body in requests], context)
     return answers, recorder.messages
+
+
+def parse_openai(path, body, served):
+    """One body through its route's parser, refused in the route's error shape as the handler refuses it."""
+    route = GENERATION_ROUTES[path]
+    try:
+        return route.parse(body, RequestView(None, 0), served)
+    except RequestError as error:
+        raise route.refusal(error) from None
 
 
 def one(handler, context, route, body):
@@ -111,21 +121,21 @@ def test_chat_answers_chat_completion_with_an_assistant_message(generator):
 
 def test_openai_fields_map_onto_the_generation_request(served):
     body = {"prompt": "Hi", "max_tokens": 7, "temperature": 0.5, "top_p": 0.9, "seed": 11, "stop": ["x", "yz"]}
-    request = parse_openai_request(COMPLETIONS_ROUTE, body, served)
+    request = parse_openai(COMPLETIONS_ROUTE, body, served)
     assert request.settings == SamplingSettings(max_new_tokens=7, temperature=0.5, top_k=0, seed=11, top_p=0.9)
     assert request.stop == ("x", "yz") and request.stream is False
     assert request.prompt_ids == served.tokenizer.encode("Hi")
-    assert parse_openai_request(COMPLETIONS_ROUTE, {**body, "stop": "x"}, served).stop == ("x",)
+    assert parse_openai(COMPLETIONS_ROUTE, {**body, "stop": "x"}, served).stop == ("x",)
 
 
 def test_defaults_are_openais_sampling_with_the_handler_default_length(served):
-    request = parse_openai_request(COMPLETIONS_ROUTE, {"model": "generator", "prompt": "Hi"}, served)
+    request = parse_openai(COMPLETIONS_ROUTE, {"model": "generator", "prompt": "Hi"}, served)
     assert request.settings.temperature == 1.0 and request.settings.top_p == 1.0 and request.stop == ()
     assert request.settings.max_new_tokens == served.limits.default_max_new_tokens
     assert 0 <= request.settings.seed <= MAX_SEED
     # null means "not given" for every optional field (OpenAI's are nullable), as clients that send None expect
     nulls = {key: None for key in ("max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "logprobs")}
-    assert parse_openai_request(COMPLETIONS_ROUTE, {"prompt": "Hi", **nulls}, served).settings.temperature == 1.0
+    assert parse_openai(COMPLETIONS_ROUTE, {"prompt": "Hi", **nulls}, served).settings.temperature == 1.0
 
 
 def test_neutral_values_of_unservable_fields_and_ignored_fields_are_accepted(served):
@@ -140,7 +150,7 @@ def test_neutral_values_of_unservable_fields_and_ignored_fields_are_accepted(ser
         "suffix": "",
         "user": "someone",
     }
-    assert parse_openai_request(COMPLETIONS_ROUTE, completion, served).prompt_ids == served.tokenizer.encode("Hi")
+    assert parse_openai(COMPLETIONS_ROUTE, completion, served).prompt_ids == served.tokenizer.encode("Hi")
     conversation = {
         "messages": HI,
         "logprobs": False,
@@ -156,7 +166,7 @@ def test_neutral_values_of_unservable_fields_and_ignored_fields_are_accepted(ser
         "stream": True,
         "stream_options": {"include_usage": True, "include_obfuscation": False},
     }
-    request = parse_openai_request(CHAT_ROUTE, conversation, served)
+    request = parse_openai(CHAT_ROUTE, conversation, served)
     assert request.settings.max_new_tokens == 5 and request.answers.include_usage is True
 
 
@@ -314,7 +324,7 @@ def test_bad_chat_gets_its_own_openai_error(generator, name):
 )
 def test_chat_refuses_what_it_cannot_honour_naming_the_field(served, change, param):
     with pytest.raises(RequestError) as refused:
-        parse_openai_request(CHAT_ROUTE, {"messages": HI, **change}, served)
+        parse_openai(CHAT_ROUTE, {"messages": HI, **change}, served)
     assert refused.value.code == 400 and refused.value.to_body()["error"]["param"] == param
 
 
@@ -323,7 +333,7 @@ def test_every_unservable_field_is_refused_unless_neutral(served):
         route = COMPLETIONS_ROUTE if key in ("echo", "best_of", "suffix") else CHAT_ROUTE
         body = {"prompt": "Hi"} if route == COMPLETIONS_ROUTE else {"messages": HI}
         with pytest.raises(RequestError) as refused:
-            parse_openai_request(route, {**body, key: "something else"}, served)
+            parse_openai(route, {**body, key: "something else"}, served)
         assert refused.value.to_body()["error"]["param"] == key
 
 
@@ -427,12 +437,12 @@ def test_native_ndjson_sse_and_plain_requests_share_one_batch(generator):
 
 def test_a_stream_that_fails_before_its_first_chunk_gets_a_plain_error_after_it_an_error_event(generator, monkeypatch):
     handler, context = generator
-    import handlers.generator as generator_module
+    import handlers.generation.loop as loop_module
 
     def broken_generate(*args, **kwargs):
         raise RuntimeError("simulated decoding failure")
 
-    monkeypatch.setattr(generator_module, "generate", broken_generate)
+    monkeypatch.setattr(loop_module, "generate", broken_generate)
     body = {"messages": HI, "stream": True}
     answers, _ = run(handler, context, [(CHAT_ROUTE, body), ("", {"prompt": "Hi", "stream": True})])
     assert statuses(context, 2) == [500, 500]
@@ -538,7 +548,7 @@ def test_without_a_chat_template_messages_render_as_plain_role_lines(served):
         {"role": "developer", "content": "Answer in English."},
         {"role": "user", "content": "again <|endoftext|>"},
     ]
-    request = parse_openai_request(CHAT_ROUTE, {"messages": messages}, served)
+    request = parse_openai(CHAT_ROUTE, {"messages": messages}, served)
     expected = (
         "system: Be brief.\nuser: Hello\nthere\nassistant (bot): Hi\nsystem: Answer in English.\n"
         "user: again <|endoftext|>\nassistant:"
@@ -558,14 +568,14 @@ def test_a_model_chat_template_is_rendered_as_transformers_does(prepared_model_d
     )
     with_template = Served(served.model_name, served.model_info, served.limits, tokenizer)
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}]
-    request = parse_openai_request(CHAT_ROUTE, {"messages": messages}, with_template)
+    request = parse_openai(CHAT_ROUTE, {"messages": messages}, with_template)
     expected = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
     assert request.prompt_ids == list(expected)
     assert tokenizer.decode(request.prompt_ids).endswith("<|endoftext|>assistant\n")
 
     tokenizer.chat_template = "{{ raise_exception('Conversation roles must alternate') }}"
     with pytest.raises(RequestError, match="the model's chat template refused 'messages': Conversation roles"):
-        parse_openai_request(CHAT_ROUTE, {"messages": messages}, with_template)
+        parse_openai(CHAT_ROUTE, {"messages": messages}, with_template)
 
 
 def test_describe_names_the_openai_routes_and_the_template(generator):
@@ -640,7 +650,7 @@ near_valid = st.fixed_dictionaries(
 def test_any_openai_body_is_accepted_within_limits_or_refused_with_a_4xx(served, body, chat_route):
     limited = Served(served.model_name, served.model_info, LIMITS, served.tokenizer)
     try:
-        request = parse_openai_request(CHAT_ROUTE if chat_route else COMPLETIONS_ROUTE, body, limited)
+        request = parse_openai(CHAT_ROUTE if chat_route else COMPLETIONS_ROUTE, body, limited)
     except RequestError as error:
         assert error.code in (400, 404) and error.to_body()["error"]["message"]
         return

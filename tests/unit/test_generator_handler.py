@@ -194,12 +194,12 @@ def test_bad_request_gets_its_own_400_and_the_rest_of_the_batch_is_answered(gene
 
 def test_failure_during_decoding_closes_a_stream_with_an_ndjson_error_line(generator, monkeypatch):
     handler, context = generator
-    import handlers.generator as generator_module
+    import handlers.generation.loop as loop_module
 
     def broken_generate(*args, **kwargs):
         raise RuntimeError("simulated decoding failure")
 
-    monkeypatch.setattr(generator_module, "generate", broken_generate)
+    monkeypatch.setattr(loop_module, "generate", broken_generate)
     answers, _ = run(handler, context, [{"prompt": "Hi", "stream": True}, {"prompt": "Hi"}])
     assert statuses(context, 2) == [500, 500]
     assert answers[0].endswith("\n") and json.loads(answers[0])["done"] is True

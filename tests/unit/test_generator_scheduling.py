@@ -85,7 +85,7 @@ def test_requests_that_join_and_leave_a_running_batch_get_their_answers_alone(st
             assert job.content_type == "application/x-ndjson" and len(job.chunks) >= 3
         else:
             assert job.body is not None and not job.chunks and job.content_type == "application/json"
-    assert not handler.scheduler.active and handler.scheduler.batch.rows == 0
+    assert not handler.loop.scheduler.active and handler.loop.scheduler.batch.rows == 0
 
 
 def test_a_short_request_leaves_within_a_step_of_its_last_token_while_long_ones_go_on(stepper):
@@ -101,7 +101,7 @@ def test_a_short_request_leaves_within_a_step_of_its_last_token_while_long_ones_
         calls += 1
     # One call prefills it (its first token), three more steps give tokens 2..4; the answer goes with the last.
     assert calls == SHORT["max_new_tokens"]
-    assert not any(job.done for job in longs) and handler.scheduler.batch.rows == 3
+    assert not any(job.done for job in longs) and handler.loop.scheduler.batch.rows == 3
     frontend.run()
 
 
@@ -120,10 +120,10 @@ def test_a_disconnected_stream_is_dropped_and_its_rows_freed(stepper):
             frontend.step()
             steps += 1
         assert steps <= 3  # a step whose token completes no text (part of a character) sends no chunk
-        tokens_when_gone = handler.scheduler.active[leaving.request_id].sequence.token_ids.copy()
+        tokens_when_gone = handler.loop.scheduler.active[leaving.request_id].sequence.token_ids.copy()
         frontend.step()  # the worker no longer gets it: cancelled, rows freed
-        assert leaving.request_id not in handler.scheduler.active
-        assert handler.scheduler.batch.rows == 1 and len(tokens_when_gone) < LONG["max_new_tokens"]
+        assert leaving.request_id not in handler.loop.scheduler.active
+        assert handler.loop.scheduler.batch.rows == 1 and len(tokens_when_gone) < LONG["max_new_tokens"]
         assert metrics.values("CancelledRequests") == [1]
         frontend.run()
         assert staying.done and received(staying)[1]["completion_tokens"] == LONG["max_new_tokens"]
@@ -153,7 +153,7 @@ def test_a_request_that_does_not_fit_waits_for_room(model_dir, whole):
     bodies = [{**SHORT, "max_new_tokens": 256}, {**SHORT, "prompt": "Second", "max_new_tokens": 3}]
     first, second = (frontend.submit(body) for body in bodies)
     frontend.step()
-    assert handler.scheduler.batch.rows == 1 and len(handler.scheduler.waiting) == 1
+    assert handler.loop.scheduler.batch.rows == 1 and len(handler.loop.scheduler.waiting) == 1
     frontend.run()
     assert second.steps > first.steps  # it waited for the first to finish
     for job, body in ((first, bodies[0]), (second, bodies[1])):
@@ -184,7 +184,7 @@ def test_a_failed_step_fails_the_requests_in_it_and_the_worker_goes_on(stepper, 
     assert stream.status == 200 and last["done"] is True and last["code"] == 500  # the stream had started
     after = frontend.submit(SHORT)
     frontend.run()
-    assert after.status == 200 and not handler.scheduler.active
+    assert after.status == 200 and not handler.loop.scheduler.active
 
 
 def test_each_request_records_its_time_to_first_token_and_steps_are_counted(stepper):

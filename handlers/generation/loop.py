@@ -1,0 +1,291 @@
+"""The generation loop: accepted requests in, finished answers (and stream pieces) out, with no TorchServe in it.
+
+Two ways to run it, as the model config chooses (handlers/generator.py adapts TorchServe's calls to them):
+
+- **per step** (``continuousBatching: true``): :meth:`GenerationLoop.start` takes newly accepted requests (the
+  similarity cache answers those it can at once, the others wait to decode), :meth:`GenerationLoop.step` runs one
+  forward pass (:mod:`handlers.generation.scheduler`) and returns the requests that ended with their results and the
+  new text of each open stream; :meth:`GenerationLoop.cancel_missing` drops requests whose clients went away;
+- **whole batch**: :meth:`GenerationLoop.preprocess` -> :meth:`GenerationLoop.decode` (every step's stream pieces go
+  to a callback) -> :meth:`GenerationLoop.postprocess`, one result per request.
+
+Each request samples with its own seeded generator either way, so its tokens do not depend on what it shares steps
+with; a stop sequence in the text finishes it at once; its answer is an :class:`Outcome` (or the ServerError that
+stopped it), which the request's dialect frames (:mod:`handlers.generation.answers`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from handlers.core.errors import ServerError
+from handlers.core.metrics import HandlerMetrics
+from handlers.generation.answers import Outcome
+from handlers.generation.decoding import FINISH_ERROR
+from handlers.generation.model import LoadedGenerator
+from handlers.generation.prefix_cache import PrefixCache
+from handlers.generation.requests import (
+    AcceptedGeneration,
+    Generation,
+    GenerationBatch,
+    GenerationRequest,
+    start_generations,
+)
+from handlers.generation.running import RunningBatch, generate
+from handlers.generation.scheduler import Active, Iteration, StepScheduler
+from handlers.generation.semantic_cache.cache import SemanticCache, SemanticQuery
+from handlers.generation.semantic_cache.store import StoredAnswer
+
+# Stream pieces of one decoding step of a whole batch: each generation that has new text and its framed chunk.
+SendPieces = Callable[[list[tuple[Generation, str]]], None]
+
+
+@dataclass
+class StepResult:
+    """What one step did for its requests: those that ended (with their result) and each open stream's new text.
+
+    Every piece must reach its client: the request counts as opened (its status is 200 already) from here on."""
+
+    ended: list[tuple[Active, Outcome | ServerError]] = field(default_factory=list)
+    pieces: list[tuple[Active, str]] = field(default_factory=list)
+
+
+class GenerationLoop:
+    def __init__(
+        self,
+        loaded: LoadedGenerator,
+        max_batch_tokens: int,
+        prefix_cache: PrefixCache | None = None,
+        semantic: SemanticCache | None = None,
+    ) -> None:
+        self.loaded = loaded
+        self.prefix_cache = prefix_cache
+        self.semantic = semantic
+        self.scheduler = StepScheduler(
+            RunningBatch(loaded.model, loaded.pad_token_id, loaded.stop_token_ids, prefix_cache), max_batch_tokens
+        )
+
+    def cache_query(self, request: GenerationRequest) -> SemanticQuery | str | None:
+        """Where the similarity cache looks this request up (or why it does not: a reason); None: no cache."""
+        if self.semantic is None:
+            return None
+        return self.semantic.query(request.settings, request.stop, request.lookup)
+
+    # ----------------------------------------------------------------------------------------------- per step
+    def knows(self, request_id: str) -> bool:
+        return self.scheduler.knows(request_id)
+
+    def cancel_missing(self, request_ids: list[str]) -> list[Active]:
+        """Requests no longer handed over (their clients went away): their rows are freed; returns them."""
+        return self.scheduler.cancel_missing(request_ids)
+
+    def start(
+        self, accepted: list[tuple[str, AcceptedGeneration]], arrived: float
+    ) -> list[tuple[AcceptedGeneration, Outcome]]:
+        """New accepted requests, by request id: those the similarity cache answers are returned with their answer,
+        the others wait to decode."""
+        if not accepted:
+            return []
+        payloads = [payload for _, payload in accepted]
+        looked = self.semantic.look_up_batch([p.cache for p in payloads]) if self.semantic is not None else None
+        generations = start_generations(payloads, self.loaded.tokenizer).generations
+        answered = []
+        for position, ((request_id, payload), generation) in enumerate(zip(accepted, generations, strict=True)):
+            item = looked[position] if looked is not None else None
+            if item is not None and item.hit is not None:
+                answered.append((payload, self.cached_result(payload.request, item.hit)))
+                continue
+            request = payload.request
+            self.scheduler.add(
+                Active(
+                    request_id=request_id,
+                    generation=generation,
+                    arrived=arrived,
+                    reserve=len(request.prompt_ids) + request.settings.max_new_tokens,
+                    payload=payload,
+                    remember=(item.group, item.vector) if item is not None and item.vector is not None else None,
+                )
+            )
+        return answered
+
+    def step(self, arrived: float, metrics: HandlerMetrics) -> StepResult:
+        """One forward pass: prefill the requests that can join, else step the running ones; then the requests that
+        ended leave (the similarity cache keeps their answers) and each open stream's new text is returned."""
+        with torch.inference_mode():
+            iteration = self.scheduler.iterate()
+        result = StepResult()
+        for request_id, token in iteration.new_tokens.items():
+            active = self.scheduler.active[request_id]
+            piece = advance(active.generation, token)
+            if piece:  # a stream without new text this step is left out of the answer, as a plain request is
+                result.pieces.append((active, piece))
+        self.record_step(iteration, metrics)
+        for active in self.scheduler.finished():
+            outcome = self.decoded_result(active.generation)
+            if isinstance(outcome, Outcome) and active.remember is not None:
+                self.remember([(*active.remember, outcome)])
+            result.ended.append((active, outcome))
+        for active, _ in result.pieces:
+            active.opened = True
+        return result
+
+    def record_step(self, iteration: Iteration, metrics: HandlerMetrics) -> None:
+        now = time.perf_counter()
+        for request_id in iteration.new_tokens:
+            active = self.scheduler.active[request_id]
+            if len(active.sequence.token_ids) == 1:
+                metrics.record("TimeToFirstTokenSeconds", now - active.arrived)
+        if iteration.new_tokens:
+            metrics.record("GeneratedTokens", len(iteration.new_tokens))
+        if iteration.kind == "decode":
+            metrics.record("DecodeSteps", 1)
+        metrics.record("InferenceSeconds", iteration.seconds)
+        metrics.record("BatchRows", iteration.rows)
+        metrics.record("Batches", 1)
+        metrics.record("RunningRequests", len(self.scheduler.running))
+        metrics.record("WaitingRequests", len(self.scheduler.waiting))
+        self.record_caches(metrics)
+
+    def record_caches(self, metrics: HandlerMetrics) -> None:
+        """What the prefix and similarity caches counted since they were last recorded."""
+        if self.prefix_cache is not None:
+            pending = self.prefix_cache.stats.drain()
+            for name, metric in (("hits", "PrefixCacheHits"), ("misses", "PrefixCacheMisses")):
+                if pending.get(name):
+                    metrics.record(metric, pending[name])
+            if pending.get("reused_tokens"):
+                metrics.record("PrefixCacheTokens", pending["reused_tokens"])
+        computed = self.scheduler.batch.computed_prompt_tokens
+        if computed:
+            metrics.record("PrefillTokens", computed)
+            self.scheduler.batch.computed_prompt_tokens = 0
+        if self.semantic is not None:
+            self.semantic.record(metrics)
+
+    # ----------------------------------------------------------------------------------------------- whole batch
+    def preprocess(self, payloads: list[AcceptedGeneration]) -> GenerationBatch:
+        """The requests to decode; with the similarity cache on, those it answers are set aside first."""
+        if self.semantic is None:
+            return start_generations(payloads, self.loaded.tokenizer)
+        looked = self.semantic.look_up_batch([payload.cache for payload in payloads])
+        answered = {position: item.hit for position, item in enumerate(looked) if item.hit is not None}
+        to_decode = [position for position in range(len(payloads)) if position not in answered]
+        batch = start_generations([payloads[position] for position in to_decode], self.loaded.tokenizer)
+        remember = {
+            index: (looked[position].group, looked[position].vector)
+            for index, position in enumerate(to_decode)
+            if looked[position].vector is not None
+        }
+        return dataclasses.replace(batch, answered=answered, remember=remember)
+
+    def decode(self, batch: GenerationBatch, metrics: HandlerMetrics, send: SendPieces) -> GenerationBatch:
+        """Decode the whole batch; streaming requests' new text goes to ``send`` after every step."""
+        generations = batch.generations
+        if not generations:  # every request was answered from the similarity cache
+            return batch
+        started = time.perf_counter()
+
+        def on_step(new_tokens: dict[int, int]) -> None:
+            now = time.perf_counter()
+            pieces = []
+            for index, token in new_tokens.items():
+                generation = generations[index]
+                if not generation.sequence.token_ids[:-1]:  # its first token: from the request's arrival
+                    metrics.record("TimeToFirstTokenSeconds", now - started)
+                piece = advance(generation, token)
+                if piece:
+                    pieces.append((generation, generation.request.answers.piece(piece)))
+            if pieces:
+                send(pieces)
+
+        generate(
+            self.loaded.model,
+            [g.sequence for g in generations],
+            self.loaded.stop_token_ids,
+            self.loaded.pad_token_id,
+            use_cache=True,
+            on_step=on_step,
+            prefix_cache=self.prefix_cache,
+        )
+        metrics.record("GeneratedTokens", sum(len(g.sequence.token_ids) for g in generations))
+        return batch  # its generations now hold their tokens and text
+
+    def postprocess(self, batch: GenerationBatch, payloads: list[AcceptedGeneration]) -> list[Any]:
+        """One result per accepted request, in order: its answer from the cache, or its decoded one (which the
+        similarity cache keeps when it looked the request up)."""
+        decoded = iter(enumerate(batch.generations))
+        results: list[Any] = []
+        remember = []
+        for position, payload in enumerate(payloads):
+            hit = batch.answered.get(position)
+            if hit is not None:
+                results.append(self.cached_result(payload.request, hit))
+                continue
+            index, generation = next(decoded)
+            result = self.decoded_result(generation)
+            results.append(result)
+            if index in batch.remember and isinstance(result, Outcome):
+                remember.append((*batch.remember[index], result))
+        self.remember(remember)
+        return results
+
+    # ----------------------------------------------------------------------------------------------- answers
+    def cached_result(self, request: GenerationRequest, hit: Any) -> Outcome:
+        """The answer of a request the similarity cache answers."""
+        return Outcome(
+            text=hit.answer.text,
+            rest=hit.answer.text if request.stream else "",
+            finish_reason=hit.answer.finish_reason,
+            prompt_tokens=len(request.prompt_ids),
+            completion_tokens=hit.answer.completion_tokens,
+            seed=request.settings.seed if request.seed_reported else None,
+            model=self.loaded.info,
+            cached={"similarity": round(hit.similarity, 4), "age_s": round(hit.age_s, 1)},
+        )
+
+    def decoded_result(self, generation: Generation) -> Outcome | ServerError:
+        """The answer of a finished generation (or the error that stopped it)."""
+        sequence, request = generation.sequence, generation.request
+        if sequence.finish_reason == FINISH_ERROR:
+            return ServerError(f"generation stopped after {len(sequence.token_ids)} token(s): {sequence.error}")
+        generation.text.finish()
+        if generation.text.stopped:  # a stop sequence completed by the text held back until the end
+            sequence.stop()
+        return Outcome(
+            text=generation.text.text,
+            rest=generation.text.rest() if request.stream else "",
+            finish_reason=sequence.finish_reason,
+            prompt_tokens=len(sequence.prompt_ids),
+            completion_tokens=len(sequence.token_ids),
+            seed=request.settings.seed if request.seed_reported else None,
+            model=self.loaded.info,
+        )
+
+    def remember(self, answers: list[tuple[bytes, Any, Outcome]]) -> None:
+        """Give the similarity cache new answers, each with the group and prompt vector it was looked up with."""
+        kept = [
+            (group, vector, StoredAnswer(outcome.text, outcome.finish_reason, outcome.completion_tokens))
+            for group, vector, outcome in answers
+            if outcome.finish_reason is not None
+        ]
+        if kept and self.semantic is not None:
+            self.semantic.remember(kept)
+
+
+def advance(generation: Generation, token: int) -> str:
+    """Add one new token to a generation's text; returns the text its stream may send now ('' for none).
+
+    A stop sequence in the text finishes the generation at once (it leaves the batch before the next step). A
+    finished request's last text goes in its final chunk, which closes its stream."""
+    generation.text.push(token)
+    if generation.text.stopped:
+        generation.sequence.stop()
+    if not generation.request.stream or not generation.request.send_pieces or generation.sequence.finished:
+        return ""
+    return generation.text.take()
