@@ -62,7 +62,8 @@ class BatchScope:
 class ServingHandler:
     options: dict[str, Option] = COMMON_OPTIONS
     # URL paths after /predictions/<model>/<version>/ this handler answers ('' = the model's own URL); a request to
-    # any other path gets a 404 naming these (a subclass adds e.g. 'v1/embeddings' and branches on view.url_path).
+    # any other path gets a 404 naming these. A handler with several surfaces derives them from its route table
+    # (handlers/core/routes.py) and looks the path up there once, in parse_request.
     routes: tuple[str, ...] = ("",)
 
     def __init__(self) -> None:
