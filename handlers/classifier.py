@@ -1,6 +1,6 @@
 """Handler for ``classifier``: 128 numbers in, a label and 10 class probabilities out.
 
-Request shapes and answers: :mod:`handlers.classification.requests`; the network: :mod:`handlers.classification.nets`.
+Request shapes and answers: :mod:`handlers.mlp.requests`; the network: :mod:`handlers.mlp.nets`.
 All rows of all requests in a batch go through one forward pass; each request gets back exactly its own rows.
 """
 
@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from handlers.classification.nets import LoadedClassifier, load_classifier
-from handlers.classification.requests import (
+from handlers.mlp.nets import LoadedClassifier, load_classifier
+from handlers.mlp.requests import (
     ClassifierBatch,
     ClassifierRequest,
     answer_requests,

@@ -21,7 +21,7 @@ def load_classifier(archive_path):
     """The archived classifier weights as an fp32 model in eval mode."""
     with zipfile.ZipFile(archive_path) as mar:
         state_dict = torch.load(io.BytesIO(mar.read("classifier.pt")), map_location="cpu", weights_only=True)
-    from handlers.classification.nets import MLPClassifier
+    from handlers.mlp.nets import MLPClassifier
 
     return MLPClassifier.from_state_dict(state_dict).eval()
 
