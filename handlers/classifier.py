@@ -10,6 +10,10 @@ from typing import Any
 
 import torch
 
+from handlers.core import runtime
+from handlers.core.base import BatchScope, ServingHandler
+from handlers.core.config import COMMON_OPTIONS, Option
+from handlers.core.http import RequestView, json_body
 from handlers.mlp.nets import LoadedClassifier, load_classifier
 from handlers.mlp.requests import (
     ClassifierBatch,
@@ -17,10 +21,6 @@ from handlers.mlp.requests import (
     answer_requests,
     parse_classifier_request,
 )
-from handlers.core import runtime
-from handlers.core.base import BatchScope, ServingHandler
-from handlers.core.config import COMMON_OPTIONS, Option
-from handlers.core.http import RequestView, json_body
 
 
 class ClassifierHandler(ServingHandler):
