@@ -5,9 +5,9 @@ class, a thin list of stages that call the model kind's subpackage. ``core`` hol
 
 Where each model's request is parsed, batched, computed and answered (paths under handlers/):
 
-- classifier (``classifier.py``): parsed in classification/requests.py ``parse_classifier_request``; batched there as
-  a ``ClassifierBatch`` (every request's rows in one tensor); computed by classification/nets.py ``MLPClassifier``;
-  answered by classification/requests.py ``answer_requests``.
+- classifier (``classifier.py``): parsed in mlp/requests.py ``parse_classifier_request``; batched there as
+  a ``ClassifierBatch`` (every request's rows in one tensor); computed by mlp/nets.py ``MLPClassifier``;
+  answered by mlp/requests.py ``answer_requests``.
 - minilm and every text model packaged from its folder, of any kind (``embeddings.py``, ``text_classifier.py``,
   ``text_model.py``): routed by the URL path to one row of the kind's route table (text/routes.py ``Route``; the rows
   are listed by the kind's class, handlers/text/kinds/), and parsed by that row's parser: one module per API dialect,
@@ -34,7 +34,7 @@ Every handler answers through core/base.py (``answer``/``reject``: status, conte
 
 Entry modules: ``classifier.py`` (ClassifierHandler), ``embeddings.py`` (EmbeddingHandler), ``text_classifier.py``
 (TextClassifierHandler), ``text_model.py`` (TextHandler, any kind), ``generator.py`` (GeneratorHandler). Each model's
-files are loaded by ``classification/nets.py``, ``text/model.py`` (``read_model_files``, ``build_module``; into
+files are loaded by ``mlp/nets.py``, ``text/model.py`` (``read_model_files``, ``build_module``; into
 text/engine.py's ``LoadedTextModel``) and ``generation/model.py`` into a typed ``Loaded*`` object.
 
 text/: the one engine of every text model (docs/your-model.md): ``folder.py`` reads and checks a model's folder,

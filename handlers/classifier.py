@@ -1,6 +1,6 @@
 """Handler for ``classifier``: 128 numbers in, a label and 10 class probabilities out.
 
-Request shapes and answers: :mod:`handlers.classification.requests`; the network: :mod:`handlers.classification.nets`.
+Request shapes and answers: :mod:`handlers.mlp.requests`; the network: :mod:`handlers.mlp.nets`.
 All rows of all requests in a batch go through one forward pass; each request gets back exactly its own rows.
 """
 
@@ -10,17 +10,17 @@ from typing import Any
 
 import torch
 
-from handlers.classification.nets import LoadedClassifier, load_classifier
-from handlers.classification.requests import (
+from handlers.core import runtime
+from handlers.core.base import BatchScope, ServingHandler
+from handlers.core.config import COMMON_OPTIONS, Option
+from handlers.core.http import RequestView, json_body
+from handlers.mlp.nets import LoadedClassifier, load_classifier
+from handlers.mlp.requests import (
     ClassifierBatch,
     ClassifierRequest,
     answer_requests,
     parse_classifier_request,
 )
-from handlers.core import runtime
-from handlers.core.base import BatchScope, ServingHandler
-from handlers.core.config import COMMON_OPTIONS, Option
-from handlers.core.http import RequestView, json_body
 
 
 class ClassifierHandler(ServingHandler):

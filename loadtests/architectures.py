@@ -2,7 +2,7 @@
 
     python -m loadtests.architectures [--families mpnet,qwen3,...] [--size minilm] [--tokens 256] [--rank-seconds 30]
 
-For each family a random-weight folder of the layout teams bring is written (``python -m tests.text_models``: the
+For each family a random-weight folder of the layout teams bring is written (``python -m scripts.tiny_text_models``: the
 same builders the tests use, at a measuring size), packaged with the documented command (``python -m scripts.package
 text-model ... --var backends=all``: every compiled backend attempted, gated and ranked), and loaded once as a worker
 loads it. The row says: fp32 parity with the reference library (model_source.json), which backend won the build's
@@ -82,7 +82,7 @@ def backend_row(manifest: dict) -> dict:
 
 def measure(family: str, size: str, tokens: int, rank_seconds: float, work: Path, log) -> dict:
     folder, store, name = work / family / "source", work / "store", f"arch-{family}"
-    made = run([sys.executable, "-m", "tests.text_models", "--out", str(folder), "--architecture", family,
+    made = run([sys.executable, "-m", "scripts.tiny_text_models", "--out", str(folder), "--architecture", family,
                 "--size", size, "--tokens", str(tokens)])  # fmt: skip
     if made.returncode != 0:
         return {"family": family, "error": f"could not write the folder: {made.stderr[-400:]}"}

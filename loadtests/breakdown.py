@@ -59,7 +59,7 @@ from urllib.parse import urlparse
 
 from loadtests import prometheus
 from loadtests.payloads import traffic
-from scripts.ops import machine, stats
+from scripts.ops import machine, registry, stats
 from scripts.ops.payloads import sentence
 from scripts.ops.server import (
     DEFAULT_CONFIG,
@@ -109,9 +109,22 @@ RECV_WAIT = "_retrieve_buffer (ts/protocol/otf_message_handler.py"
 
 
 # ----------------------------------------------------------------------------------------------- payloads
-def bodies(model: str, count: int, words: int, stream: int) -> list[dict[str, Any]]:
-    """`count` request bodies: the load tests' classifier rows, or distinct minilm texts of `words` words."""
-    if model == "minilm":
+# What a breakdown can send and check (bodies(), the load tests' traffic): rows of numbers, or embedding texts.
+BREAKDOWN_KINDS = ("mlp", "embedding")
+
+
+def model_kind(model: str, model_store: str) -> str | None:
+    """The model's kind (scripts/ops/registry.py), None for a name it does not know."""
+    try:
+        return registry.model(model, model_store).kind
+    except ValueError:
+        return None
+
+
+def bodies(model: str, count: int, words: int, stream: int, model_store: str | None = None) -> list[dict[str, Any]]:
+    """`count` request bodies: distinct texts of `words` words for a text model (minilm), else the load tests'
+    traffic (the classifier's rows)."""
+    if registry.model(model, model_store).inputs == "texts":
         rng = random.Random(f"breakdown-minilm-{stream}")
         return [{"text": f"{index} {sentence(rng, words)}"} for index in range(count)]
     payloads = traffic(model).payloads(0, stream)
@@ -332,8 +345,8 @@ def measure_served(args: argparse.Namespace, out: Path) -> dict[str, dict[str, A
         logs = server.log_dir
         for model in args.models:
             description = server.management().description(model)
-            warm = bodies(model, args.warmup, args.words, stream=1)
-            measured = bodies(model, args.requests, args.words, stream=0)
+            warm = bodies(model, args.warmup, args.words, stream=1, model_store=args.model_store)
+            measured = bodies(model, args.requests, args.words, stream=0, model_store=args.model_store)
             send_all(server.inference_url, model, warm, args.gap_ms / 1e3)
             load = settle(args.settle_load, args.settle_max_s)
             access_at, trace_at = log_size(logs / "access_log.log"), log_size(logs / "ts_log.log")
@@ -396,12 +409,12 @@ def measure_in_process(args: argparse.Namespace, model: str) -> dict[str, Any]:
                 raise RuntimeError(f"{model} in process: wrong answer: {reason}")
             return elapsed
 
-        for body in bodies(model, args.warmup, args.words, stream=1):
+        for body in bodies(model, args.warmup, args.words, stream=1, model_store=args.model_store):
             call(body)
         recorder = record_metrics(context)
         load = settle(args.settle_load, args.settle_max_s)
         durations = []
-        for body in bodies(model, args.requests, args.words, stream=0):
+        for body in bodies(model, args.requests, args.words, stream=0, model_store=args.model_store):
             durations.append(call(body))
             time.sleep(args.gap_ms / 1e3)
         stages = {
@@ -564,9 +577,12 @@ def main(argv: list[str] | None = None) -> int:
         args.set = parse_set(args.set)
     except argparse.ArgumentTypeError as error:
         parser.error(str(error))
-    unknown = [m for m in args.models if m not in ("classifier", "minilm")]
+    unknown = [m for m in args.models if model_kind(m, args.model_store) not in BREAKDOWN_KINDS]
     if unknown or any(m not in args.models for m in args.set):
-        parser.error(f"--models and --set take classifier and minilm (got {unknown or list(args.set)})")
+        parser.error(
+            f"--models and --set take models of kind {' or '.join(BREAKDOWN_KINDS)}, such as classifier and minilm "
+            f"(got {unknown or list(args.set)})"
+        )
     missing = [m for m in args.models if not (Path(args.model_store) / f"{m}.mar").exists()]
     if missing or args.requests < 1:
         parser.error(f"archives missing in {args.model_store}: {missing} (make mar)" if missing else "--requests >= 1")

@@ -49,25 +49,15 @@ from loadtests import capacity as capacity_search
 from loadtests import compare_report
 from loadtests import run as loadtest
 from loadtests.baselines import systems as baselines
-from scripts.ops import machine
+from scripts.ops import machine, registry
 from scripts.ops.server import exit_on_sigterm
 
 REPO = Path(__file__).resolve().parent.parent
 REPORTS = REPO / "loadtests" / "reports"
-# Targets from the issue: recorded and reported, never asserted.
-# A user's embedding model (any other --model): ours against Infinity on the same folder, and the compiled backend's
+# The targets (recorded and reported, never asserted), the baselines that exist and the moderate rate are the
+# model's, from the registry (scripts/ops/registry.py: its spec's tooling: section, else its kind's): minilm's are
+# the issue's; a user's embedding model is compared with Infinity on the same folder and with the compiled backend's
 # served gain.
-EMBEDDING_TARGETS = [("ours / infinity", "infinity", 3.0), ("ours / ours-eager", "ours-eager", 1.3)]
-TARGETS = {
-    "minilm": [
-        ("ours / naive", "naive", 5.0),
-        ("ours / ray-same", "ray-same", 2.0),
-        ("ours / inprocess", "inprocess", 0.8),
-        ("ours / ours-eager", "ours-eager", 1.25),
-        ("ours / infinity", "infinity", 2.5),
-        ("ours / ideal", "ideal", 0.8),
-    ],
-}
 
 
 def measure_server(
@@ -123,11 +113,13 @@ def add_ratios(results):
         entry["ratio_to_ideal"] = ratio(rate, ideal_rate)
 
 
-def evaluate_targets(model, results):
+def evaluate_targets(model, results, model_store=None):
     """Each target: measured ratio or figure, the bound, met or missed and by how much. Never raises."""
     verdicts = []
     ours_rate = (results.get("ours") or {}).get("capacity_rate")
-    for label, other, bound in TARGETS.get(model, [] if model == "classifier" else EMBEDDING_TARGETS):
+    described = registry.model(model, model_store)
+    for target in described.targets:
+        label, other, bound = target.label, target.other, target.bound
         other_rate = (results.get(other) or {}).get("capacity_rate")
         if other == "ray-same" and results.get("ray-same", {}).get("same_as"):
             other_rate = (results.get(results["ray-same"]["same_as"]) or {}).get("capacity_rate")
@@ -149,15 +141,17 @@ def evaluate_targets(model, results):
                 "note": note,
             }
         )
-    if model == "classifier":
+    margin = described.low_load_margin_ms
+    if margin is not None:
+        low_load_target = f"{model} p50 at low load <= raw forward + maxBatchDelay + {margin:g} ms"
         ours_entry, ceiling = results.get("ours") or {}, results.get("inprocess") or {}
         p50, forward = ours_entry.get("low_p50_ms"), ceiling.get("raw_forward_ms")
         delay = ours_entry.get("max_batch_delay_ms")
         if p50 is not None and forward is not None and delay is not None:
-            bound = forward + delay + 3.0
+            bound = forward + delay + margin
             verdicts.append(
                 {
-                    "target": "classifier p50 at low load <= raw forward + maxBatchDelay + 3 ms",
+                    "target": low_load_target,
                     "value": p50,
                     "bound": round(bound, 3),
                     "met": p50 <= bound,
@@ -167,7 +161,7 @@ def evaluate_targets(model, results):
         else:
             verdicts.append(
                 {
-                    "target": "classifier p50 at low load <= raw forward + maxBatchDelay + 3 ms",
+                    "target": low_load_target,
                     "value": None,
                     "bound": None,
                     "met": None,
@@ -346,7 +340,7 @@ def compare(
         "rounds": rounds,
         "orders": orders,
         "ranking_flips": ranking_flips(per_round),
-        "targets": evaluate_targets(model, results),
+        "targets": evaluate_targets(model, results, model_store),
     }
     return result
 
@@ -371,7 +365,7 @@ def measure_system(
 ):
     """Measure one system into results[name]; returns (precision, ours_info), which later systems depend on."""
     log(f"== {name}: {baselines.DESCRIPTIONS[name]}")
-    if (name in baselines.MINILM_ONLY and model != "minilm") or (name == "infinity" and model == "classifier"):
+    if name in baselines.FOR_SOME_MODELS and name not in registry.model(model, model_store).baselines:
         results[name] = {"error": f"baseline does not exist for {model}"}
         return precision, ours_info
     try:
@@ -466,25 +460,24 @@ def main(argv=None):
     parser.add_argument("--model-store", default=str(REPO / "model_store"))
     parser.add_argument("--out", help="report folder (default loadtests/reports/compare-<model>-<time>)")
     args = parser.parse_args(argv)
+    try:
+        described = registry.model(args.model, args.model_store)
+    except ValueError as error:
+        parser.error(str(error))
     if args.systems:
         systems = [s.strip() for s in args.systems.split(",") if s.strip()]
         unknown = sorted(set(systems) - set(baselines.ALL_SYSTEMS))
         if unknown:
             parser.error(f"unknown system(s) {unknown}; choose from {list(baselines.ALL_SYSTEMS)}")
     else:
-        bundled = args.model in ("minilm", "classifier")
-        systems = [
-            s
-            for s in baselines.ALL_SYSTEMS
-            if args.model == "minilm" or (s not in baselines.MINILM_ONLY and (s != "infinity" or not bundled))
-        ]
+        systems = [s for s in baselines.ALL_SYSTEMS if s not in baselines.FOR_SOME_MODELS or s in described.baselines]
     try:
         batch_sizes = [int(s) for s in args.ceiling_batch_sizes.split(",") if s.strip()]
     except ValueError:
         parser.error("--ceiling-batch-sizes: comma-separated integers")
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
-    moderate_rate = args.moderate_rate or (10.0 if args.model == "minilm" else 100.0)
+    moderate_rate = args.moderate_rate or described.moderate_rate
 
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir = Path(args.out or REPORTS / f"compare-{args.model}-{stamp}")

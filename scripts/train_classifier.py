@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from handlers.classification.nets import MLPClassifier
+from handlers.mlp.nets import MLPClassifier
 
 FEATURES, CLASSES = 128, 10
 

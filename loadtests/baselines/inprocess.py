@@ -24,6 +24,7 @@ import zipfile
 from pathlib import Path
 
 from loadtests.payloads import traffic
+from scripts.ops import registry
 from scripts.ops.stats import percentile
 
 REPO = Path(__file__).resolve().parents[2]
@@ -73,13 +74,14 @@ def measure_batches(handler, context, model, batch_size, seconds, seed=0):
     }
 
 
-def raw_forward_ms(handler, model, repeats=200):
-    """Median time of one forward pass on a single input (no parsing, no pre/post-processing)."""
+def raw_forward_ms(handler, model, inputs, repeats=200):
+    """Median time of one forward pass on a single input (no parsing, no pre/post-processing); ``inputs``: what the
+    model's requests carry (scripts/ops/registry.py), "rows" of numbers or "texts"."""
     import torch
 
     engine = handler.engine  # what the handler computes with, called without the request side
     payload = traffic(model).payloads(0, 0).next()
-    if model == "classifier":
+    if inputs == "rows":
         batch = torch.tensor([payload["inputs"]], dtype=torch.float32)
     else:
         batch = engine.encode_padded([payload["text"]])
@@ -118,7 +120,7 @@ def ceiling(archive, model, batch_sizes, seconds, seed=0, log=print):
             "configured_max_batch_delay_ms": yaml_config.get("maxBatchDelay"),
             "results": results,
             "best": best,
-            "raw_forward_ms": raw_forward_ms(handler, model),
+            "raw_forward_ms": raw_forward_ms(handler, model, registry.archive_model(archive).inputs),
         }
 
 

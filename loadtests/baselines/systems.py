@@ -26,7 +26,7 @@ from loadtests.baselines import baseline_env
 from loadtests.preflight import wait_for_model
 from loadtests.variants import variant_archive
 from scripts import package
-from scripts.ops import machine
+from scripts.ops import machine, registry
 from scripts.ops.management import ManagementError
 from scripts.ops.server import free_ports, private_server
 
@@ -44,7 +44,10 @@ ALL_SYSTEMS = (
     "inprocess",
     "ideal",
 )
-MINILM_ONLY = {"naive", "flask", "ray-fp32", "ray-same", "infinity-onnx"}
+# Systems that exist for a model only where the registry lists them among its baselines (scripts/ops/registry.py):
+# naive, Flask, Ray and Infinity's ONNX engine serve minilm's own folder; Infinity's torch engine also an embedding
+# model packaged from its folder.
+FOR_SOME_MODELS = {"naive", "flask", "ray-fp32", "ray-same", "infinity", "infinity-onnx"}
 # Systems whose API differs from /predictions/<model>: they are sent the same texts in OpenAI's /embeddings shape
 # (loadtests/payloads.py, traffic "<model>-openai").
 OPENAI_SHAPED = {"infinity", "infinity-onnx"}
@@ -261,10 +264,11 @@ def onnx_export(python, log):
 
 
 def model_files(model, model_store):
-    """The model folder ours' archive was built from: MiniLM's package folder, or a user model's archive unpacked
-    (its root is the staged sentence-transformers folder) into build/compare/<model>-folder."""
-    if model == "minilm":
-        return minilm_files()
+    """The model folder ours' archive was built from: the folder its reference package ships (MiniLM's), or a user
+    model's archive unpacked (its root is the staged sentence-transformers folder) into build/compare/<model>-folder."""
+    described = registry.model(model, model_store)
+    if described.reference:
+        return described.reference_folder()
     import zipfile
 
     archive = Path(model_store) / f"{model}.mar"

@@ -9,7 +9,8 @@ Unit tests, benchmarks, the fuzzer's references and the cost check all call hand
 
 ``model_dir`` is a folder laid out like an unpacked archive (model-config.yaml and the model's files); the handler
 class is the one the model's spec names (``handler:`` in models/<model_name>/model.yaml), imported from this
-repository's handlers package. A real ``ts.context.Context`` carries the manifest, the config and request headers.
+repository's handlers package (scripts/ops/registry.py ``handler_class``, the one place that says which class serves
+a model). A real ``ts.context.Context`` carries the manifest, the config and request headers.
 
 A model served with TorchServe's ``continuousBatching: true`` (the generator) answers one step per ``handle`` call;
 ``load_handler`` loads it without (one call answers the whole batch, as the callers here expect) unless
@@ -20,8 +21,6 @@ clients would.
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import itertools
 import struct
 from collections import deque
@@ -30,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
+from scripts.ops.registry import handler_class
 
 
 def make_context(
@@ -75,36 +74,6 @@ def set_requests(context: Any, headers: Iterable[Mapping[str, str]], over_grpc: 
 def statuses(context: Any, count: int) -> list[int]:
     """The HTTP status of each of the last batch's ``count`` requests (200 where the handler set none)."""
     return [context.get_response_status(idx)[0] or 200 for idx in range(count)]
-
-
-def entry_class(handler_path: str | Path) -> type:
-    """The one class an entry module (e.g. handlers/classifier.py) defines; TorchServe's rule: exactly one, imported
-    classes do not count."""
-    module = importlib.import_module(Path(handler_path).with_suffix("").as_posix().replace("/", "."))
-    classes = [c for _, c in inspect.getmembers(module, inspect.isclass) if c.__module__ == module.__name__]
-    if len(classes) != 1:
-        raise ValueError(
-            f"{handler_path}: TorchServe needs exactly one class in a handler module, found {len(classes)}"
-        )
-    return classes[0]
-
-
-def handler_class(model_name: str, model_dir: str | Path | None = None) -> type:
-    """The handler class of a model: the entry module its spec names (``handler:`` in models/<name>/model.yaml), else,
-    for an unpacked archive of a model packaged under its own name, the one its MAR-INF/MANIFEST.json names."""
-    import json
-
-    import yaml
-
-    spec_path = REPO / "models" / model_name / "model.yaml"
-    if spec_path.is_file():
-        return entry_class(yaml.safe_load(spec_path.read_text())["handler"])
-    manifest = Path(model_dir or "") / "MAR-INF" / "MANIFEST.json"
-    if model_dir is not None and manifest.is_file():
-        handler = str(json.loads(manifest.read_text()).get("model", {}).get("handler") or "")
-        return entry_class(f"handlers/{Path(handler).name}")
-    known = sorted(p.parent.name for p in (REPO / "models").glob("*/model.yaml"))
-    raise ValueError(f"no model spec {spec_path.relative_to(REPO)} (known models: {known}) and no archive manifest")
 
 
 def load_handler(

@@ -34,14 +34,14 @@ from pathlib import Path
 import requests
 import yaml
 
-from scripts.ops import payloads
+from scripts.ops import payloads, registry
 from scripts.ops.payloads import ONE_TOKEN_WORDS
 from scripts.reliability.rows import Row
 from scripts.reliability.soak import rss_mb
 from scripts.reliability.traffic import closed_loop
 
 REPO = Path(__file__).resolve().parents[2]
-COST_MODELS = ("classifier", "minilm", "generator")
+COST_MODELS = tuple(registry.bundled_models())
 TIME_TARGET_S = 1.0
 RSS_TARGET = 0.10  # relative growth over the steady level
 DEFAULT_MAX_REQUEST_SIZE = 6553500  # TorchServe's own default for max_request_size
@@ -58,19 +58,9 @@ class MaxRequest:
 
 
 # ------------------------------------------------------------------------------------------------ the shipped limits
-HANDLER_CLASSES = {
-    "classifier": "handlers.classifier:ClassifierHandler",
-    "minilm": "handlers.embeddings:EmbeddingHandler",
-    "generator": "handlers.generator:GeneratorHandler",
-}
-
-
 def archive_config(store, model):
     """(model-config.yaml as a dict, its handler section validated with the handler's own schema) from the .mar."""
-    import importlib
-
-    module, name = HANDLER_CLASSES[model].split(":")
-    options = getattr(importlib.import_module(module), name).options
+    options = registry.model(model, store).handler_class.options
     with zipfile.ZipFile(Path(store) / f"{model}.mar") as mar:
         config = yaml.safe_load(mar.read("model-config.yaml")) or {}
         return config, served_handler_config(mar, config, options)
@@ -200,11 +190,11 @@ def classifier_requests(limits, max_request_size, in_features=128):
     ]
 
 
-def generator_prompt(store, max_prompt_tokens):
+def generator_prompt(store, max_prompt_tokens, model="generator"):
     """A prompt of exactly max_prompt_tokens tokens for the archived tokenizer."""
     from tokenizers import Tokenizer
 
-    with zipfile.ZipFile(Path(store) / "generator.mar") as mar:
+    with zipfile.ZipFile(Path(store) / f"{model}.mar") as mar:
         tokenizer = Tokenizer.from_str(mar.read("lm/tokenizer.json").decode("utf-8"))
     rng = random.Random("generator")
     ids = tokenizer.encode(payloads.words(rng, 4 * max_prompt_tokens, ONE_TOKEN_WORDS)).ids
@@ -255,23 +245,35 @@ def find_full_length_seed(post, limits, prompt, tries=20):
     return 0  # the check then reports the short answer as "not maximal"
 
 
+def generator_max_requests(model, store, limits, max_request_size, post):
+    prompt = generator_prompt(store, limits["max_prompt_tokens"], model)
+    return generator_requests(limits, prompt, find_full_length_seed(post, limits, prompt))
+
+
+# The largest accepted requests of a model, per kind (scripts/ops/registry.py): (model, store, limits,
+# max_request_size, post) -> [MaxRequest].
+MAX_SIZE_REQUESTS = {
+    "mlp": lambda model, store, limits, max_request_size, post: classifier_requests(limits, max_request_size),
+    "embedding": lambda model, store, limits, max_request_size, post: minilm_requests(limits, max_request_size),
+    "generator": generator_max_requests,
+}
+
+
 def max_size_requests(model, store, limits, max_request_size, post):
-    if model == "minilm":
-        return minilm_requests(limits, max_request_size)
-    if model == "classifier":
-        return classifier_requests(limits, max_request_size)
-    if model == "generator":
-        prompt = generator_prompt(store, limits["max_prompt_tokens"])
-        return generator_requests(limits, prompt, find_full_length_seed(post, limits, prompt))
-    raise ValueError(f"no maximum-size requests for model {model!r}")
+    kind = registry.model(model, store).kind
+    if kind not in MAX_SIZE_REQUESTS:
+        raise ValueError(f"no maximum-size requests for model {model!r} (kind {kind})")
+    return MAX_SIZE_REQUESTS[kind](model, store, limits, max_request_size, post)
 
 
-def normal_body(model, n):
-    """An ordinary small request, for warm-up and for the traffic after the large ones."""
+def normal_body(model, n, store=None):
+    """An ordinary small request, for warm-up and for the traffic after the large ones: what the model's inputs are
+    (scripts/ops/registry.py)."""
     rng = random.Random(f"normal-{model}-{n}")
-    if model == "classifier":
+    inputs = registry.model(model, store).inputs
+    if inputs == "rows":
         return json.dumps({"inputs": [rng.gauss(0, 1) for _ in range(128)]}).encode()
-    if model == "minilm":
+    if inputs == "texts":
         return json.dumps({"text": f"{words(rng, rng.randint(4, 30))} {n}"}).encode()
     return json.dumps({"prompt": words(rng, 8), "max_new_tokens": 8}).encode()
 
@@ -398,7 +400,9 @@ def cost_check(server, model, store, max_requests=100, repeats=5, clients=4, war
     management = server.management()
     pids_before = management.worker_pids(model)
 
-    closed_loop(url, [normal_body(model, n) for n in range(warmup)], clients, headers=server.headers("inference"))
+    closed_loop(
+        url, [normal_body(model, n, store) for n in range(warmup)], clients, headers=server.headers("inference")
+    )
     # Steady: after ordinary traffic only, so the first large requests' growth (the biggest) counts too.
     steady = {pid: rss_mb(pid) for pid in management.worker_pids(model)}
     times = time_each_kind(kinds, post, repeats, failures)
@@ -410,7 +414,9 @@ def cost_check(server, model, store, max_requests=100, repeats=5, clients=4, war
             f"{max_requests - statuses.count(200)} of {max_requests} maximum-size requests were not "
             f"answered 200 (statuses {sorted(set(statuses))})"
         )
-    closed_loop(url, [normal_body(model, warmup + n) for n in range(50)], clients, headers=server.headers("inference"))
+    closed_loop(
+        url, [normal_body(model, warmup + n, store) for n in range(50)], clients, headers=server.headers("inference")
+    )
     time.sleep(1)
     pids_after = management.worker_pids(model)
     if pids_after != pids_before:

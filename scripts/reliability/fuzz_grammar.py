@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from scripts.ops import payloads
+from scripts.ops import payloads, registry
 
 OK, ERROR, EITHER = "ok", "error", "either"
 FLT_MAX = 3.4028234663852886e38  # the largest finite float32
@@ -1369,12 +1369,13 @@ def prompt_pool(seed, size):
 
 
 # ------------------------------------------------------------------------------------------------ campaign
-# Each model's own productions; the generic ones (GENERIC: content types, encodings, broken JSON) are added to all.
+# Each oracle's own productions (a model's oracle: scripts/ops/registry.py); the generic ones (GENERIC: content types,
+# encodings, broken JSON) are added to all.
 PRODUCTIONS = {
-    "classifier": ClassifierProductions,
+    "mlp": ClassifierProductions,
     "minilm": MinilmProductions,
     "generator": GeneratorProductions,
-    "text-classifier": TextClassifierProductions,
+    "classification": TextClassifierProductions,
     "embedding": EmbeddingProductions,
     "sparse": SparseProductions,
     "multi-vector": MultiVectorProductions,
@@ -1384,12 +1385,13 @@ PRODUCTIONS = {
 class Grammar:
     """All productions of one model; ``case(index)`` is a pure function of (seed, model, index).
 
-    ``kind`` picks the productions (a key of PRODUCTIONS; default the model's name, as for the bundled models);
+    ``kind`` picks the productions (a key of PRODUCTIONS, the model's oracle: default the registry's for a model of
+    that name, scripts/ops/registry.py);
     ``archive``, for a user's model, is what its cases' reproducers name."""
 
     def __init__(self, model, limits, seed, pool_size=200, kind=None, archive=None):
         self.model, self.limits, self.seed = model, limits, seed
-        self.kind, self.archive = kind or model, archive
+        self.kind, self.archive = kind or registry.model(model).oracle, archive
         if self.kind not in PRODUCTIONS:
             raise ValueError(f"no request grammar for model {model!r} (kinds: {', '.join(PRODUCTIONS)})")
         own = PRODUCTIONS[self.kind](limits, seed, pool_size)

@@ -8,10 +8,11 @@ import io
 import json
 import random
 import zipfile
+from pathlib import Path
 
 import torch
 
-from scripts.ops import payloads
+from scripts.ops import payloads, registry
 
 # Served answers may be bf16: each must reach this cosine similarity to its fp32 reference.
 MIN_COSINE = 0.999
@@ -21,7 +22,7 @@ def load_classifier(archive_path):
     """The archived classifier weights as an fp32 model in eval mode."""
     with zipfile.ZipFile(archive_path) as mar:
         state_dict = torch.load(io.BytesIO(mar.read("classifier.pt")), map_location="cpu", weights_only=True)
-    from handlers.classification.nets import MLPClassifier
+    from handlers.mlp.nets import MLPClassifier
 
     return MLPClassifier.from_state_dict(state_dict).eval()
 
@@ -108,9 +109,16 @@ class WindowCursor:
         return window
 
 
+# Per kind (scripts/ops/registry.py): (model, store, count, seed) -> its reference pool. An embedding model's reference
+# is sentence-transformers on the folder its spec names (reference: pypi:...), which only minilm's does.
+REFERENCES = {
+    "mlp": lambda model, store, count, seed: ClassifierReference(Path(store) / f"{model}.mar", count, seed),
+    "embedding": lambda model, store, count, seed: MiniLMReference(count, seed),
+}
+
+
 def reference_for(model, store, count, seed=0):
-    if model == "classifier":
-        return ClassifierReference(store / "classifier.mar", count, seed)
-    if model == "minilm":
-        return MiniLMReference(count, seed)
-    raise ValueError(f"no reference answers for model {model!r}")
+    described = registry.model(model, store)
+    if described.kind not in REFERENCES or (described.kind == "embedding" and described.reference is None):
+        raise ValueError(f"no reference answers for model {model!r}")
+    return REFERENCES[described.kind](model, store, count, seed)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests import text_models
+from scripts import tiny_text_models
 
 REPO = Path(__file__).resolve().parents[2]
 LIMIT = 1_000_000
@@ -31,7 +31,7 @@ CONFIG = ["minWorkers=1", "maxWorkers=1", f"batchSize={BATCH}", "maxBatchDelay=5
 def server(start_ts_server, tmp_path_factory):
     import subprocess
 
-    folder = text_models.make_multi_vector_encoder(tmp_path_factory.mktemp("colbert") / NAME)
+    folder = tiny_text_models.make_multi_vector_encoder(tmp_path_factory.mktemp("colbert") / NAME)
     store = tmp_path_factory.mktemp("answer-size-store")
     command = [sys.executable, "-m", "scripts.package", "text-model", "--name", NAME, "--store", str(store)]
     command += ["--var", f"model_dir={folder}", "--var", "backends=none"]

@@ -7,7 +7,7 @@ import pytest
 import requests
 import torch
 
-from handlers.classification.nets import MLPClassifier
+from handlers.mlp.nets import MLPClassifier
 
 MODEL = "classifier"
 

@@ -4,9 +4,9 @@ name and version never answers with the old model's vectors, and every answer na
 The finding this guards (issue 32): package a folder as NAME, embed a text, retrain, package the new folder as NAME
 again and register it: the text embedded before came back with the OLD vector from the shared Valkey tier (its key
 named the model, version, backend, precision and token limit, never the weights), new texts with the new model's.
-Here a tiny BERT embedder (tests/text_models.py) is packaged by scripts/package.py, served with the session's cache
-server, then a second folder of the same architecture and width with other random weights is packaged under the same
-name and version and registered in its place. Both texts must equal the new model's sentence-transformers vectors.
+Here a tiny BERT embedder (scripts/tiny_text_models.py) is packaged by scripts/package.py, served with the session's
+cache server, then a second folder of the same architecture and width with other random weights is packaged under the
+same name and version and registered in its place. Both texts must equal the new model's sentence-transformers vectors.
 
 Also: the identity is in describe and in the X-Model-Identity header of every answer (200, 4xx, a streamed
 generator answer, the classifier's), equal to what the archive records.
@@ -20,8 +20,7 @@ import requests
 import torch
 
 from handlers.core import identity
-from scripts import package
-from tests import text_models
+from scripts import package, tiny_text_models
 
 NAME = "t-identity"
 TEXT_A, TEXT_B = "the text embedded before the retraining", "a text embedded only after it"
@@ -29,12 +28,12 @@ TEXT_A, TEXT_B = "the text embedded before the retraining", "a text embedded onl
 
 def make_folder(folder, seed):
     """The tiny BERT embedder, its weights drawn with ``seed`` (same architecture, width and tokenizer)."""
-    default = text_models.SEED
-    text_models.SEED = seed
+    default = tiny_text_models.SEED
+    tiny_text_models.SEED = seed
     try:
-        return text_models.make_bert_cls_normalize_embedder(folder)
+        return tiny_text_models.make_bert_cls_normalize_embedder(folder)
     finally:
-        text_models.SEED = default
+        tiny_text_models.SEED = default
 
 
 def build(folder, store):
@@ -82,8 +81,8 @@ def described_identity(server, name):
 
 def test_a_retrained_model_under_the_same_name_and_version_never_answers_with_the_old_vectors(server, store, folders):
     first, retrained = folders
-    old_reference = text_models.reference_embeddings(first, [TEXT_A])
-    new_reference = text_models.reference_embeddings(retrained, [TEXT_A, TEXT_B])
+    old_reference = tiny_text_models.reference_embeddings(first, [TEXT_A])
+    new_reference = tiny_text_models.reference_embeddings(retrained, [TEXT_A, TEXT_B])
     assert float(torch.nn.functional.cosine_similarity(old_reference[0], new_reference[0], dim=0)) < 0.99
 
     old_identity = recorded_identity(store)

@@ -24,7 +24,7 @@ import requests
 from handlers.text.shared_cache import URL_ENV
 from loadtests.prometheus import parse
 from scripts import package
-from tests.text_models import make_cross_encoder
+from scripts.tiny_text_models import make_cross_encoder
 
 MODEL = "t-semantic"
 RUN = uuid.uuid4().hex[:6]  # in every partition: no earlier run's answers

@@ -1,6 +1,6 @@
 """A user's own models, from folder to served answer: the documented commands against a real TorchServe.
 
-Small random models are made offline (tests/text_models.py). Through the kind templates: a BERT embedder with CLS
+Small random models are made offline (scripts/tiny_text_models.py). Through the kind templates: a BERT embedder with CLS
 pooling and Normalize, an XLM-RoBERTa embedder with mean pooling, no Normalize and named prompts, a DistilBERT
 single-label classifier, a BERT multi-label classifier and a BERT cross-encoder reranker. Through the generic
 template (whatever architecture and kind the folder is, `python -m scripts.package text-model`): all-mpnet-base-v2's
@@ -25,7 +25,7 @@ import pytest
 import requests
 import torch
 
-from tests import text_models
+from scripts import tiny_text_models
 
 REPO = Path(__file__).resolve().parents[2]
 TEXTS = ["How do I reset my password?", "Le café est très chaud ce matin.", "the quick brown fox", "ok"]
@@ -34,24 +34,24 @@ ONE_WORKER = ["--config", "minWorkers=1", "--config", "maxWorkers=1"]  # keeps t
 # (package spec, builder, prepare vars, extra arguments): only the XLM-R embedder builds compiled backends (a short
 # ranking), so that a transformers-engine model is served through the compiled path too; the others serve eager.
 MODELS = {
-    "t-bert-cls": ("embedding", text_models.make_bert_cls_normalize_embedder, ["backends=none"], []),
-    "t-xlmr-mean": ("embedding", text_models.make_xlmr_mean_prompts_embedder, ["rank_seconds=2"], []),
-    "t-distil": ("text-classifier", text_models.make_distilbert_classifier, ["backends=none"], []),
-    "t-multilabel": ("text-classifier", text_models.make_bert_multilabel_classifier, ["backends=none"], []),
-    "t-rerank": ("text-classifier", text_models.make_cross_encoder, ["backends=none"], []),
+    "t-bert-cls": ("embedding", tiny_text_models.make_bert_cls_normalize_embedder, ["backends=none"], []),
+    "t-xlmr-mean": ("embedding", tiny_text_models.make_xlmr_mean_prompts_embedder, ["rank_seconds=2"], []),
+    "t-distil": ("text-classifier", tiny_text_models.make_distilbert_classifier, ["backends=none"], []),
+    "t-multilabel": ("text-classifier", tiny_text_models.make_bert_multilabel_classifier, ["backends=none"], []),
+    "t-rerank": ("text-classifier", tiny_text_models.make_cross_encoder, ["backends=none"], []),
     "t-mpnet": (
         "text-model",
-        text_models.make_mpnet_mean_normalize_embedder,
+        tiny_text_models.make_mpnet_mean_normalize_embedder,
         ["backends=none"],
         [*ONE_WORKER, "--config", "handler.dimensions=[8, 16]"],  # Matryoshka sizes a request may cut to
     ),
-    "t-dense": ("text-model", text_models.make_bert_cls_dense_normalize_embedder, ["backends=none"], ONE_WORKER),
-    "t-qwen3": ("text-model", text_models.make_qwen3_decoder_embedder, ["backends=none"], ONE_WORKER),
-    "t-deberta": ("text-model", text_models.make_deberta_nli_classifier, ["backends=none"], ONE_WORKER),
-    "t-modernbert": ("text-model", text_models.make_modernbert_classifier, ["backends=none"], ONE_WORKER),
-    "t-electra": ("text-model", text_models.make_electra_classifier, ["backends=none"], ONE_WORKER),
-    "t-splade": ("text-model", text_models.make_splade_encoder, ["backends=none"], ONE_WORKER),
-    "t-colbert": ("text-model", text_models.make_multi_vector_encoder, ["backends=none"], ONE_WORKER),
+    "t-dense": ("text-model", tiny_text_models.make_bert_cls_dense_normalize_embedder, ["backends=none"], ONE_WORKER),
+    "t-qwen3": ("text-model", tiny_text_models.make_qwen3_decoder_embedder, ["backends=none"], ONE_WORKER),
+    "t-deberta": ("text-model", tiny_text_models.make_deberta_nli_classifier, ["backends=none"], ONE_WORKER),
+    "t-modernbert": ("text-model", tiny_text_models.make_modernbert_classifier, ["backends=none"], ONE_WORKER),
+    "t-electra": ("text-model", tiny_text_models.make_electra_classifier, ["backends=none"], ONE_WORKER),
+    "t-splade": ("text-model", tiny_text_models.make_splade_encoder, ["backends=none"], ONE_WORKER),
+    "t-colbert": ("text-model", tiny_text_models.make_multi_vector_encoder, ["backends=none"], ONE_WORKER),
 }
 SERVED_AT_START = [name for name in MODELS if name != "t-rerank"]
 
@@ -129,14 +129,14 @@ def test_each_archive_records_parity_with_the_reference_library_in_fp32(store):
 
 @pytest.mark.parametrize("name", ["t-mpnet", "t-dense", "t-qwen3"])
 def test_any_embedder_architecture_answers_as_sentence_transformers(server, post, folders, name):
-    expected = text_models.reference_embeddings(folders[name], TEXTS)
+    expected = tiny_text_models.reference_embeddings(folders[name], TEXTS)
     response = post(name, {"input": TEXTS})
     assert response.status_code == 200, response.text
     got = torch.tensor([row["embedding"] for row in response.json()["data"]])
     assert torch.nn.functional.cosine_similarity(got, expected).min() >= 0.999
     if name == "t-qwen3":  # the decoder's instruction prompt, as encode(prompt_name="query") applies it
         prompted = post(name, {"input": TEXTS, "prompt_name": "query"}).json()["data"]
-        reference = text_models.reference_embeddings(folders[name], TEXTS, "query")
+        reference = tiny_text_models.reference_embeddings(folders[name], TEXTS, "query")
         got = torch.tensor([row["embedding"] for row in prompted])
         assert torch.nn.functional.cosine_similarity(got, reference).min() >= 0.999
     described = describe(server, name)["model"]
@@ -146,7 +146,7 @@ def test_any_embedder_architecture_answers_as_sentence_transformers(server, post
 @pytest.mark.parametrize("name", ["t-deberta", "t-modernbert", "t-electra"])
 def test_any_classifier_architecture_answers_as_transformers_on_texts_and_pairs(post, folders, name):
     rows = [*TEXTS, *[list(pair) for pair in PAIRS]]
-    expected, id2label = text_models.reference_probabilities(folders[name], rows)
+    expected, id2label = tiny_text_models.reference_probabilities(folders[name], rows)
     response = post(name, {"inputs": rows, "top_k": None})
     assert response.status_code == 200, response.text
     for result, probabilities in zip(response.json()["results"], expected, strict=True):
@@ -155,11 +155,11 @@ def test_any_classifier_architecture_answers_as_transformers_on_texts_and_pairs(
 
 
 def test_a_sparse_encoder_serves_the_sparse_encoders_weights(server, post, folders):
-    expected = text_models.reference_sparse(folders["t-splade"], TEXTS)
+    expected = tiny_text_models.reference_sparse(folders["t-splade"], TEXTS)
     response = post("t-splade", {"input": TEXTS})
     assert response.status_code == 200, response.text
     for item, reference in zip(response.json()["data"], expected, strict=True):
-        got = text_models.dense_sparse(item["sparse"], reference.shape[0])
+        got = tiny_text_models.dense_sparse(item["sparse"], reference.shape[0])
         assert float(torch.nn.functional.cosine_similarity(got, reference, dim=0)) >= 0.999
     top = post("t-splade", {"text": TEXTS[0], "top_k": 5, "decode": True}).json()
     assert len(top["sparse"]) == 5 and len(top["tokens"]) == 5
@@ -168,7 +168,7 @@ def test_a_sparse_encoder_serves_the_sparse_encoders_weights(server, post, folde
 
 def test_a_multi_vector_encoder_serves_one_vector_per_scored_token(post, folders):
     for task in ("document", "query"):
-        expected = text_models.reference_multi_vector(folders["t-colbert"], TEXTS, task)
+        expected = tiny_text_models.reference_multi_vector(folders["t-colbert"], TEXTS, task)
         response = post("t-colbert", {"input": TEXTS, "input_type": task})
         assert response.status_code == 200, response.text
         for item, reference in zip(response.json()["data"], expected, strict=True):
@@ -178,7 +178,7 @@ def test_a_multi_vector_encoder_serves_one_vector_per_scored_token(post, folders
 
 
 def test_a_folder_that_ships_its_own_code_is_refused_unless_the_packager_opts_in(folders, tmp_path):
-    folder = text_models.with_remote_code(tmp_path / "remote", folders["t-mpnet"])
+    folder = tiny_text_models.with_remote_code(tmp_path / "remote", folders["t-mpnet"])
     store = tmp_path / "store"
     result = package("text-model", "remote", folder, store, "backends=none")
     assert result.returncode == 1
@@ -264,7 +264,7 @@ def test_an_unknown_prompt_name_is_a_400_naming_the_prompts_and_the_batch_goes_o
 
 
 def test_distilbert_classifier_labels_and_probabilities_match_transformers(post, folders):
-    expected, id2label = text_models.reference_probabilities(folders["t-distil"], TEXTS)
+    expected, id2label = tiny_text_models.reference_probabilities(folders["t-distil"], TEXTS)
     response = post("t-distil", {"inputs": TEXTS, "top_k": None})
     assert response.status_code == 200, response.text
     results = response.json()["results"]
@@ -281,7 +281,7 @@ def test_distilbert_classifier_labels_and_probabilities_match_transformers(post,
 
 
 def test_multilabel_classifier_answers_a_sigmoid_per_label(post, folders):
-    expected, id2label = text_models.reference_probabilities(folders["t-multilabel"], TEXTS)
+    expected, id2label = tiny_text_models.reference_probabilities(folders["t-multilabel"], TEXTS)
     results = post("t-multilabel", {"inputs": TEXTS, "top_k": None}).json()["results"]
     for result, probabilities in zip(results, expected, strict=True):
         by_label = {s["label"]: s["score"] for s in result["scores"]}
@@ -291,7 +291,7 @@ def test_multilabel_classifier_answers_a_sigmoid_per_label(post, folders):
 
 
 def test_pairs_are_classified_as_pairs(post, folders):
-    expected, id2label = text_models.reference_probabilities(folders["t-multilabel"], PAIRS)
+    expected, id2label = tiny_text_models.reference_probabilities(folders["t-multilabel"], PAIRS)
     results = post("t-multilabel", {"inputs": [list(pair) for pair in PAIRS], "top_k": None}).json()["results"]
     for result, probabilities in zip(results, expected, strict=True):
         by_label = {s["label"]: s["score"] for s in result["scores"]}
@@ -349,15 +349,15 @@ def test_register_adds_a_reranker_to_the_running_server_and_it_ranks_like_cross_
 @pytest.mark.parametrize(
     "breaker, file, words",
     [
-        (text_models.break_no_weights, "model.safetensors", "no weights"),
-        (text_models.break_bin_only, "pytorch_model.bin", "pickled weights"),
-        (text_models.break_pooling_mode, "1_Pooling/config.json", "is unknown"),
-        (text_models.break_architecture, "model.safetensors", "they would be random"),
-        (text_models.break_tokenizer, "tokenizer.json", "every other tokenizer file"),
+        (tiny_text_models.break_no_weights, "model.safetensors", "no weights"),
+        (tiny_text_models.break_bin_only, "pytorch_model.bin", "pickled weights"),
+        (tiny_text_models.break_pooling_mode, "1_Pooling/config.json", "is unknown"),
+        (tiny_text_models.break_architecture, "model.safetensors", "they would be random"),
+        (tiny_text_models.break_tokenizer, "tokenizer.json", "every other tokenizer file"),
     ],
 )
 def test_a_bad_folder_is_refused_at_package_time_naming_the_file_and_the_fix(tmp_path, breaker, file, words):
-    good = text_models.make_bert_cls_normalize_embedder(tmp_path / "good")
+    good = tiny_text_models.make_bert_cls_normalize_embedder(tmp_path / "good")
     bad = breaker(tmp_path / "bad", good)
     store = tmp_path / "store"
     result = package("embedding", "refused", bad, store, "backends=none")

@@ -16,9 +16,8 @@ import numpy as np
 import pytest
 
 from handlers.core.answer_size import LIMIT_ENV, MARGIN
-from scripts import prepare_text_model
+from scripts import prepare_text_model, tiny_text_models
 from scripts.ops.handler_loader import load_handler, set_requests, statuses
-from tests import text_models
 
 REPO = Path(__file__).resolve().parents[2]
 DOCUMENTS = ["the quick brown fox jumps over the lazy dog " * 6] * 8  # 8 texts truncated at 64 tokens each
@@ -29,8 +28,8 @@ def staged(tmp_path_factory):
     root = tmp_path_factory.mktemp("answer-size")
     folders = {}
     for name, builder in (
-        ("multi-vector", text_models.make_multi_vector_encoder),
-        ("mpnet", text_models.make_mpnet_mean_normalize_embedder),
+        ("multi-vector", tiny_text_models.make_multi_vector_encoder),
+        ("mpnet", tiny_text_models.make_mpnet_mean_normalize_embedder),
     ):
         source = builder(root / f"{name}-source")
         prepare_text_model.stage(str(source), root / name, None, None)

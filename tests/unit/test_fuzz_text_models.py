@@ -1,6 +1,6 @@
-"""Property-based fuzzing of every text-model kind, in process on tiny random models (tests/text_models.py) packaged by
-the project's own prepare step: a cross-encoder reranker, a multi-label classifier, a DeBERTa NLI model, embedders
-with prompts (XLM-R, and a Qwen3 decoder whose pooling leaves no prompt out), a SPLADE sparse encoder and a
+"""Property-based fuzzing of every text-model kind, in process on tiny random models (scripts/tiny_text_models.py)
+packaged by the project's own prepare step: a cross-encoder reranker, a multi-label classifier, a DeBERTa NLI model,
+embedders with prompts (XLM-R, and a Qwen3 decoder whose pooling leaves no prompt out), a SPLADE sparse encoder and a
 multi-vector encoder. Whatever a body says, parsing raises only a 4xx RequestError, and in a batch of hostile and
 valid bodies each hostile one gets its own 4xx while every valid one is answered with its own result."""
 
@@ -11,9 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from handlers.core.errors import RequestError
-from scripts import prepare_text_model
+from scripts import prepare_text_model, tiny_text_models
 from scripts.ops.handler_loader import load_handler, set_requests, statuses
-from tests import text_models
 
 json_scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)
 json_values = st.recursive(
@@ -67,16 +66,16 @@ def staged(tmp_path_factory, name, builder):
 
 # name -> (builder, a valid body for it)
 MODELS = {
-    "reranker": (text_models.make_cross_encoder, {"query": "the cat", "documents": ["a cat", "markets"]}),
+    "reranker": (tiny_text_models.make_cross_encoder, {"query": "the cat", "documents": ["a cat", "markets"]}),
     "multilabel": (
-        text_models.make_bert_multilabel_classifier,
+        tiny_text_models.make_bert_multilabel_classifier,
         {"inputs": ["fine text", ["a", "pair"]], "top_k": None},
     ),
-    "nli": (text_models.make_deberta_nli_classifier, {"inputs": [["a cat sleeps", "a cat is awake"]]}),
-    "prompts": (text_models.make_xlmr_mean_prompts_embedder, {"input": ["hello"], "prompt_name": "query"}),
-    "decoder": (text_models.make_qwen3_decoder_embedder, {"input": ["hello"], "prompt_name": "query"}),
-    "sparse": (text_models.make_splade_encoder, {"input": ["hello world"], "top_k": 4, "decode": True}),
-    "multi-vector": (text_models.make_multi_vector_encoder, {"input": ["hello"], "input_type": "query"}),
+    "nli": (tiny_text_models.make_deberta_nli_classifier, {"inputs": [["a cat sleeps", "a cat is awake"]]}),
+    "prompts": (tiny_text_models.make_xlmr_mean_prompts_embedder, {"input": ["hello"], "prompt_name": "query"}),
+    "decoder": (tiny_text_models.make_qwen3_decoder_embedder, {"input": ["hello"], "prompt_name": "query"}),
+    "sparse": (tiny_text_models.make_splade_encoder, {"input": ["hello world"], "top_k": 4, "decode": True}),
+    "multi-vector": (tiny_text_models.make_multi_vector_encoder, {"input": ["hello"], "input_type": "query"}),
 }
 
 

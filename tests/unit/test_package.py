@@ -212,7 +212,7 @@ def test_the_archive_holds_the_handlers_subpackages_and_a_change_in_one_rebuilds
         "handlers/core/base.py",
         "handlers/text/batch.py",
         "handlers/generation/decoding.py",
-        "handlers/classification/nets.py",
+        "handlers/mlp/nets.py",
         "classifier.py",
     ):
         assert module in names, module

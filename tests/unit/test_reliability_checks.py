@@ -328,7 +328,7 @@ def classifier_archive(tmp_path):
     import torch
     import yaml
 
-    from handlers.classification.nets import MLPClassifier
+    from handlers.mlp.nets import MLPClassifier
 
     torch.manual_seed(0)
     weights = io.BytesIO()

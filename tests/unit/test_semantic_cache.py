@@ -573,7 +573,7 @@ def test_no_verifier_is_a_valid_setting():
 def cross_encoder_dir(tmp_path_factory):
     """A tiny random cross-encoder, staged by the text-classifier prepare step as packaging stages a verifier."""
     from scripts import prepare_text_model
-    from tests.text_models import make_cross_encoder
+    from scripts.tiny_text_models import make_cross_encoder
 
     raw = make_cross_encoder(tmp_path_factory.mktemp("raw-verifier") / "cross-encoder")
     staged = tmp_path_factory.mktemp("verifier") / "verifier"

@@ -1,8 +1,8 @@
 """Every kind and architecture a team brings, through the packaging step's staging (scripts/prepare_text_model.py) and
 an in-process worker (handlers/text_model.py), compared with the reference library computed here.
 
-The folders are tiny random models (tests/text_models.py) of the layouts teams have: all-mpnet-base-v2's (MPNet, mean,
-Normalize), LaBSE's (BERT, CLS, Dense tanh, Normalize), Qwen3-Embedding's (a decoder, last token, an instruction
+The folders are tiny random models (scripts/tiny_text_models.py) of the layouts teams have: all-mpnet-base-v2's (MPNet,
+mean, Normalize), LaBSE's (BERT, CLS, Dense tanh, Normalize), Qwen3-Embedding's (a decoder, last token, an instruction
 prompt), DeBERTa-v3 NLI, ModernBERT and ELECTRA classifiers, a BERT pair classifier whose tokenizer sends no segment
 ids, a SPLADE sparse encoder and a ColBERT-style multi-vector encoder. Staging proves fp32 parity one unpadded row at
 a time; these tests ask the served path (batched, padded per bucket, cached) for answers and compare them with the
@@ -19,29 +19,36 @@ import pytest
 import torch
 
 from handlers.text.folder import FolderError
-from scripts import prepare_text_model
+from scripts import prepare_text_model, tiny_text_models
 from scripts.ops.handler_loader import load_handler, set_requests, statuses
-from tests import text_models
 
 REPO = Path(__file__).resolve().parents[2]
 TEXTS = ["How do I reset my password?", "ok", "Le café est très chaud ce matin.", "the quick brown fox " * 9]
 PAIRS = [["the cat sleeps", "a cat is sleeping"], ["How do I reset my password?", "stock markets fell"]]
 # name -> (builder, the kind the folder says it is, the transformers class it is served as)
 FOLDERS = {
-    "mpnet": (text_models.make_mpnet_mean_normalize_embedder, "embedding", "MPNetModel"),
-    "bert-dense": (text_models.make_bert_cls_dense_normalize_embedder, "embedding", "BertModel"),
-    "qwen3": (text_models.make_qwen3_decoder_embedder, "embedding", "Qwen3Model"),
-    "prompt-layernorm": (text_models.make_bert_prompt_layernorm_embedder, "embedding", "BertModel"),
-    "deberta-nli": (text_models.make_deberta_nli_classifier, "classification", "DebertaV2ForSequenceClassification"),
-    "modernbert": (text_models.make_modernbert_classifier, "classification", "ModernBertForSequenceClassification"),
-    "electra": (text_models.make_electra_classifier, "classification", "ElectraForSequenceClassification"),
+    "mpnet": (tiny_text_models.make_mpnet_mean_normalize_embedder, "embedding", "MPNetModel"),
+    "bert-dense": (tiny_text_models.make_bert_cls_dense_normalize_embedder, "embedding", "BertModel"),
+    "qwen3": (tiny_text_models.make_qwen3_decoder_embedder, "embedding", "Qwen3Model"),
+    "prompt-layernorm": (tiny_text_models.make_bert_prompt_layernorm_embedder, "embedding", "BertModel"),
+    "deberta-nli": (
+        tiny_text_models.make_deberta_nli_classifier,
+        "classification",
+        "DebertaV2ForSequenceClassification",
+    ),
+    "modernbert": (
+        tiny_text_models.make_modernbert_classifier,
+        "classification",
+        "ModernBertForSequenceClassification",
+    ),
+    "electra": (tiny_text_models.make_electra_classifier, "classification", "ElectraForSequenceClassification"),
     "bert-no-segments": (
-        text_models.make_bert_pair_classifier_without_segments,
+        tiny_text_models.make_bert_pair_classifier_without_segments,
         "classification",
         "BertForSequenceClassification",
     ),
-    "splade": (text_models.make_splade_encoder, "sparse", "BertForMaskedLM"),
-    "multi-vector": (text_models.make_multi_vector_encoder, "multi-vector", "BertModel"),
+    "splade": (tiny_text_models.make_splade_encoder, "sparse", "BertForMaskedLM"),
+    "multi-vector": (tiny_text_models.make_multi_vector_encoder, "multi-vector", "BertModel"),
 }
 
 
@@ -106,7 +113,7 @@ def test_embeddings_equal_sentence_transformers_in_a_padded_batch(staged, served
     status, [answer] = served[name]({"input": TEXTS})
     assert status == [200]
     got = torch.tensor([item["embedding"] for item in answer["data"]])
-    assert cosines(got, text_models.reference_embeddings(staged[name][1], TEXTS)).min() >= 0.9999
+    assert cosines(got, tiny_text_models.reference_embeddings(staged[name][1], TEXTS)).min() >= 0.9999
     if name == "bert-dense":  # the Dense projection and the Normalize after it are computed
         assert got.shape[1] == 16 and torch.allclose(got.norm(dim=-1), torch.ones(len(TEXTS)), atol=1e-4)
 
@@ -118,7 +125,7 @@ def test_a_prompt_left_out_of_the_pooling_a_layer_norm_and_truncate_dim_are_comp
     for answer, prompt in ((plain, None), (query, "query")):
         got = torch.tensor([item["embedding"] for item in answer["data"]])
         assert got.shape == (len(TEXTS), 16)  # truncate_dim
-        assert cosines(got, text_models.reference_embeddings(folder, TEXTS, prompt)).min() >= 0.9999
+        assert cosines(got, tiny_text_models.reference_embeddings(folder, TEXTS, prompt)).min() >= 0.9999
     # The same text with the prompt written into it (no prompt_name) is pooled over every token: another vector,
     # and another cache entry.
     status, [inline] = served["prompt-layernorm"]({"input": ["query: " + text for text in TEXTS]})
@@ -133,14 +140,14 @@ def test_a_decoder_embedders_instruction_prompt_is_applied_as_sentence_transform
     assert status == [200, 200]
     with_prompt = torch.tensor([item["embedding"] for item in query["data"]])
     without = torch.tensor([item["embedding"] for item in plain["data"]])
-    assert cosines(with_prompt, text_models.reference_embeddings(folder, TEXTS, "query")).min() >= 0.9999
+    assert cosines(with_prompt, tiny_text_models.reference_embeddings(folder, TEXTS, "query")).min() >= 0.9999
     assert cosines(with_prompt, without).max() < 0.999  # the prompt changes the vector
 
 
 @pytest.mark.parametrize("name", ["deberta-nli", "modernbert", "electra", "bert-no-segments"])
 def test_classifier_probabilities_equal_transformers_on_texts_and_pairs(staged, served, name):
     rows = [*TEXTS, *PAIRS]
-    expected, id2label = text_models.reference_probabilities(staged[name][1], rows)
+    expected, id2label = tiny_text_models.reference_probabilities(staged[name][1], rows)
     status, [answer] = served[name]({"inputs": rows, "top_k": None})
     assert status == [200]
     for row, result, probabilities in zip(rows, answer["results"], expected, strict=True):
@@ -152,11 +159,11 @@ def test_sparse_weights_equal_the_sparse_encoders_and_top_k_and_decode_shape_the
     from sentence_transformers import SparseEncoder
 
     folder = staged["splade"][1]
-    reference = text_models.reference_sparse(folder, TEXTS)
+    reference = tiny_text_models.reference_sparse(folder, TEXTS)
     status, [answer, top] = served["splade"]({"input": TEXTS}, {"text": TEXTS[0], "top_k": 3, "decode": True})
     assert status == [200, 200]
     for item, expected in zip(answer["data"], reference, strict=True):
-        assert float(cosines(text_models.dense_sparse(item["sparse"], expected.shape[0]), expected)) >= 0.9999
+        assert float(cosines(tiny_text_models.dense_sparse(item["sparse"], expected.shape[0]), expected)) >= 0.9999
         values = [entry["value"] for entry in item["sparse"]]
         assert values == sorted(values, reverse=True)  # largest first
     assert [e["index"] for e in top["sparse"]] == [e["index"] for e in answer["data"][0]["sparse"][:3]]
@@ -169,7 +176,7 @@ def test_multi_vector_tokens_equal_the_encoders_for_queries_and_documents(staged
     status, [documents, queries] = served["multi-vector"]({"input": TEXTS}, {"input": TEXTS, "input_type": "query"})
     assert status == [200, 200]
     for answer, task in ((documents, "document"), (queries, "query")):
-        expected = text_models.reference_multi_vector(folder, TEXTS, task)
+        expected = tiny_text_models.reference_multi_vector(folder, TEXTS, task)
         for item, reference in zip(answer["data"], expected, strict=True):
             got = torch.tensor(item["embeddings"])
             assert got.shape == reference.shape
@@ -193,7 +200,7 @@ def refused(source, out, **options):
 
 
 def test_a_folder_shipping_code_is_refused_naming_auto_map_unless_opted_in(sources, tmp_path):
-    folder = text_models.with_remote_code(tmp_path / "remote", sources["mpnet"])
+    folder = tiny_text_models.with_remote_code(tmp_path / "remote", sources["mpnet"])
     message = refused(folder, tmp_path / "out")
     assert "config.json: auto_map (AutoConfig -> custom_model.CustomConfig" in message
     assert "--var trust_remote_code=true" in message

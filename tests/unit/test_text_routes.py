@@ -14,18 +14,17 @@ import pytest
 import torch
 
 from handlers.text.quantization import CALIBRATION_FILE
-from scripts import prepare_text_model
+from scripts import prepare_text_model, tiny_text_models
 from scripts.ops.handler_loader import load_handler, set_requests, statuses
-from tests import text_models
 
 REPO = Path(__file__).resolve().parents[2]
 TEXTS = ["How do I reset my password?", "ok", "Le café est très chaud ce matin.", "the quick brown fox " * 9]
 DOCUMENTS = ["a cat is sleeping", "stock markets fell", "cats nap a lot", "ok"]
 FOLDERS = {
-    "mpnet": text_models.make_mpnet_mean_normalize_embedder,
-    "rerank": text_models.make_cross_encoder,
-    "nli": text_models.make_deberta_nli_classifier,
-    "splade": text_models.make_splade_encoder,
+    "mpnet": tiny_text_models.make_mpnet_mean_normalize_embedder,
+    "rerank": tiny_text_models.make_cross_encoder,
+    "nli": tiny_text_models.make_deberta_nli_classifier,
+    "splade": tiny_text_models.make_splade_encoder,
 }
 
 
@@ -75,7 +74,7 @@ def test_the_calibration_is_the_reference_sentences_fp32_vectors_and_describe_sh
     from safetensors.torch import load_file
 
     vectors = load_file(str(folder / CALIBRATION_FILE))["vectors"]
-    reference = text_models.reference_embeddings(folder, sentences)
+    reference = tiny_text_models.reference_embeddings(folder, sentences)
     assert vectors.shape == reference.shape
     assert torch.nn.functional.cosine_similarity(vectors, reference).min() >= 0.9999
     described = workers["mpnet"].handler.describe()
@@ -255,12 +254,12 @@ def test_zero_shot_refusals(workers):
 
 
 def test_tei_embed_sparse_answers_the_sparse_encoders_weights(staged, workers):
-    expected = text_models.reference_sparse(staged["splade"][0], TEXTS)
+    expected = tiny_text_models.reference_sparse(staged["splade"][0], TEXTS)
     status, [answer] = workers["splade"].post("embed_sparse", {"inputs": TEXTS, "truncate": True})
     assert status == [200]
     for entries, reference in zip(answer, expected, strict=True):
         assert [e["index"] for e in entries] == sorted(e["index"] for e in entries)
-        got = text_models.dense_sparse(entries, reference.shape[0])
+        got = tiny_text_models.dense_sparse(entries, reference.shape[0])
         assert float(torch.nn.functional.cosine_similarity(got, reference, dim=0)) >= 0.999
 
 

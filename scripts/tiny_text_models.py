@@ -1,4 +1,5 @@
-"""Small random-weight text models, built offline in seconds, for tests of packaging a user's own model folder.
+"""Small random-weight text models, built offline in seconds, for the tests and tools that package a user's own model
+folder (the tests, loadtests/architectures.py, loadtests/semantic_cache_report.py).
 
 The packaging feature accepts a folder the user brings: a sentence-transformers embedding model, a Hugging Face text
 classifier or a cross-encoder reranker. Tests cannot download real ones (no hub here) and real ones are slow on 2
@@ -586,10 +587,10 @@ ARCHITECTURES = {
 
 def main(argv: list[str] | None = None) -> int:
     """A random model folder for measurements:
-    python -m tests.text_models --out DIR [--architecture mpnet] [--size base] [--tokens 256]."""
+    python -m scripts.tiny_text_models --out DIR [--architecture mpnet] [--size base] [--tokens 256]."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m tests.text_models", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m scripts.tiny_text_models", description=main.__doc__)
     parser.add_argument("--out", type=Path, required=True, help="folder to write the model to")
     parser.add_argument("--architecture", choices=sorted(ARCHITECTURES), default="xlm-roberta")
     parser.add_argument("--size", choices=sorted(SIZES), default="minilm")
