@@ -19,7 +19,7 @@ from handlers.text.requests.common import check_fields, check_text, json_object
 from handlers.text.routes import Route, route_table
 from scripts import prepare_text_model
 from scripts.ops.handler_loader import load_handler, set_requests, statuses
-from tests import text_models
+from scripts import tiny_text_models as text_models
 
 REPO = Path(__file__).resolve().parents[2]
 TOKENIZER = [
