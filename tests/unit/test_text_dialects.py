@@ -18,8 +18,8 @@ from handlers.text.kinds.embedding import EmbeddingKind
 from handlers.text.requests.common import check_fields, check_text, json_object
 from handlers.text.routes import Route, route_table
 from scripts import prepare_text_model
-from scripts.ops.handler_loader import load_handler, set_requests, statuses
 from scripts import tiny_text_models as text_models
+from scripts.ops.handler_loader import load_handler, set_requests, statuses
 
 REPO = Path(__file__).resolve().parents[2]
 TOKENIZER = [
