@@ -2,8 +2,8 @@
 
 TorchServe's built-in metrics are counters (sums) and last-value gauges; the handlers add histograms of stage times
 (``PreprocessSeconds``, ``InferenceSeconds``, ``PostprocessSeconds``) and counters (``Batches``, ``BatchRequests``,
-``BatchRows``, ``PaddedTokens``, ``RealTokens``, ``ForwardPasses``, ``CacheHits``, ``CacheMisses``, ``RequestErrors``), declared in
-handlers/core/metrics.py (config/metrics.yaml is generated from it). A run's
+``BatchRows``, ``PaddedTokens``, ``RealTokens``, ``ForwardPasses``, ``CacheHits``, ``CacheMisses``,
+``RequestErrors``), declared in handlers/core/metrics.py (config/metrics.yaml is generated from it). A run's
 figures are the *difference* of two scrapes, so earlier traffic on the same server does not leak into them.
 """
 

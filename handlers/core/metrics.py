@@ -72,7 +72,7 @@ MODEL_METRICS: dict[str, MetricSpec] = {
     "ForwardPasses": MetricSpec(
         "counter",
         "count",
-        "forward passes run; PaddedTokens / ForwardPasses = padded tokens per pass (at most handler.max_forward_tokens)",
+        "forward passes run; PaddedTokens / ForwardPasses = padded tokens per pass (<= handler.max_forward_tokens)",
     ),
     # generator
     "TimeToFirstTokenSeconds": MetricSpec(
