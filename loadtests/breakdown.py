@@ -473,6 +473,7 @@ def rows_for(model: str, served: dict[str, Any], local: dict[str, Any]) -> list[
             f"{server.get('postprocess_mean_ms')} = {stage_sum(server)}",
         ),
         ("mean batch size (requests)", server.get("mean_batch_requests")),
+        ("padded tokens per forward pass, mean (text models)", server.get("mean_padded_tokens_per_pass")),
         ("in-process handle() p50 / mean (ms)", f"{local['handle_ms']['p50']} / {local['handle_ms']['mean']}"),
         (
             "in-process stages mean: pre + inference + post (ms)",

@@ -2,8 +2,8 @@
 
 TorchServe's built-in metrics are counters (sums) and last-value gauges; the handlers add histograms of stage times
 (``PreprocessSeconds``, ``InferenceSeconds``, ``PostprocessSeconds``) and counters (``Batches``, ``BatchRequests``,
-``BatchRows``, ``PaddedTokens``, ``RealTokens``, ``CacheHits``, ``CacheMisses``, ``RequestErrors``), declared in
-handlers/core/metrics.py (config/metrics.yaml is generated from it). A run's
+``BatchRows``, ``PaddedTokens``, ``RealTokens``, ``ForwardPasses``, ``CacheHits``, ``CacheMisses``,
+``RequestErrors``), declared in handlers/core/metrics.py (config/metrics.yaml is generated from it). A run's
 figures are the *difference* of two scrapes, so earlier traffic on the same server does not leak into them.
 """
 
@@ -110,6 +110,10 @@ def server_figures(before, after, model):
     figures["mean_batch_requests"] = _ratio(total(change, "BatchRequests", model), batches)
     figures["mean_batch_rows"] = _ratio(total(change, "BatchRows", model), batches)
     figures["mean_padding_ratio"] = _ratio(total(change, "PaddedTokens", model), total(change, "RealTokens", model))
+    # Forward passes are bounded by handler.max_forward_tokens padded tokens (handlers/text/buckets.py).
+    figures["mean_padded_tokens_per_pass"] = _ratio(
+        total(change, "PaddedTokens", model), total(change, "ForwardPasses", model)
+    )
     hits, misses = total(change, "CacheHits", model), total(change, "CacheMisses", model)
     figures["cache_hits"] = int(hits)
     figures["cache_misses"] = int(misses)

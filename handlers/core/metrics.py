@@ -69,6 +69,11 @@ MODEL_METRICS: dict[str, MetricSpec] = {
     "RealTokens": MetricSpec(
         "counter", "count", "tokens of the computed texts; PaddedTokens / RealTokens = padding ratio (1.0 = none)"
     ),
+    "ForwardPasses": MetricSpec(
+        "counter",
+        "count",
+        "forward passes run; PaddedTokens / ForwardPasses = padded tokens per pass (<= handler.max_forward_tokens)",
+    ),
     # generator
     "TimeToFirstTokenSeconds": MetricSpec(
         "histogram", "s", "from a request's arrival at the worker to its first generated token"

@@ -52,6 +52,7 @@ from handlers.text.requests.common import TextLimits
 from handlers.text.rows import DEFAULT_OPTIONS, Row, RowOptions
 from handlers.text.shared_cache import SHARED_CACHE_OPTION, Namespace, SharedCache, open_shared_cache
 from handlers.text.tokenization import ServedTokenizer
+from handlers.text.windows import LONG_INPUT_MODES
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +103,11 @@ def load_text_model(model_dir: str, config: dict[str, Any], kind: TextKind) -> L
         raise ConfigError(f"handler.length_buckets: {error}") from None
     if config["max_forward_tokens"] < info.max_tokens:
         raise ConfigError(f"handler.max_forward_tokens must hold one {info.max_tokens}-token row")
+    if config["long_inputs"] != "truncate" and not kind.pools_windows:
+        raise ConfigError(
+            f"handler.long_inputs: {config['long_inputs']!r} is for embedding models (one pooled vector per text); "
+            f"a {kind.name} model truncates"
+        )
     if config["max_request_chars"] < config["max_text_chars"]:
         raise ConfigError(
             f"handler.max_request_chars ({config['max_request_chars']}) is below "
@@ -155,6 +161,20 @@ TEXT_MODEL_OPTIONS: dict[str, Option] = {
         "the model's own limit",
     ),
     "max_forward_tokens": Option(int, 8192, minimum=256, help="padded tokens one forward pass may hold"),
+    # Long inputs by windows (handlers/text/windows.py, docs/embeddings.md "Long inputs"): embedding models only.
+    "long_inputs": Option(
+        str,
+        "truncate",
+        LONG_INPUT_MODES,
+        help="what a text over the model's token limit gets when its request does not say ('long_input'): "
+        "truncate = its first tokens; windows = overlapping windows pooled into one vector (embedding models)",
+    ),
+    "window_overlap": Option(
+        float, 0.25, minimum=0.0, maximum=0.5, help="share of a window's tokens repeated from the window before it"
+    ),
+    "max_windows": Option(
+        int, 16, minimum=1, maximum=256, help="windows one text may take; a text needing more is refused (413)"
+    ),
     "release_memory_tokens": Option(
         int,
         512,
@@ -419,6 +439,8 @@ class TextEngine(Engine):
             "model": self.kind.describe(self.loaded.info),
             "max_tokens": self.loaded.max_tokens,
             "length_buckets": self.loaded.buckets,
+            # A forward pass holds at most this many padded tokens (rows x bucket length; handlers/text/buckets.py).
+            "max_forward_tokens": self.config["max_forward_tokens"],
             "eager_lengths": sorted(getattr(self.loaded.model, "eager_lengths", ())),
             "cache_size": self.config["cache_size"],
             "cached": len(self.cache),

@@ -10,6 +10,7 @@ each gets exactly its own answer, in its route's shape. This module never branch
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from handlers.core.base import BatchScope, ServingHandler
@@ -23,6 +24,7 @@ from handlers.text.quantization import load_calibration
 from handlers.text.requests.common import RequestContext
 from handlers.text.routes import Routed, route_table
 from handlers.text.shared_cache import record_shared_cache
+from handlers.text.windows import WindowSettings
 
 
 class TextModelHandler(ServingHandler):
@@ -55,8 +57,15 @@ class TextModelHandler(ServingHandler):
             dimensions=self.kind.allowed_dimensions(info, self.config["dimensions"]),
             calibration=load_calibration(self.model_dir, info.output_size),
             max_request_tokens=self.config["max_request_tokens"],
+            windows=self.long_inputs(),
         )
         self.route_table = route_table(self.kind.routes())
+
+    def long_inputs(self) -> WindowSettings | None:
+        """The model's long-input settings where its kind pools windows (None: requests may not ask for windows)."""
+        if not self.kind.pools_windows:
+            return None
+        return WindowSettings(self.config["long_inputs"], self.config["window_overlap"], self.config["max_windows"])
 
     @property
     def routes(self) -> tuple[str, ...]:  # type: ignore[override]
@@ -71,6 +80,7 @@ class TextModelHandler(ServingHandler):
                 key: self.config[key]
                 for key in ("max_inputs", "max_text_chars", "max_request_chars", "max_request_tokens")
             },
+            "long_inputs": None if self.api.windows is None else asdict(self.api.windows),
         }
 
     # ----------------------------------------------------------------------------------------------- per batch
@@ -115,4 +125,5 @@ class TextModelHandler(ServingHandler):
             record_shared_cache(self.shared_cache, metrics)
         metrics.record("PaddedTokens", stats.padded_tokens)
         metrics.record("RealTokens", stats.real_tokens)
+        metrics.record("ForwardPasses", len(batch.passes))
         self.engine.release_memory(batch)

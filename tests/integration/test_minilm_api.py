@@ -188,6 +188,27 @@ def test_openai_shape_counts_tokens_and_flags_truncation(predict, tokenizer):
     assert len(single["data"]) == 1 and single["data"][0]["embedding"] == body["data"][0]["embedding"]
 
 
+def test_a_long_text_is_embedded_whole_by_windows_when_asked_and_cut_otherwise(predict, reference, tokenizer):
+    # Two topics, the second past the 256-token limit: truncation never sees it, windows do.
+    head = "The orchestra rehearsed the symphony in the old concert hall. " * 22
+    tail = "Volcanic eruptions spread ash over the farmland for weeks. " * 22
+    text = f"{head}{tail}{RUN}"
+    cut = predict(MODEL, json={"text": text})
+    whole = predict(MODEL, json={"text": text, "long_input": "windows"})
+    listed = predict(MODEL, json={"input": [text, "short"], "long_input": "windows"})
+    assert cut.status_code == whole.status_code == listed.status_code == 200, (cut.text, whole.text, listed.text)
+    cut, whole, listed = cut.json(), whole.json(), listed.json()
+    assert cut["truncated"] is True and "windows" not in cut
+    assert whole["truncated"] is False and whole["windows"] >= 2
+    assert abs(float(torch.tensor(whole["embedding"]).norm()) - 1.0) < 1e-4
+    assert [item["truncated"] for item in listed["data"]] == [False, False] and "windows" not in listed["data"][0]
+    assert cosine(listed["data"][0]["embedding"], whole["embedding"]) > 0.9999
+    about_the_tail = reference([tail])[0]
+    assert cosine(whole["embedding"], about_the_tail) > cosine(cut["embedding"], about_the_tail) + 0.1
+    refused = predict(MODEL, json={"text": text, "long_input": "chunks"})
+    assert refused.status_code == 400 and "'long_input' 'chunks' is not supported" in refused.json()["message"]
+
+
 LONG = "word " * 400
 INVALID = {
     "empty string": ({"json": {"text": ""}}, "'text' is empty"),
@@ -325,6 +346,7 @@ def test_prometheus_shows_padding_cache_and_stage_histograms_for_minilm(ts_serve
     for name in (
         "PaddedTokens",
         "RealTokens",
+        "ForwardPasses",
         "BatchRows",
         "Batches",
         "PreprocessSeconds_bucket",

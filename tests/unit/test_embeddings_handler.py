@@ -125,6 +125,8 @@ def test_length_buckets_run_one_pass_per_bucket_and_record_the_padding_ratio(unp
     assert metrics.last("RealTokens") == real and metrics.last("PaddedTokens") == 15 * 16 + 256
     assert ratio == pytest.approx((15 * 16 + 256) / real)
     assert ratio < 256 * 16 / real / 5  # padding everything to the longest would be > 5x more work
+    # The breakdown's padded tokens per forward pass (loadtests/prometheus.py): two passes here.
+    assert metrics.last("ForwardPasses") == 2
 
 
 def test_cached_texts_skip_the_forward_pass_and_give_the_same_embedding(unpacked_model):

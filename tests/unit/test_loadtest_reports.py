@@ -131,6 +131,8 @@ Batches{ModelName="minilm",Level="Model",Hostname="vm",} 100.0
 BatchRequests{ModelName="minilm",Level="Model",Hostname="vm",} 400.0
 CacheHits{ModelName="minilm",Level="Model",Hostname="vm",} 100.0
 CacheMisses{ModelName="minilm",Level="Model",Hostname="vm",} 300.0
+PaddedTokens{ModelName="minilm",Level="Model",Hostname="vm",} 96000.0
+ForwardPasses{ModelName="minilm",Level="Model",Hostname="vm",} 120.0
 ts_inference_requests_total{model_name="minilm",model_version="default",hostname="vm",} 410.0
 ts_queue_latency_microseconds{model_name="minilm",model_version="default",hostname="vm",} 2010000.0
 ts_inference_requests_total{model_name="minilm",model_version="2.0",hostname="vm",} 0.0
@@ -154,6 +156,7 @@ def test_server_figures_are_the_difference_between_two_scrapes():
     assert figures["inference_p99_ms_at_most"] == pytest.approx(25.0)  # 99th of 100 falls in the 10-25 ms bucket
     assert figures["mean_batch_requests"] == 4.0
     assert figures["cache_hit_rate"] == 0.25
+    assert figures["mean_padded_tokens_per_pass"] == 800.0  # 96,000 padded tokens over 120 forward passes
     assert figures["preprocess_mean_ms"] is None  # never recorded: no invented numbers
 
 

@@ -2,8 +2,9 @@
 ``/predictions/<model>/<version>/v1/embeddings``:
 
 ``{"input": "..." | ["...", ...], "model": str?, "encoding_format": str?, "dimensions": int?, "user": str?,
-"truncate": bool?, "prompt_name": str?}`` -> ``{"object": "list", "data": [{"object": "embedding", "index",
-"embedding", "truncated"}], "model": ..., "usage": {...}}``. ``encoding_format`` is one of
+"truncate": bool?, "prompt_name": str?, "long_input": "truncate"|"windows"?}`` -> ``{"object": "list", "data":
+[{"object": "embedding", "index", "embedding", "truncated"}], "model": ..., "usage": {...}}`` (a windowed text is one
+item, its usage the tokens of all its windows: handlers/text/windows.py). ``encoding_format`` is one of
 handlers/text/quantization.py's types: ``"float"`` (default), ``"base64"`` (each embedding the base64 of its
 little-endian float32 bytes: what the official OpenAI client asks for, and decodes), ``"int8"``, ``"uint8"``,
 ``"binary"``, ``"ubinary"`` (lists of integers). Token-id arrays are refused (LangChain sends them by default).
@@ -42,14 +43,17 @@ from handlers.text.requests.embedding import (
     VectorSpace,
     answered_array,
     encoded_as,
+    split_long_texts,
     text_preparation,
+    text_rows,
     vector_space,
 )
 from handlers.text.routes import Route
 from handlers.text.rows import RowOptions
+from handlers.text.windows import LONG_INPUT_FIELD, WindowSettings
 
 EMBEDDINGS_PATH = "v1/embeddings"  # /predictions/<model>/<version>/v1/embeddings: what the OpenAI client posts to
-FIELDS = {"input", "model", "encoding_format", "dimensions", "user", "truncate", "prompt_name"}
+FIELDS = {"input", "model", "encoding_format", "dimensions", "user", "truncate", "prompt_name", LONG_INPUT_FIELD}
 ENCODINGS = EMBEDDING_TYPES
 
 
@@ -63,6 +67,9 @@ class OpenAIEmbeddingRequest:
     options: list[RowOptions] | None = None  # per text, where not the defaults (a prompt the pooling leaves out)
     dimensions: int | None = None  # cut to this size (None: the model's own)
     normalize: bool = False  # re-normalise each cut vector (a normalising model)
+    long_input: str = "truncate"  # "windows": a text over the token limit is embedded by windows
+    prompt: str = ""  # the prompt in front of each text, as prepared
+    windows: list[int] | None = None  # once split: the windows each text became (None: not windowed)
 
 
 def parse_embeddings_body(
@@ -71,10 +78,12 @@ def parse_embeddings_body(
     limits: TextLimits,
     preparation: TextPreparation = NO_PROMPTS,
     served_model: str | None = None,
+    windows: WindowSettings | None = None,
 ) -> OpenAIEmbeddingRequest:
     """A JSON object with ``input`` into a request whose texts are the model's inputs (the prompt in front);
-    ``served_model``: the name ``model`` must give (None: any string)."""
-    check_fields(body, FIELDS)
+    ``served_model``: the name ``model`` must give (None: any string); ``windows``: the model's long-input settings
+    (None: windows are refused)."""
+    check_fields(body, FIELDS if windows is not None else FIELDS - {LONG_INPUT_FIELD})
     truncate = truncate_flag(body)
     prompt = preparation.prompt(body)
     encoding, dimensions = check_options(body, space, served_model)
@@ -84,6 +93,8 @@ def parse_embeddings_body(
     request.encoding = encoding
     request.served_model = served_model
     request.dimensions, request.normalize = dimensions, dimensions is not None and space.normalizes
+    request.long_input = windows.mode(body) if windows is not None else "truncate"
+    request.prompt = preparation.prepared(prompt)
     return request
 
 
@@ -94,6 +105,7 @@ def parse_embeddings(
     limits: TextLimits,
     preparation: TextPreparation,
     served_model: str,
+    windows: WindowSettings | None = None,
 ) -> OpenAIEmbeddingRequest:
     """The body as this route takes it: only OpenAI's shape, whose ``model`` must name ``served_model``."""
     body = decoded_body(body, content_type)
@@ -105,7 +117,7 @@ def parse_embeddings(
         )
     if "text" in body:
         raise RequestError("send either 'text' or 'input', not both")
-    request = parse_embeddings_body(body, space, limits, preparation, served_model)
+    request = parse_embeddings_body(body, space, limits, preparation, served_model, windows)
     check_request_chars(sum(len(text) for text in request.texts), limits)
     return request
 
@@ -165,11 +177,15 @@ def write_embeddings(
 
 def parse_route(api: RequestContext, body: Any, request: RequestView) -> OpenAIEmbeddingRequest:
     preparation = text_preparation(api.info, api.tokenizer)
-    return parse_embeddings(body, request.content_type, vector_space(api), api.limits, preparation, api.served_name)
+    parsed = parse_embeddings(
+        body, request.content_type, vector_space(api), api.limits, preparation, api.served_name, api.windows
+    )
+    split_long_texts(api, parsed)
+    return parsed
 
 
 def answer_route(api: RequestContext, request: OpenAIEmbeddingRequest, rows: list[Any]) -> Any:
-    return write_embeddings(request, rows, api.model_name, vector_space(api))
+    return write_embeddings(request, text_rows(api, request, rows), api.model_name, vector_space(api))
 
 
 EMBEDDINGS = Route(EMBEDDINGS_PATH, parse_route, answer_route, OPENAI, "OpenAI embeddings")

@@ -64,6 +64,7 @@ class TextKind:
     default_min_cosine: ClassVar[float] = 0.999  # the accuracy gate's bound unless handler.min_cosine says
     gate_measure: ClassVar[str] = "row cosine"
     value_layout: ClassVar[str] = "vector"  # how a computed row is kept: one fp32 row, "sparse" or "matrix"
+    pools_windows: ClassVar[bool] = False  # a long text's windows may be pooled into one row (handlers/text/windows.py)
 
     # ------------------------------------------------------------------------------------------- the folder
     def read_folder(self, folder: Path, trust_remote_code: bool) -> TextModelFolder:

@@ -51,6 +51,7 @@ class EmbeddingKind(SentenceTransformersKind):
     name = "embedding"
     reference_library = "sentence-transformers SentenceTransformer.encode()"
     model_types = ("SentenceTransformer",)
+    pools_windows = True  # one vector per text: windows' vectors average into one
 
     def read_folder(self, folder: Path, trust_remote_code: bool) -> TextModelFolder:
         saved = self.read_saved(folder, trust_remote_code)

@@ -15,6 +15,7 @@ from handlers.core.errors import RequestError, shown, surrogate_at, too_large
 from handlers.core.http import decode_json
 from handlers.text.folder import TextModelFolder
 from handlers.text.tokenization import ServedTokenizer
+from handlers.text.windows import LONG_INPUT_FIELD, WindowSettings
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,9 @@ class RequestContext:
     dimensions: tuple[int, ...] | None = ()
     calibration: Any = None
     max_request_tokens: int = 0  # handler.max_request_tokens (/decode bounds its ids with it)
+    # Models whose rows are pooled vectors (the embedding kind): how a text over the token limit may be windowed
+    # (handlers/text/windows.py); None: no request of this model may ask for windows.
+    windows: WindowSettings | None = None
 
 
 def check_model_name(body: dict[str, Any], served: str) -> None:
@@ -126,6 +130,11 @@ def decoded_body(body: Any, content_type: str, wanted: str = "'text' or 'input'"
 
 def check_fields(body: dict[str, Any], allowed: set[str], shape: str = "") -> None:
     unknown = sorted(set(body) - allowed)
+    if LONG_INPUT_FIELD in unknown:  # a known field of other bodies: say where it is taken, not just "unknown"
+        raise RequestError(
+            f"'{LONG_INPUT_FIELD}' is not accepted here: long inputs by windows are for embedding models' own body "
+            f"and OpenAI embeddings (docs/embeddings.md, Long inputs)"
+        )
     if unknown:
         where = f" with {shape}" if shape else ""
         raise RequestError(f"unknown field(s) {unknown}; accepted{where}: {sorted(allowed)}")

@@ -27,6 +27,7 @@ from handlers.text.quantization import INTEGER_TYPES, Calibration, cut, float32_
 from handlers.text.requests.common import RequestContext
 from handlers.text.rows import RowOptions
 from handlers.text.tokenization import ServedTokenizer
+from handlers.text.windows import WindowedRequest, pool_windows, split_texts
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,10 @@ class TextPreparation:
             known = f"this model's prompts are {sorted(self.prompts)}" if self.prompts else "this model has none"
             raise RequestError(f"'prompt_name' {shown!r} is not a prompt of this model; {known}")
         return self.prompts[name]
+
+    def prepared(self, prompt: str) -> str:
+        """The prompt as it stands in front of each text that :meth:`apply` prepares."""
+        return prompt.lower() if self.lowercase and prompt else prompt
 
     def apply(self, texts: list[str], prompt: str) -> list[str]:
         texts = [prompt + text for text in texts] if prompt else texts
@@ -185,3 +190,27 @@ def text_preparation(info: TextModelFolder, tokenizer: ServedTokenizer) -> TextP
     """How the folder says a text becomes the model's input (:class:`TextPreparation`)."""
     prompt_tokens = tokenizer.prompt_length if info.excludes_prompt else None
     return TextPreparation(dict(info.prompts), info.default_prompt_name, info.lowercase, prompt_tokens)
+
+
+class LongInputRequest(WindowedRequest, Protocol):
+    """An embedding request that may ask for windows: the mode it asked for (or the model's default) and the prompt
+    its parser put in front of each text, as prepared (repeated in front of each window)."""
+
+    long_input: str
+    prompt: str
+
+
+def split_long_texts(api: RequestContext, request: LongInputRequest) -> None:
+    """Where the request asked for windows (handlers/text/windows.py), its texts become their windows' rows."""
+    if request.long_input != "windows" or api.windows is None:
+        return
+    prompt_tokens = api.tokenizer.prompt_length(request.prompt) if request.prompt else 0
+    split_texts(request, api.tokenizer, api.windows, request.prompt, prompt_tokens)
+
+
+def text_rows(api: RequestContext, request: LongInputRequest, rows: Sequence[EmbeddingRow]) -> list[EmbeddingRow]:
+    """One row per text of the request: a windowed text's windows pooled (unit length where the model's own module
+    chain makes its vectors unit length); every other request's rows as they are."""
+    if request.windows is None:
+        return list(rows)
+    return pool_windows(rows, request.windows, api.info.normalized)
