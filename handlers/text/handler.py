@@ -115,4 +115,6 @@ class TextModelHandler(ServingHandler):
             record_shared_cache(self.shared_cache, metrics)
         metrics.record("PaddedTokens", stats.padded_tokens)
         metrics.record("RealTokens", stats.real_tokens)
+        if batch.forward_cores:
+            metrics.record("ForwardCores", batch.forward_cores)
         self.engine.release_memory(batch)
