@@ -3,9 +3,11 @@
 TorchServe runs several single-thread workers per model so that a short text never waits behind a long one's forward
 pass; but a lone request then computes on one core while the others idle. The lease lets a worker widen a forward
 pass onto idle cores without giving that layout up: the server start exports a directory (``TS_CORE_LEASE_DIR``,
-scripts/ops/server.py) holding one lock file per core. At a forward pass a worker holds its own share of them
-(waiting if it must), takes every other one that is free without waiting, computes with that many threads and lets
-them go. Under load every worker finds the others' cores taken and computes on its own share, as without a lease.
+scripts/ops/server.py) holding one lock file per core. At a forward pass a worker takes its own share of them and
+every other one that is free, without waiting, computes with that many threads and lets them go. Under load every
+worker finds the others' cores taken and computes on its own share, as without a lease. A model opts in with
+``handler.borrow_idle_cores`` (handlers/text/engine.py): on a busy 2-core machine a long text borrowing the core
+between two short requests made those short requests slower (docs/performance.md).
 
 The locks are ``flock`` locks: the kernel releases them when the holder's file is closed, so a worker that dies
 mid-forward (killed, crashed) leaves no core taken. Without the variable (a bare ``torchserve --start``) there is
@@ -56,9 +58,13 @@ class CoreLease:
 
     @contextmanager
     def hold(self, own: int, widen: bool = True) -> Iterator[int]:
-        """Hold at least ``own`` cores (waiting for them), plus, with ``widen``, every other free one; yields how
-        many are held. ``own`` is this worker's share, so the workers' shares together never wait on each other
-        unless one of them has borrowed."""
+        """Take this worker's own share of cores and, with ``widen``, every other free one; yields the threads to
+        compute with: how many were taken, and never fewer than ``own``.
+
+        It never waits. A worker whose share a borrower holds computes on its share anyway, beside the borrower's
+        threads, until the borrower's forward pass ends: waiting for the whole of it made short requests behind a
+        long one 2.6x slower at p50 under a mixed load (docs/performance.md); sharing a core for a short forward
+        pass costs the long one a little instead."""
         own = min(max(1, own), self.cores)
         held: list[int] = []
         try:
@@ -67,15 +73,7 @@ class CoreLease:
             for index in [(start + step) % self.cores for step in range(self.cores)]:
                 if (len(held) < own or widen) and self.try_take(index):
                     held.append(index)
-            if len(held) < own:
-                # Waiting while holding some could deadlock two workers each holding what the other waits for:
-                # give them back and wait for the first ``own`` cores in one global order instead.
-                self.release(held)
-                held = []
-                for index in range(own):
-                    fcntl.flock(self.files[index], fcntl.LOCK_EX)  # a borrower gives it back after its forward
-                    held.append(index)
-            yield len(held)
+            yield max(len(held), own)
         finally:
             self.release(held)
 

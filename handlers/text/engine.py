@@ -162,9 +162,10 @@ TEXT_MODEL_OPTIONS: dict[str, Option] = {
         minimum=0,
         help="after a batch of at least this many padded tokens, return freed heap memory to the OS (~2 ms); 0 = never",
     ),
+    # Off by default: on a busy 2-core machine borrowing slowed short requests beside long ones (docs/performance.md).
     "borrow_idle_cores": Option(
         bool,
-        True,
+        False,
         help="under a server that exports a core lease (TS_CORE_LEASE_DIR, set by python -m scripts.server), a batch "
         "also computes on the cores no other worker is using at that moment (docs/performance.md); false = "
         "always this worker's own share (threads)",

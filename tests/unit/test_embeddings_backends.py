@@ -108,17 +108,22 @@ def test_under_a_core_lease_openvino_compiles_for_every_core_and_a_widened_batch
     (OpenVINO fixes a compiled model's threads), and its vectors match the narrow model's."""
     write_ir(model_dir)
     monkeypatch.setenv(LEASE_DIR_ENV, str(tmp_path / "lease"))
-    handler, context = load(model_dir, backend="openvino", precision="fp32", threads=1)
+    handler, context = load(model_dir, backend="openvino", precision="fp32", threads=1, borrow_idle_cores=True)
     cores = available_cores()
     assert sorted(handler.model.requests) == sorted({1, cores})
     assert handler.describe()["borrow_idle_cores"] == {"enabled": True, "lease_cores": cores, "min_tokens": 0}
     widened = embed(handler, context)  # alone: it holds every core of the lease
 
     monkeypatch.delenv(LEASE_DIR_ENV)
-    narrow, narrow_context = load(model_dir, backend="openvino", precision="fp32", threads=1)
+    narrow, narrow_context = load(model_dir, backend="openvino", precision="fp32", threads=1, borrow_idle_cores=True)
     assert sorted(narrow.model.requests) == [1]
     assert narrow.describe()["borrow_idle_cores"]["lease_cores"] is None
     assert torch.allclose(widened, embed(narrow, narrow_context), atol=1e-5)
+
+    monkeypatch.setenv(LEASE_DIR_ENV, str(tmp_path / "lease"))
+    default, _ = load(model_dir, backend="openvino", precision="fp32", threads=1)  # the option is off by default
+    assert sorted(default.model.requests) == [1]
+    assert default.describe()["borrow_idle_cores"] == {"enabled": False, "lease_cores": None, "min_tokens": 0}
 
 
 def test_describe_splits_the_load_time_into_phases_that_add_up_to_it(write_ir, model_dir):
