@@ -6,7 +6,7 @@ One request at a time, for a short query and a long document (~360 tokens before
 - in process: the archive's engine (handlers/text/engine.py, as a worker loads it: same backend walk, shared cache
   off) at 1 thread and at every core, the whole path (tokenize, forward, pooling) per request;
 - served: a TorchServe from the project's config.properties with only this model (its own worker count, e.g. minilm's
-  2 workers x 1 thread), its archive built with ``handler.borrow_idle_cores: true`` (into a temporary store), once
+  2 workers x 1 thread), a copy of its archive with ``handler.borrow_idle_cores: true`` (in a temporary store), once
   with the lease (what ``python -m scripts.server`` starts) and once without it (``TS_CORE_LEASE_DIR`` empty, as a
   bare ``torchserve --start``, which is also how the shipped archive, with borrowing off, serves); client-side
   latency.
@@ -90,13 +90,22 @@ def in_process(model_dir: Path, threads: int, repeats: int) -> dict[str, Any]:
     }
 
 
-def borrowing_store(model: str, store: Path) -> Path:
-    """``store`` holding the project's archive of ``model`` built with ``handler.borrow_idle_cores: true`` (the
-    compiled backends are reused from the normal build; packing takes a minute for minilm)."""
-    from scripts import package
+def borrowing_store(model: str, source: Path, target: Path) -> Path:
+    """``target`` holding a copy of ``source``'s ``<model>.mar`` whose packed model-config.yaml (the one TorchServe
+    and the handler read) says ``handler.borrow_idle_cores: true``; every other file is the archive's own, so any
+    packaged model can be measured (a project spec or one made from a template, such as mpnet)."""
+    import yaml
 
-    package.build(model, store, overrides={"handler.borrow_idle_cores": True}, log=lambda *_: None)
-    return store
+    target.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(source / f"{model}.mar") as archive:
+        config_name = json.loads(archive.read("MAR-INF/MANIFEST.json"))["model"]["configFile"]
+        config = yaml.safe_load(archive.read(config_name))
+        config.setdefault("handler", {})["borrow_idle_cores"] = True
+        with zipfile.ZipFile(target / f"{model}.mar", "w", zipfile.ZIP_STORED) as copy:
+            for entry in archive.infolist():
+                data = yaml.safe_dump(config).encode() if entry.filename == config_name else archive.read(entry)
+                copy.writestr(entry, data)
+    return target
 
 
 def served(store: Path, model: str, lease: bool, repeats: int, mixed_seconds: float) -> dict[str, Any]:
@@ -208,7 +217,7 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
         "--store",
         type=Path,
         default=REPO / "model_store",
-        help="model store the in-process engine reads (default model_store/)",
+        help="model store holding <model>.mar (default model_store/)",
     )
     parser.add_argument("--repeats", type=int, default=15, help="requests per text and variant (default 15)")
     parser.add_argument("--mixed-seconds", type=float, default=20.0, help="mixed load per served variant; 0 = none")
@@ -247,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not args.skip_served:
             with tempfile.TemporaryDirectory(prefix="bench-cores-store-") as store:
-                borrowing_store(args.model, Path(store))
+                borrowing_store(args.model, args.store, Path(store))
                 for lease in (True, False):
                     record["served"].append(served(Path(store), args.model, lease, args.repeats, args.mixed_seconds))
                     print(record["served"][-1], flush=True)

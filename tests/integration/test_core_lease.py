@@ -24,8 +24,8 @@ TEXTS = [
 
 @pytest.fixture(scope="module")
 def borrowing(model_store, tmp_path_factory):
-    """A model store with minilm built to borrow idle cores (after model_store built its backends)."""
-    return borrowing_store(MODEL, tmp_path_factory.mktemp("borrowing-store"))
+    """A model store with a copy of minilm's archive that borrows idle cores."""
+    return borrowing_store(MODEL, model_store, tmp_path_factory.mktemp("borrowing-store"))
 
 
 @pytest.fixture(scope="module")
