@@ -44,11 +44,6 @@ class CoreLease:
             os.open(self.directory / f"core-{index}.lock", os.O_RDWR | os.O_CREAT, 0o600) for index in range(self.cores)
         ]
 
-    def close(self) -> None:
-        for descriptor in self.files:
-            os.close(descriptor)
-        self.files = []
-
     def try_take(self, index: int) -> bool:
         try:
             fcntl.flock(self.files[index], fcntl.LOCK_EX | fcntl.LOCK_NB)
