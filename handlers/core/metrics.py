@@ -48,6 +48,11 @@ MODEL_METRICS: dict[str, MetricSpec] = {
     "PrecisionMinCosine": MetricSpec("gauge", "ratio", "accuracy gate: min cosine similarity to fp32", ("Precision",)),
     "Recompilations": MetricSpec("counter", "count", "torch.compile recompilations after warm-up (jit)"),
     # embeddings
+    "ForwardCores": MetricSpec(
+        "counter",
+        "count",
+        "cores each batch's forward passes ran on (own share + idle cores borrowed), summed; / Batches = mean",
+    ),
     "CacheHits": MetricSpec("counter", "count", "rows answered from the worker's embedding cache"),
     "CacheMisses": MetricSpec("counter", "count", "rows computed by the model"),
     # the shared cache tier (handlers/text/shared_cache.py), asked for the worker cache's misses

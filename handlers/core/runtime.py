@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from handlers.core import cpu
+from handlers.core.cores import available_cores
 from handlers.core.cpu import cpu_flags as cpu_flags  # the one reader of CPU flags, masked by TS_CPU_AS
 
 logger = logging.getLogger(__name__)
@@ -84,8 +85,7 @@ def resolve_precision(requested: str, device: torch.device) -> str:
 
 def set_threads(requested: int, workers: int) -> int:
     """Give each worker an equal share of the cores: N workers each using every core oversubscribe the CPU."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    threads = requested or max(1, cores // max(1, workers))
+    threads = requested or max(1, available_cores() // max(1, workers))
     torch.set_num_threads(threads)
     return threads
 

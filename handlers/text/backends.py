@@ -100,14 +100,18 @@ def load_backend(
     threads: int,
     device: torch.device,
     *,
+    widest_threads: int | None = None,
     max_rows: int | None = None,
     max_tokens: int | None = None,
 ) -> Encode:
     """The callable that computes embeddings with backend ``name`` at ``precision``.
 
     ``max_rows`` / ``max_tokens``: the largest forward pass this worker makes, checked against a prebuilt package's
-    dynamic bounds where the manifest states them. Raises :class:`BackendUnavailable` (message = the reason) when this
-    machine or archive cannot run it; the accuracy gate against eager fp32 is the caller's."""
+    dynamic bounds where the manifest states them. ``widest_threads``: the most threads a forward pass may get from
+    the server's core lease (handlers/core/cores.py); eager and jit follow torch's thread count per call, OpenVINO
+    compiles a second model for it, AOTInductor's count was fixed when it was compiled. Raises
+    :class:`BackendUnavailable` (message = the reason) when this machine or archive cannot run it; the accuracy gate
+    against eager fp32 is the caller's."""
     if name == "eager":
         return runtime.convert_model(fp32_model, precision)
     if name == "jit":
@@ -115,7 +119,7 @@ def load_backend(
     if name == "aot":
         return load_aot(precision, Path(model_dir), device, max_rows, max_tokens)
     if name == "openvino":
-        return load_openvino(precision, Path(model_dir), threads, device)
+        return load_openvino(precision, Path(model_dir), threads, device, widest_threads)
     raise BackendUnavailable(f"unknown backend {name!r}")
 
 
@@ -185,24 +189,29 @@ class AotEncoder:
 
 
 class OpenVinoEncoder:
-    """An OpenVINO compiled model behind the backend interface: torch int64 tensors in, a torch fp32 tensor out.
+    """OpenVINO compiled models behind the backend interface: torch int64 tensors in, a torch fp32 tensor out.
 
-    One infer request, reused: a worker computes one forward pass at a time."""
+    One infer request per compiled model, reused: a worker computes one forward pass at a time. A compiled model's
+    thread count is fixed when it is compiled, so a worker that may widen a forward pass onto idle cores (the core
+    lease) holds one compiled model per thread count, ``{threads: compiled}``, and each call runs the one for the
+    threads the engine set for that batch (torch's intra-op count, the process's one setting of it)."""
 
-    def __init__(self, compiled: Any) -> None:
-        self.compiled = compiled
-        self.request = compiled.create_infer_request()
+    def __init__(self, compiled_by_threads: dict[int, Any]) -> None:
+        self.requests = {threads: compiled.create_infer_request() for threads, compiled in compiled_by_threads.items()}
+        self.narrowest = min(self.requests)
         # The IR's inputs are the module's forward arguments in order (scripts/build_backends.py converts it with
         # them as its example): input_ids, attention_mask, then the model's own (TextModelFolder.model_inputs).
-        self.dtypes = [port.get_element_type().to_dtype() for port in compiled.inputs]
+        first = compiled_by_threads[self.narrowest]
+        self.dtypes = [port.get_element_type().to_dtype() for port in first.inputs]
 
     def __call__(self, *tensors: torch.Tensor) -> torch.Tensor:
         feeds = {
             index: tensor.cpu().numpy().astype(self.dtypes[index], copy=False) for index, tensor in enumerate(tensors)
         }
-        self.request.infer(feeds)
+        request = self.requests.get(torch.get_num_threads()) or self.requests[self.narrowest]
+        request.infer(feeds)
         # The request owns its output buffer and overwrites it on the next call: copy it out.
-        return torch.from_numpy(self.request.get_output_tensor(0).data.copy()).to(torch.float32)
+        return torch.from_numpy(request.get_output_tensor(0).data.copy()).to(torch.float32)
 
 
 def openvino_config(precision: str, threads: int) -> dict[str, str]:
@@ -219,8 +228,11 @@ def openvino_config(precision: str, threads: int) -> dict[str, str]:
     }
 
 
-def load_openvino(precision: str, model_dir: Path, threads: int, device: torch.device) -> Encode:
-    """The archive's OpenVINO IR compiled for this CPU (bf16 as OpenVINO's inference precision hint)."""
+def load_openvino(
+    precision: str, model_dir: Path, threads: int, device: torch.device, widest_threads: int | None = None
+) -> Encode:
+    """The archive's OpenVINO IR compiled for this CPU (bf16 as OpenVINO's inference precision hint), for ``threads``
+    and, where given, also for ``widest_threads`` (the core lease's forward passes on every idle core)."""
     if device.type != "cpu":
         raise BackendUnavailable(f"openvino is served on CPU only; this worker runs on {device.type}")
     if precision not in OPENVINO_PRECISIONS:
@@ -242,8 +254,10 @@ def load_openvino(precision: str, model_dir: Path, threads: int, device: torch.d
         model.reshape(
             {port: openvino.PartialShape([-1] * port.get_partial_shape().rank.get_length()) for port in model.inputs}
         )
-    compiled = core.compile_model(model, "CPU", openvino_config(precision, threads))
-    return OpenVinoEncoder(compiled)
+    counts = sorted({threads, widest_threads or threads})
+    return OpenVinoEncoder(
+        {count: core.compile_model(model, "CPU", openvino_config(precision, count)) for count in counts}
+    )
 
 
 class LengthRouted:

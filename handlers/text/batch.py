@@ -87,6 +87,7 @@ class TextBatch:
     compute_options: list[RowOptions] = field(default_factory=list)
     passes: list[ForwardPass] = field(default_factory=list)
     stats: BatchStats | None = None
+    forward_cores: int = 0  # cores its forward passes ran on (set by the engine's compute: the core lease)
 
     @property
     def rows(self) -> int:

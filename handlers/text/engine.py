@@ -18,14 +18,15 @@ accuracy gate and ranking from the archive's backends/ (handlers/text/backends.p
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from handlers.core import memory, runtime
+from handlers.core import cores, memory, runtime
 from handlers.core.config import COMMON_OPTIONS, ConfigError, Option
 from handlers.core.engine import Candidate, Engine, EngineSettings, Loaded
 from handlers.core.errors import RequestError
@@ -181,6 +182,20 @@ TEXT_MODEL_OPTIONS: dict[str, Option] = {
         minimum=0,
         help="after a batch of at least this many padded tokens, return freed heap memory to the OS (~2 ms); 0 = never",
     ),
+    # Off by default: on a busy 2-core machine borrowing slowed short requests beside long ones (docs/performance.md).
+    "borrow_idle_cores": Option(
+        bool,
+        False,
+        help="under a server that exports a core lease (TS_CORE_LEASE_DIR, set by python -m scripts.server), a batch "
+        "also computes on the cores no other worker is using at that moment (docs/performance.md); false = "
+        "always this worker's own share (threads)",
+    ),
+    "borrow_min_tokens": Option(
+        int,
+        0,
+        minimum=0,
+        help="borrow idle cores only for a batch of at least this many padded tokens; below it the own share",
+    ),
     "reference_sentences": Option(str, "reference_sentences.json", help="accuracy-gate sentences in the archive"),
     "dimensions": Option(
         object,
@@ -256,6 +271,13 @@ class TextEngine(Engine):
     def __init__(self, settings: EngineSettings, kind: TextKind) -> None:
         self.kind = kind
         super().__init__(settings, kind_options(kind))
+        # The server's core lease, where it exports one and this model borrows (handlers/core/cores.py).
+        borrows = self.config["borrow_idle_cores"] and self.device.type == "cpu"
+        self.core_lease = cores.lease_from_environment() if borrows else None
+        # The most threads a forward pass may run on: a backend with its thread count fixed at load (OpenVINO)
+        # prepares a second compiled model for it.
+        lease_cores = self.core_lease.cores if self.core_lease is not None else 0
+        self.widest_threads = lease_cores if lease_cores > self.threads else None
 
     @classmethod
     def load(
@@ -281,6 +303,16 @@ class TextEngine(Engine):
 
     def start(self) -> None:
         super().start()
+        if self.widest_threads and self.config["warmup"]:
+            # A widened forward pass may run another compiled model (OpenVINO's for more threads), whose first call
+            # at each length would otherwise fall on a request.
+            torch.set_num_threads(self.widest_threads)
+            try:
+                with torch.inference_mode():
+                    for batch in self.warmup_batches(self.loaded):
+                        self.forward(self.loaded.model, batch)
+            finally:
+                torch.set_num_threads(self.threads)
         self.cache = RowCache(self.config["cache_size"])
         info = self.loaded.info
         # The shared tier's keys name everything that determines a row, so no other model content, version, backend
@@ -415,6 +447,7 @@ class TextEngine(Engine):
             fp32_model,
             self.threads,
             self.device,
+            widest_threads=self.widest_threads,
             max_rows=self.config["max_forward_tokens"] // loaded.buckets[0],
             max_tokens=loaded.buckets[-1],
         )
@@ -446,6 +479,11 @@ class TextEngine(Engine):
             "cached": len(self.cache),
             "shared_cache": self.shared_cache.describe() if self.shared_cache is not None else None,
             "dimension": self.loaded.dimension,
+            "borrow_idle_cores": {
+                "enabled": self.config["borrow_idle_cores"],
+                "lease_cores": self.core_lease.cores if self.core_lease is not None else None,
+                "min_tokens": self.config["borrow_min_tokens"],
+            },
         }
 
     # ----------------------------------------------------------------------------------------------- rows
@@ -473,13 +511,42 @@ class TextEngine(Engine):
         """One forward pass per length group (call it in inference mode); each row's value lands at its own position."""
         values: list[Any] = [None] * len(batch.compute_keys)
         info = self.loaded.info
-        for forward_pass in batch.passes:
-            output = self.forward(self.loaded.model, forward_pass.inputs).to("cpu", torch.float32)
-            for position, row in enumerate(forward_pass.rows):
-                values[row] = self.kind.row_value(
-                    info, output, position, batch.compute_ids[row], batch.compute_options[row]
-                )
+        if not batch.passes:
+            return ComputedRows(batch, values)
+        padded = batch.stats.padded_tokens if batch.stats is not None else 0
+        with self.forward_threads(padded) as threads:
+            batch.forward_cores = threads
+            for forward_pass in batch.passes:
+                output = self.forward(self.loaded.model, forward_pass.inputs).to("cpu", torch.float32)
+                for position, row in enumerate(forward_pass.rows):
+                    values[row] = self.kind.row_value(
+                        info, output, position, batch.compute_ids[row], batch.compute_options[row]
+                    )
         return ComputedRows(batch, values)
+
+    @contextmanager
+    def forward_threads(self, padded_tokens: int) -> Iterator[int]:
+        """The threads a batch's forward passes run on: this worker's own share, plus, under the server's core
+        lease, every core no other worker holds (a batch below ``borrow_min_tokens`` keeps its share).
+
+        The count is set as torch's intra-op threads for the batch and restored after it; an OpenVINO backend
+        reads it to pick its compiled model (handlers/text/backends.py). Answers do not depend on it: on the
+        measured CPUs the vectors at 1 and 2 threads were bitwise equal (docs/performance.md)."""
+        lease = self.core_lease
+        if lease is None:
+            yield self.threads
+            return
+        widen = padded_tokens >= self.config["borrow_min_tokens"]
+        with lease.hold(self.threads, widen) as held:
+            # A share configured above the lease's cores keeps its threads: the lease only ever adds.
+            threads = max(held, self.threads)
+            if threads != self.threads:
+                torch.set_num_threads(threads)
+            try:
+                yield threads
+            finally:
+                if threads != self.threads:
+                    torch.set_num_threads(self.threads)
 
     def finish(
         self,

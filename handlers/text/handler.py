@@ -126,4 +126,6 @@ class TextModelHandler(ServingHandler):
         metrics.record("PaddedTokens", stats.padded_tokens)
         metrics.record("RealTokens", stats.real_tokens)
         metrics.record("ForwardPasses", len(batch.passes))
+        if batch.forward_cores:
+            metrics.record("ForwardCores", batch.forward_cores)
         self.engine.release_memory(batch)

@@ -318,6 +318,7 @@ class Server:
 
     def env(self) -> dict[str, str]:
         from handlers.core.answer_size import LIMIT_ENV, TORCHSERVE_DEFAULT  # handlers import torch: only when starting
+        from handlers.core.cores import LEASE_DIR_ENV
 
         env = dict(os.environ)
         env.update(
@@ -332,6 +333,9 @@ class Server:
         # TorchServe does not tell a worker its max_response_size, and a larger answer kills the worker: the workers
         # read it from here, under TorchServe's own environment name for the key (handlers/core/answer_size.py).
         env[LIMIT_ENV] = self.props.get("max_response_size", str(TORCHSERVE_DEFAULT)).strip()
+        # One core lease for every worker of this server: a batch borrows the cores no other worker is computing on
+        # (handlers/core/cores.py; a model's handler.borrow_idle_cores: false opts out).
+        env[LEASE_DIR_ENV] = str(self.run_dir / "core-lease")
         env.update(self.extra_env)
         # TorchServe passes its environment to the workers: a TS_CPU_AS kind caps the libraries' instruction set there
         # from the worker's start (ATen fixes its choice at the first tensor operation; handlers/core/cpu.py).

@@ -14,6 +14,7 @@ import torch
 
 from handlers.core import cpu, runtime
 from handlers.core.config import ConfigError
+from handlers.core.cores import LEASE_DIR_ENV, available_cores
 from handlers.text import backends
 from handlers.text.model import load_sentence_encoder
 from scripts.ops.handler_loader import handler_class, load_handler, make_context, record_metrics, set_requests, statuses
@@ -98,6 +99,31 @@ def test_openvino_fp32_serves_the_same_embeddings_as_eager_fp32(write_ir, model_
     assert served.dtype == torch.float32 and served.shape == eager.shape
     assert torch.nn.functional.cosine_similarity(served, eager).min() >= 0.999
     assert handler.describe()["backend_min_cosine"] >= 0.999
+
+
+def test_under_a_core_lease_openvino_compiles_for_every_core_and_a_widened_batch_answers_the_same(
+    write_ir, model_dir, tmp_path, monkeypatch
+):
+    """A worker's share is 1 thread; a batch that borrows the idle cores runs the model compiled for all of them
+    (OpenVINO fixes a compiled model's threads), and its vectors match the narrow model's."""
+    write_ir(model_dir)
+    monkeypatch.setenv(LEASE_DIR_ENV, str(tmp_path / "lease"))
+    handler, context = load(model_dir, backend="openvino", precision="fp32", threads=1, borrow_idle_cores=True)
+    cores = available_cores()
+    assert sorted(handler.model.requests) == sorted({1, cores})
+    assert handler.describe()["borrow_idle_cores"] == {"enabled": True, "lease_cores": cores, "min_tokens": 0}
+    widened = embed(handler, context)  # alone: it holds every core of the lease
+
+    monkeypatch.delenv(LEASE_DIR_ENV)
+    narrow, narrow_context = load(model_dir, backend="openvino", precision="fp32", threads=1, borrow_idle_cores=True)
+    assert sorted(narrow.model.requests) == [1]
+    assert narrow.describe()["borrow_idle_cores"]["lease_cores"] is None
+    assert torch.allclose(widened, embed(narrow, narrow_context), atol=1e-5)
+
+    monkeypatch.setenv(LEASE_DIR_ENV, str(tmp_path / "lease"))
+    default, _ = load(model_dir, backend="openvino", precision="fp32", threads=1)  # the option is off by default
+    assert sorted(default.model.requests) == [1]
+    assert default.describe()["borrow_idle_cores"] == {"enabled": False, "lease_cores": None, "min_tokens": 0}
 
 
 def test_describe_splits_the_load_time_into_phases_that_add_up_to_it(write_ir, model_dir):
