@@ -20,7 +20,7 @@ a shared machine are noisy: rerun and compare medians.
 
     python -m scripts.bench_cores                         # minilm, 15 repeats, 20 s of mixed load per variant
     python -m scripts.bench_cores --model mpnet --repeats 7
-Exit codes: 0 measured, 1 a server or request failed, 2 bad arguments.
+Exit codes: 0 measured, 1 a server or request failed, 2 bad arguments or an archive packaged with older handler code.
 """
 
 from __future__ import annotations
@@ -250,6 +250,17 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-cores-model-") as folder:
         with zipfile.ZipFile(args.store / f"{args.model}.mar") as archive:
             archive.extractall(folder)
+        packed = Path(folder) / "handlers" / "text" / "engine.py"
+        if not packed.is_file() or '"borrow_idle_cores"' not in packed.read_text():
+            # The served part would start workers that refuse the option and TorchServe would retry them until the
+            # start timeout: say so now instead.
+            print(
+                f"{args.store / f'{args.model}.mar'} was packaged with handler code older than this checkout (it "
+                f"has no handler.borrow_idle_cores): rebuild it first (make mar for the bundled models, make package "
+                f"NAME={args.model} MODEL_DIR=<folder> for your own)",
+                file=sys.stderr,
+            )
+            return 2
         for threads in sorted({1, cores}):
             record["in_process"].append(in_process(Path(folder), threads, args.repeats))
             print(record["in_process"][-1], flush=True)
