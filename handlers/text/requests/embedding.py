@@ -28,6 +28,7 @@ from handlers.text.requests.common import RequestContext
 from handlers.text.rows import RowOptions
 from handlers.text.tokenization import ServedTokenizer
 from handlers.text.windows import WindowedRequest, pool_windows, split_texts
+from handlers.text.windows import WindowRow as EmbeddingRow  # one text's computed row as an answer needs it
 
 
 @dataclass(frozen=True)
@@ -115,19 +116,6 @@ class VectorSpace:
 
 
 FIXED = VectorSpace(0)
-
-
-class EmbeddingRow(Protocol):
-    """One text's computed row as an answer needs it (a cache entry is one)."""
-
-    @property
-    def value(self) -> torch.Tensor: ...
-
-    @property
-    def tokens(self) -> int: ...
-
-    @property
-    def truncated(self) -> bool: ...
 
 
 NON_FINITE = "the model produced a non-finite number (NaN or Infinity); no answer was sent"
