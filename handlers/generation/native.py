@@ -2,22 +2,26 @@
 
 Accepted body (JSON object; docs/generation.md)::
 
-    {"prompt": str, "max_new_tokens": int?, "temperature": number?, "top_k": int?, "seed": int?, "stream": bool?}
+    {"prompt": str, "max_new_tokens": int?, "temperature": number?, "top_k": int?, "seed": int?, "stream": bool?,
+     "response_format": object?}
 
-The checks of each field are the shared ones of :mod:`handlers.generation.requests`. Answers are one JSON object, or
-NDJSON lines when streamed (:class:`NativeAnswers`); refusals have the native error shape. gRPC's Predictions and
-StreamPredictions calls reach this same route (TorchServe sends no ``url_path`` for them): over gRPC only whether
-pieces are sent ahead of the answer differs, which the TorchServe adapter decides (handlers/generator.py).
+``response_format`` has OpenAI's shape and meaning (:mod:`handlers.generation.structured`). The checks of each
+field are the shared ones of :mod:`handlers.generation.requests`. Answers are one JSON object, or NDJSON lines when
+streamed (:class:`NativeAnswers`); refusals have the native error shape. gRPC's Predictions and StreamPredictions
+calls reach this same route (TorchServe sends no ``url_path`` for them): over gRPC only whether pieces are sent ahead
+of the answer differs, which the TorchServe adapter decides (handlers/generator.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 from handlers.core.errors import RequestError
 from handlers.core.http import RequestView, json_body
 from handlers.core.routes import Route
+from handlers.generation import structured
 from handlers.generation.answers import Outcome
 from handlers.generation.decoding import SamplingSettings
 from handlers.generation.requests import (
@@ -36,7 +40,7 @@ from handlers.generation.requests import (
 from handlers.generation.semantic_cache.options import REQUEST_FIELD
 from handlers.generation.streaming import STREAM_CONTENT_TYPE, ndjson
 
-FIELDS = ("prompt", "max_new_tokens", "temperature", "top_k", "seed", "stream", REQUEST_FIELD)
+FIELDS = ("prompt", "max_new_tokens", "temperature", "top_k", "seed", "stream", REQUEST_FIELD, structured.FIELD)
 
 
 class NativeAnswers:
@@ -111,7 +115,13 @@ def parse(body: Any, request: RequestView, served: Served) -> GenerationRequest:
     """The route's parser: one body as TorchServe handed it."""
     if body is None:
         raise RequestError("body must be a JSON object with a 'prompt' field, got null")
-    return parse_generation_request(json_body(body, request), served.limits, served.tokenizer.encode)
+    body = json_body(body, request)
+    generation = parse_generation_request(body, served.limits, served.tokenizer.encode)
+    response_format = structured.checked_response_format(body, served)  # compiled for the served tokenizer
+    if response_format is None:
+        return generation
+    lookup = structured.uncached_lookup(generation.lookup, response_format)
+    return dataclasses.replace(generation, structured=response_format, lookup=lookup)
 
 
 ROUTE = Route("", parse, NativeAnswers, api="native")

@@ -9,11 +9,12 @@ Served at ``/predictions/<model>/<version>/v1/completions`` and ``.../v1/chat/co
   ``max_tokens`` (chat also ``max_completion_tokens``), ``temperature`` (default 1; 0 to 2, as OpenAI), ``top_p``,
   ``seed``,
   ``stop``, ``n`` (1 only), ``stream``, ``stream_options.include_usage``, ``model`` (optional; when given it must name
-  the served model, else 404 ``model_not_found`` as OpenAI answers);
+  the served model, else 404 ``model_not_found`` as OpenAI answers), ``response_format`` (JSON mode and JSON schemas,
+  on completions too as vLLM: :mod:`handlers.generation.structured`);
 - ignored, because they cannot change the answer: ``user`` (chat also ``metadata``, ``store``, ``service_tier``,
   ``safety_identifier``, ``prompt_cache_*``, ``parallel_tool_calls``), ``stream_options.include_obfuscation``;
 - refused with a 400 naming the field unless they have their neutral value: the fields in :data:`NEUTRAL` (logprobs,
-  echo, best_of, penalties, logit_bias, suffix, tools, response_format, ...): we cannot honour them, and ignoring them
+  echo, best_of, penalties, logit_bias, suffix, tools, ...): we cannot honour them, and ignoring them
   would answer something else than what was asked;
 - anything else is an unknown field (400), as OpenAI answers. ``null`` means "not given" for every field but
   ``prompt`` and ``messages``.
@@ -38,7 +39,7 @@ from typing import Any
 from handlers.core.errors import OPENAI, RequestError, ShapedError, shown
 from handlers.core.http import RequestView, json_body
 from handlers.core.routes import Route
-from handlers.generation import chat
+from handlers.generation import chat, structured
 from handlers.generation.answers import Outcome
 from handlers.generation.decoding import SamplingSettings
 from handlers.generation.requests import (
@@ -81,6 +82,7 @@ SAMPLING_FIELDS = (
     "stream",
     "stream_options",
     REQUEST_FIELD,
+    structured.FIELD,  # JSON mode and schemas (handlers/generation/structured.py); vLLM takes it on completions too
 )
 COMPLETION_FIELDS = ("prompt", *SAMPLING_FIELDS)
 CHAT_FIELDS = ("messages", "max_completion_tokens", *SAMPLING_FIELDS)
@@ -125,7 +127,6 @@ CHAT_NEUTRAL: Neutral = {
     **COMMON_NEUTRAL,
     "logprobs": (is_value(False), "false or null"),
     "top_logprobs": NEVER,
-    "response_format": (is_value({"type": "text"}), '{"type": "text"} or null'),
     "tools": (is_value([]), "[] or null"),
     "tool_choice": (is_value("none"), '"none" or null'),
     "functions": (is_value([]), "[] or null"),
@@ -268,13 +269,21 @@ def parse_completion(body: Any, served: Served) -> GenerationRequest:
     prompt = completion_prompt(body, served.limits)
     settings, stop = sampling(body, served, "max_tokens")
     stream = checked_stream(body)
-    lookup = prompt_lookup(body, prompt)
+    response_format = structured.checked_response_format(body, served)
+    lookup = structured.uncached_lookup(prompt_lookup(body, prompt), response_format)
     answers = CompletionAnswers(
         f"cmpl-{secrets.token_hex(12)}", int(time.time()), model, fingerprint(served), include_usage(body, stream)
     )
     prompt_ids = prompt_tokens(served.tokenizer.encode(prompt), "'prompt'", served.limits)
     return GenerationRequest(
-        prompt_ids, settings, stream, seed_reported=False, stop=stop, answers=answers, lookup=lookup
+        prompt_ids,
+        settings,
+        stream,
+        seed_reported=False,
+        stop=stop,
+        answers=answers,
+        lookup=lookup,
+        structured=response_format,
     )
 
 
@@ -296,13 +305,23 @@ def parse_chat(body: Any, served: Served) -> GenerationRequest:
     messages = chat.checked_messages(body["messages"], served.limits)
     settings, stop = sampling(body, served, chat_tokens_key(body))
     stream = checked_stream(body)
-    lookup = chat.chat_lookup(messages, "seed" in body, cache_request(body))
+    response_format = structured.checked_response_format(body, served)
+    lookup = structured.uncached_lookup(
+        chat.chat_lookup(messages, "seed" in body, cache_request(body)), response_format
+    )
     answers = ChatAnswers(
         f"chatcmpl-{secrets.token_hex(12)}", int(time.time()), model, fingerprint(served), include_usage(body, stream)
     )
     prompt_ids = chat.chat_prompt_ids(messages, served.tokenizer, served.limits)
     return GenerationRequest(
-        prompt_ids, settings, stream, seed_reported=False, stop=stop, answers=answers, lookup=lookup
+        prompt_ids,
+        settings,
+        stream,
+        seed_reported=False,
+        stop=stop,
+        answers=answers,
+        lookup=lookup,
+        structured=response_format,
     )
 
 

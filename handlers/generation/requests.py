@@ -65,6 +65,9 @@ class GenerationRequest:
     send_pieces: bool = True
     # What the similarity cache compares and what must match exactly (None: the parser gave nothing to look up).
     lookup: PromptLookup | None = None
+    # Its compiled response_format (handlers.generation.structured.CompiledFormat): each of its sequences decodes
+    # under a copy of that grammar. None: free text.
+    structured: Any = None
 
 
 @dataclass(frozen=True)
@@ -125,7 +128,11 @@ def start_generations(payloads: list[AcceptedGeneration], tokenizer: Any) -> Gen
             Generation(
                 idx=p.idx,
                 request=p.request,
-                sequence=Sequence(p.request.prompt_ids, p.request.settings),
+                sequence=Sequence(
+                    p.request.prompt_ids,
+                    p.request.settings,
+                    constraint=p.request.structured.start() if p.request.structured is not None else None,
+                ),
                 text=AnswerText(tokenizer, p.request.prompt_ids, p.request.stop),
             )
             for p in payloads
