@@ -123,10 +123,11 @@ def schema_format(spec: Any) -> ResponseFormat:
 
 def check_size(schema: dict[str, Any]) -> None:
     """Refuse a schema too big or too deeply nested to compile in bounded time (before the library sees it)."""
-    depth = nesting(schema)
-    if depth > MAX_SCHEMA_DEPTH:
+    if nesting(schema) > MAX_SCHEMA_DEPTH:
         raise FieldError(
-            FIELD, f"'{FIELD}.json_schema.schema' is nested {depth} levels deep; at most {MAX_SCHEMA_DEPTH} are allowed"
+            FIELD,
+            f"'{FIELD}.json_schema.schema' nests objects and arrays more than {MAX_SCHEMA_DEPTH} levels deep; "
+            f"at most {MAX_SCHEMA_DEPTH} are allowed",
         )
     chars = len(json.dumps(schema, separators=(",", ":"), ensure_ascii=False))
     if chars > MAX_SCHEMA_CHARS:
@@ -137,7 +138,8 @@ def check_size(schema: dict[str, Any]) -> None:
 
 
 def nesting(value: Any) -> int:
-    """How deeply objects and arrays nest in a JSON value (iterative: a hostile depth never recurses in Python)."""
+    """How deeply objects and arrays nest in a JSON value, counted up to one level past MAX_SCHEMA_DEPTH (iterative:
+    a hostile depth never recurses in Python)."""
     deepest = 0
     pending: list[tuple[Any, int]] = [(value, 1)]
     while pending:

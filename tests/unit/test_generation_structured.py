@@ -11,12 +11,14 @@ import json
 import jsonschema
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from handlers.core.errors import RequestError
 from handlers.core.http import RequestView
 from handlers.generation import structured
 from handlers.generation.openai_api import CHAT_ROUTE, COMPLETIONS_ROUTE
-from handlers.generation.requests import Served
+from handlers.generation.requests import FieldError, Served
 from handlers.generation.routes import GENERATION_ROUTES
 from scripts.ops.handler_loader import ContinuousFrontend, load_handler, set_requests, statuses
 
@@ -340,3 +342,30 @@ def test_the_mask_is_the_same_computed_in_the_background_or_when_the_token_is_ch
     set_requests(context, [JSON])
     [inline] = handler.handle([{"body": body}], context)
     assert json.loads(background)["text"] == json.loads(inline)["text"]
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=4),
+    max_leaves=20,
+)
+near_formats = st.fixed_dictionaries(
+    {"type": st.sampled_from(["text", "json_object", "json_schema"]) | json_values},
+    optional={
+        "json_schema": st.fixed_dictionaries(
+            {}, optional={"name": st.text(max_size=70) | json_values, "schema": json_values, "strict": json_values}
+        )
+        | json_values
+    },
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=json_values | near_formats)
+def test_any_response_format_is_free_text_a_format_or_a_field_error(value):
+    try:
+        parsed = structured.parse_response_format(value)
+    except FieldError as error:
+        assert error.field == "response_format" and error.code == 400 and error.message
+        return
+    assert parsed is None or parsed.kind in ("json_object", "json_schema")
