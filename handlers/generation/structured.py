@@ -10,7 +10,7 @@ token is allowed only where the grammar accepts, and the sequence finishes ("sto
 complete. Rows without a constraint pay nothing; one row's grammar never touches another's.
 
 The grammar library is llguidance (chosen by measurement: docs/generation.md, "Structured outputs"). Its parser
-limits (:data:`PARSER_LIMITS`: lexer fuel per step and at build, grammar size, lexer states) bound the work any
+limits (:func:`parser_limits`: lexer fuel per step and at build, grammar size, lexer states) bound the work any
 schema can cost, and the checks before compiling (:data:`MAX_SCHEMA_CHARS`, :data:`MAX_SCHEMA_DEPTH`) keep a hostile
 body from reaching it at all. The next step's mask is computed in a background thread right after a token is
 consumed (llguidance releases the GIL while it computes), so it overlaps the next forward pass instead of adding to
@@ -23,13 +23,14 @@ has, as OpenAI answers: the text is a valid prefix of a conforming document, nev
 from __future__ import annotations
 
 import json
+import logging
 import re
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import llguidance
 import torch
@@ -38,27 +39,35 @@ from handlers.core.errors import shown
 from handlers.generation.decoding import ConstraintFailed
 from handlers.generation.requests import FieldError, Served
 
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions  # a TypedDict of the stubs only
+
+logger = logging.getLogger(__name__)
+
 FIELD = "response_format"
 MAX_SCHEMA_CHARS = 65_536  # the schema as compact JSON: far above any model a client writes by hand or by Pydantic
 MAX_SCHEMA_DEPTH = 32  # nested objects/arrays in the schema document itself (Pydantic models nest a few levels)
 MAX_NAME_CHARS = 64  # OpenAI's json_schema.name: ^[a-zA-Z0-9_-]{1,64}$
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
-# llguidance's own bounds on one grammar (its defaults, except the lexer's states: 1-2 kB each, 250,000 by default,
-# up to 500 MB for one request; 20,000 keeps a worst case near 40 MB). Fuel is work: ~50k/ms at build, ~14k/ms per
-# mask, so no schema costs more than ~20 ms to build or ~15 ms per token's mask before it fails with an error.
-PARSER_LIMITS = dict(
-    max_items_in_row=2_000,
-    initial_lexer_fuel=1_000_000,
-    step_lexer_fuel=200_000,
-    step_max_items=50_000,
-    max_lexer_states=20_000,
-    max_grammar_size=500_000,
-    verbose_errors=False,  # a refusal names the problem, not the parser's internal state
-)
 # Compact JSON: whitespace between tokens is not allowed, so a model cannot spend its max_tokens on blanks (the demo's
 # random weights otherwise draw spaces and newlines as often as anything else); separators as json.dumps writes them.
-JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 COMPILED_CACHE = 64  # compiled grammars kept per tokenizer (a client sends the same schema again and again)
+
+
+def parser_limits() -> llguidance.LLParserLimits:
+    """llguidance's own bounds on one grammar: its defaults, except the lexer's states (1-2 kB each, 250,000 by
+    default, up to 500 MB for one request; 20,000 keeps a worst case near 40 MB). Fuel is work (~50k/ms at build,
+    ~14k/ms per mask), so no schema costs more than ~20 ms to build or ~15 ms per token's mask before it fails."""
+    return llguidance.LLParserLimits(
+        max_items_in_row=2_000,
+        initial_lexer_fuel=1_000_000,
+        step_lexer_fuel=200_000,
+        step_max_items=50_000,
+        max_lexer_states=20_000,
+        max_grammar_size=500_000,
+        verbose_errors=False,  # a refusal names the problem, not the parser's internal state
+    )
 
 
 @dataclass(frozen=True)
@@ -172,7 +181,7 @@ class Grammars:
         eos = tokenizer.eos_token_id
         self.tokenizer = llguidance.LLTokenizer(backend.to_str(), n_vocab=vocab_size, eos_token=eos)
         self.vocab_size = vocab_size
-        self.limits = llguidance.LLParserLimits(**PARSER_LIMITS)
+        self.limits = parser_limits()
         self.compiled: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
         self.lock = threading.Lock()
 
@@ -211,6 +220,21 @@ def grammars_for(tokenizer: Any, vocab_size: int) -> Grammars:
             known = (tokenizer, Grammars(tokenizer, vocab_size))
             _GRAMMARS[id(tokenizer)] = known
         return known[1]
+
+
+def prepare_in_background(served: Served) -> None:
+    """Build the served tokenizer's grammar vocabulary in a background thread at worker start: it takes about a
+    second for a real 50k-token vocabulary, and up to ~35 s of CPU for the 124 M measurement model's synthetic one
+    (docs/generation.md), which the first constrained request would otherwise wait for inside its step. A request
+    that comes sooner waits for it (grammars_for holds the lock while it builds)."""
+
+    def build() -> None:
+        try:
+            grammars_for(served.tokenizer, served.limits.vocab_size)
+        except Exception:  # the first constrained request gets the reason as its 400
+            logger.info("no grammar vocabulary for this tokenizer: response_format will be refused", exc_info=True)
+
+    threading.Thread(target=build, name="grammar-vocabulary", daemon=True).start()
 
 
 def checked_response_format(body: dict[str, Any], served: Served) -> CompiledFormat | None:
