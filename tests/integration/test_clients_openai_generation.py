@@ -125,7 +125,7 @@ def test_stop_sequences_end_the_text_with_finish_reason_stop(client):
         ("chat", {"messages": MESSAGES, "stream": True, "top_p": 2}, 400, "BadRequestError", "top_p"),
         ("chat", {"messages": MESSAGES, "model": "gpt-4o"}, 404, "NotFoundError", "model"),
         ("chat", {"messages": MESSAGES, "response_format": {"type": "yaml"}}, 400, "BadRequestError", FORMAT),
-        ("completions", {"prompt": "x", "response_format": UNCOMPILABLE}, 400, "BadRequestError", FORMAT),
+        ("chat", {"messages": MESSAGES, "response_format": {"type": "json_schema"}}, 400, "BadRequestError", FORMAT),
         ("chat", {"messages": MESSAGES, "response_format": UNCOMPILABLE}, 400, "BadRequestError", FORMAT),
     ],
 )
