@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import llguidance
+import numpy
 import torch
 
 from handlers.core.errors import shown
@@ -272,9 +273,6 @@ class CompiledFormat:
         return Constraint(self.matcher.deep_copy(), self.vocab_size)
 
 
-BIT_SHIFTS = torch.arange(32, dtype=torch.int32)
-
-
 class Constraint:
     """One sequence's grammar state (:class:`handlers.generation.decoding.TokenConstraint`)."""
 
@@ -287,9 +285,12 @@ class Constraint:
     def allowed_tokens(self) -> torch.Tensor:
         """The tokens the grammar allows next, as a bool tensor over the vocabulary."""
         words = (self.vocab_size + 31) // 32
-        bits = torch.zeros(words, dtype=torch.int32)
-        self.matcher.unsafe_compute_mask_ptr(bits.data_ptr(), words * 4)
-        return ((bits.unsqueeze(-1) >> BIT_SHIFTS) & 1).flatten()[: self.vocab_size].bool()
+        bits = numpy.zeros(words, dtype=numpy.uint32)
+        self.matcher.unsafe_compute_mask_ptr(bits.ctypes.data, words * 4)
+        # One bit per token, least significant first within each little-endian 32-bit word: one numpy call unpacks
+        # them (a few microseconds for 50k tokens; the same with torch shifts took several small ops).
+        allowed = numpy.unpackbits(bits.view(numpy.uint8), bitorder="little")[: self.vocab_size]
+        return torch.from_numpy(allowed.view(numpy.bool_))
 
     def prefetch(self) -> None:
         self.pending = _MASKS.submit(self.allowed_tokens) if BACKGROUND_MASKS else None
