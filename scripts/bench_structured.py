@@ -5,9 +5,9 @@ same grammar machinery the handler uses (handlers/generation/structured.py):
 
 - the tokenizer's grammar vocabulary (built once per worker) and each schema's compile time, first and cached;
 - per-token time of B rows decoding together, all free versus all under a JSON schema (the mask computed in the
-  background beside the forward pass, and computed inline when each token is chosen), sampled with fixed seeds and
-  no end-of-text token, so every row runs its whole budget unless its grammar completes first (time per token
-  generated either way).
+  background beside the forward pass, and computed inline when each token is chosen), sampled with fixed seeds,
+  no end-of-text token and a schema no row can complete within the budget: the median decoding step divided by its
+  rows (the prefill left out).
 
     python -m scripts.bench_structured --quick                            # the demo model, a few seconds
     python -m scripts.bench_structured --model-dir build/generator-124m/lm --rows 1 8 --tokens 64
@@ -56,7 +56,9 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "required": ["items"],
         "additionalProperties": False,
     },
-    "array": {"type": "array", "items": {"type": "string"}},
+    # At least 48 items of at least 3 tokens each: no row completes within the measured budget, so every step
+    # decodes every row.
+    "array": {"type": "array", "items": {"type": "string"}, "minItems": 48},
 }
 DECODE_SCHEMA = "array"
 
@@ -80,7 +82,8 @@ def compile_times(tokenizer, vocab_size):
 
 
 def decode_time(model, prompt, rows, tokens, compiled, background):
-    """(seconds per generated token, tokens generated) of ``rows`` sequences decoding together."""
+    """(seconds per generated token, tokens generated) of ``rows`` sequences decoding together: the median decoding
+    step (the prefill left out) divided by the rows it decoded."""
     import torch
 
     from handlers.generation import structured
@@ -96,13 +99,20 @@ def decode_time(model, prompt, rows, tokens, compiled, background):
         )
         for row in range(rows)
     ]
-    started = time.perf_counter()
+    stamps: list[tuple[float, int]] = []  # (time, rows that got a token) after each forward pass
+
+    def on_step(new_tokens):
+        stamps.append((time.perf_counter(), len(new_tokens)))
+
     with torch.inference_mode():
-        generate(model, sequences, stop_token_ids=[], pad_token_id=0)  # no end-of-text: the whole budget
-    seconds = time.perf_counter() - started
-    generated = sum(len(sequence.token_ids) for sequence in sequences)
+        # no end-of-text token: every row runs its whole budget
+        generate(model, sequences, stop_token_ids=[], pad_token_id=0, on_step=on_step)
     structured.BACKGROUND_MASKS = True
-    return seconds / generated, generated
+    per_token = [
+        (stamp - before) / count for (before, _), (stamp, count) in zip(stamps, stamps[1:], strict=False) if count
+    ]
+    generated = sum(len(sequence.token_ids) for sequence in sequences)
+    return statistics.median(per_token), generated
 
 
 def measure(model, tokenizer, rows_list, tokens, repeats):
