@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scripts.ops import payloads, registry
-from scripts.reliability.image_grammar import ImageProductions
 
 OK, ERROR, EITHER = "ok", "error", "either"
 FLT_MAX = 3.4028234663852886e38  # the largest finite float32
@@ -1380,8 +1379,6 @@ PRODUCTIONS = {
     "embedding": EmbeddingProductions,
     "sparse": SparseProductions,
     "multi-vector": MultiVectorProductions,
-    # Image models (handlers/image/): their bodies are images, so the grammar is image_grammar.py's.
-    "image-classification": ImageProductions,
 }
 
 

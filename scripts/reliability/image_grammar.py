@@ -10,7 +10,8 @@ the ways real files and hostile clients damage them, and request bodies that car
 - :func:`corpus_image`: the bytes of a ``body_image`` entry of a bad-request corpus (tests/data/bad_requests/);
 - :class:`ImageProductions`: the fuzzer's productions for a model whose body is a raw image (``image/*``) or JSON
   ``{"image": ...}`` / ``{"images": [...]}`` (handlers/image/inputs.py), valid and invalid, each with what the
-  server must do (fuzz_grammar's OK / ERROR / EITHER).
+  server must do (fuzz_grammar's OK / ERROR / EITHER). fuzz_grammar.PRODUCTIONS takes it under an image kind's
+  name together with that kind's oracle in fuzz.ORACLES (the registry test keeps those tables equal).
 
 Every function draws from the ``random.Random`` it is given, so a case is rebuilt from its seed.
 """
@@ -26,7 +27,9 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-EITHER, ERROR, OK = "either", "error", "ok"  # fuzz_grammar's expectations (it imports this module)
+# fuzz_grammar's expectations, spelled as it spells them: it will import this module for its PRODUCTIONS table, so
+# importing them from it would be circular.
+EITHER, ERROR, OK = "either", "error", "ok"
 
 MEDIA_TYPES = {"JPEG": "image/jpeg", "PNG": "image/png", "WEBP": "image/webp", "GIF": "image/gif", "BMP": "image/bmp"}
 # The modes each format writes (PIL's encoders); "P+t" is a palette image with a transparent index.
