@@ -148,7 +148,8 @@ def is_image_content_type(content_type: str) -> bool:
     """Whether a request's Content-Type says its body is an image's bytes (so it is read by :func:`image_from_body`,
     not as JSON or text)."""
     media_type = content_type.split(";")[0].strip().lower()
-    return media_type.startswith("image/") or media_type == OCTET_STREAM
+    # A refused document type (application/pdf) is read as one too, so that its refusal names it.
+    return media_type.startswith("image/") or media_type in (OCTET_STREAM, *REFUSED_MEDIA_TYPES)
 
 
 def image_from_body(body: Any, content_type: str, limits: ImageLimits = DEFAULT_LIMITS) -> bytes:

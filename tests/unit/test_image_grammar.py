@@ -15,7 +15,7 @@ from handlers.core.errors import RequestError
 from handlers.core.http import FORM_CONTENT_TYPES
 from handlers.image.decode import DEFAULT_LIMITS, ImageLimits, decode_image, image_header
 from handlers.image.inputs import ImageSources, images_from_request
-from scripts.reliability import fuzz_grammar
+from scripts.reliability import corpus, fuzz_grammar
 from scripts.reliability.fuzz_grammar import EITHER, ERROR, OK, Grammar, Limits
 from scripts.reliability.image_grammar import (
     MEDIA_TYPES,
@@ -121,22 +121,12 @@ def image_kind(monkeypatch):
 
 def test_grammar_requests_get_what_their_expectation_says(image_kind):
     grammar = Grammar("t-vit", Limits(max_request_size=6_553_500), seed=3, kind=image_kind)
-    sources = ImageSources()
     got = {OK: 0, ERROR: 0, EITHER: 0}
     for case in grammar.cases(400):
-        if case.oversize:
+        if case.oversize:  # TorchServe's own 413 before any handler
             continue
-        content_type = case.content_type or ""
-        body = as_torchserve_hands_it(case.body, content_type.split(";")[0].strip())
-        try:
-            if content_type.split(";")[0].strip() in FORM_CONTENT_TYPES:  # the base handler refuses these first
-                raise RequestError("form fields", code=415)
-            carried = images_from_request(body, content_type.split(";")[0].strip(), sources)
-            if carried.fields:  # the kind's own check: these bodies carry no options
-                raise RequestError(f"unknown field(s) {sorted(carried.fields)}")
-            for data, name in zip(carried.images, carried.names, strict=True):
-                decode_image(data, sources.limits, name=name)
-        except RequestError as error:
+        error = served_in_process(case.body, case.content_type or "")
+        if error is not None:
             assert 400 <= error.code < 500
             assert case.expect != OK, f"case {case.index} ({case.production}) refused: {error.message}"
         else:
@@ -172,3 +162,35 @@ def test_corpus_images_in_json():
     body = json.loads(corpus_image({"format": "PNG", "mode": "RGBA", "json": "images", "list": True}))
     carried = images_from_request(body, "application/json")
     assert decode_image(carried.images[0]).size == (8, 8)
+
+
+def served_in_process(body: bytes, content_type: str) -> RequestError | None:
+    """What handlers/image/inputs.py and decode.py answer a request body as TorchServe hands it over (None: every
+    image decoded), with the base handler's refusal of form bodies first."""
+    media_type, sources = content_type.split(";")[0].strip(), ImageSources()
+    try:
+        if media_type in FORM_CONTENT_TYPES:
+            raise RequestError("form fields", code=415)
+        carried = images_from_request(as_torchserve_hands_it(body, media_type), media_type, sources)
+        if carried.fields:  # the kind's own check: the grammar's and the corpus's bodies carry no options
+            raise RequestError(f"unknown field(s) {sorted(carried.fields)}")
+        for data, name in zip(carried.images, carried.names, strict=True):
+            decode_image(data, sources.limits, name=name)
+    except RequestError as error:
+        return error
+    return None
+
+
+def test_the_image_corpus_says_what_the_decoding_path_answers():
+    """tests/data/bad_requests/t-vit.yaml, each entry in process: its status and its message fragment (the served
+    model answers the same through these modules; tests/integration runs the corpus against it)."""
+    cases = corpus.load("t-vit")
+    assert len(cases) >= 40
+    wrong = []
+    for case in cases:
+        error = served_in_process(case.body, case.content_type)
+        if error is None:
+            wrong.append(f"{case.name}: accepted")
+        elif (error.code, case.message in error.message) != (case.status, True):
+            wrong.append(f"{case.name}: {error.code} {error.message!r} (want {case.status} with {case.message!r})")
+    assert not wrong, "\n".join(wrong)
