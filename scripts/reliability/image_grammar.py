@@ -218,12 +218,27 @@ def splice(rng, data):
     return rng.choice([data + piece, data[:at] + piece + data[at:], data[:at] + data[at // 2 :]])
 
 
+def with_scans(data, copies):
+    """A JPEG with ``copies`` more of its last start-of-scan header before its end: each scan decodes the whole image
+    again, so many of them make a decode-time bomb of a small file. Other formats unchanged."""
+    last = data.rfind(b"\xff\xda") if data.startswith(b"\xff\xd8") else -1
+    if last < 0 or last + 4 > len(data):
+        return data
+    header = data[last : last + 2 + struct.unpack(">H", data[last + 2 : last + 4])[0]]
+    return data[:-2] + header * copies + b"\xff\xd9"
+
+
+def extra_scans(rng, data):
+    return with_scans(data, rng.choice([50, 101, 1000, 20_000]))
+
+
 MUTATIONS = {
     "truncated": truncate,
     "header bytes flipped": lambda rng, data: flip_bytes(rng, data, header=True),
     "bytes flipped": lambda rng, data: flip_bytes(rng, data, header=False),
     "huge declared size": huge_declared,
     "spliced": splice,
+    "extra scans": extra_scans,
 }
 
 
@@ -258,7 +273,8 @@ def tiff(rng):
 # ------------------------------------------------------------------------------------------------ the corpus
 def corpus_image(spec):
     """The bytes a corpus entry's ``body_image`` describes: ``{format, mode, size: [w, h]}`` of a generated image,
-    then optionally ``declare: [w, h]`` (a header patched to declare that size), ``truncate: n`` (the first n
+    then optionally ``declare: [w, h]`` (a header patched to declare that size), ``scans: n`` (n more scan headers in a
+    JPEG), ``truncate: n`` (the first n
     bytes), ``flip: [offset, ...]`` (those bytes inverted), ``refused: SVG|PDF|HEIC|AVIF|PSD|ICO`` (such a file
     instead), ``base64: true`` (the result base64-encoded, as JSON strings carry it) and ``json: field`` (a JSON
     object with the result as that field's string, or list when ``list: true``)."""
@@ -274,6 +290,8 @@ def corpus_image(spec):
         data = declare_size(data, *spec["declare"])
     if "truncate" in spec:
         data = data[: spec["truncate"]]
+    if "scans" in spec:  # copies of the last scan header (a progressive JPEG's decode-time bomb)
+        data = with_scans(data, spec["scans"])
     if "flip" in spec:
         damaged = bytearray(data)
         for at in spec["flip"]:
