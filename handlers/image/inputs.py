@@ -199,13 +199,13 @@ def images_from_json(value: Any, field: str = "images", sources: ImageSources = 
 @dataclass(frozen=True)
 class RequestImages:
     """The images one request's body carries: their encoded bytes, the name each refusal uses, whether one image was
-    sent as one (a raw body, or ``image``: its answer is not wrapped in a list), and the body's other fields (the
-    kind's options, checked by the kind)."""
+    sent as one (a raw body, ``image``, or ``images`` holding one string: its answer is not wrapped in a list), and
+    the body's other fields (the kind's options, checked by the kind)."""
 
     images: tuple[bytes, ...]
     names: tuple[str, ...]
     single: bool
-    fields: dict[str, Any]
+    options: dict[str, Any]  # named as the image requests module names them (the kind checks them)
 
 
 def images_from_request(body: Any, content_type: str, sources: ImageSources = DEFAULT_SOURCES) -> RequestImages:
@@ -228,8 +228,9 @@ def images_from_request(body: Any, content_type: str, sources: ImageSources = DE
             raise RequestError("'image' holds one image: send a list as 'images'")
         return RequestImages((image_from_string(value, "'image'", sources),), ("'image'",), True, fields)
     images = images_from_json(value, "images", sources)
-    names = ("'images'",) if isinstance(value, str) else tuple(f"'images'[{i}]" for i in range(len(images)))
-    return RequestImages(tuple(images), names, False, fields)
+    if isinstance(value, str):  # one image as a lone value: answered as one, as 'image' is
+        return RequestImages(tuple(images), ("'images'",), True, fields)
+    return RequestImages(tuple(images), tuple(f"'images'[{i}]" for i in range(len(images))), False, fields)
 
 
 def _unlabelled_image(body: Any, content_type: str, limits: ImageLimits) -> bytes | None:

@@ -172,8 +172,8 @@ def served_in_process(body: bytes, content_type: str) -> RequestError | None:
         if media_type in FORM_CONTENT_TYPES:
             raise RequestError("form fields", code=415)
         carried = images_from_request(as_torchserve_hands_it(body, media_type), media_type, sources)
-        if carried.fields:  # the kind's own check: the grammar's and the corpus's bodies carry no options
-            raise RequestError(f"unknown field(s) {sorted(carried.fields)}")
+        if carried.options:  # the kind's own check: the grammar's and the corpus's bodies carry no options
+            raise RequestError(f"unknown field(s) {sorted(carried.options)}")
         for data, name in zip(carried.images, carried.names, strict=True):
             decode_image(data, sources.limits, name=name)
     except RequestError as error:

@@ -182,13 +182,16 @@ def test_host_matching():
 
 def test_request_with_a_raw_image_body():
     carried = images_from_request(bytearray(PNG), "image/png")
-    assert (carried.images, carried.names, carried.single, carried.fields) == ((PNG,), ("body",), True, {})
+    assert (carried.images, carried.names, carried.single, carried.options) == ((PNG,), ("body",), True, {})
     assert images_from_request(bytearray(PNG), "").images == (PNG,)  # no Content-Type: the bytes say what they are
 
 
 def test_request_with_json_images():
     carried = images_from_request({"image": B64, "top_k": 3}, "application/json")
-    assert (carried.images, carried.names, carried.single, carried.fields) == ((PNG,), ("'image'",), True, {"top_k": 3})
+    assert (carried.images, carried.names, carried.single) == ((PNG,), ("'image'",), True)
+    assert carried.options == {"top_k": 3}
+    carried = images_from_request({"images": B64}, "application/json")  # a lone value: answered as one
+    assert (carried.images, carried.names, carried.single) == ((PNG,), ("'images'",), True)
     carried = images_from_request(json.dumps({"images": [B64, B64]}).encode(), "text/plain")
     assert (carried.images, carried.names, carried.single) == ((PNG, PNG), ("'images'[0]", "'images'[1]"), False)
 
