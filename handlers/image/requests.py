@@ -1,21 +1,28 @@
 """What every image model's requests share: what a request module may read of the served model
 (:class:`ImageRequestContext`), the payload batch assembly reads (:class:`ImageRequest`: each image's raw bytes and
-the name its refusal uses), and the options a body or the URL's query may carry.
+the name its refusal uses), the model's own body (:func:`carried_images`) and the options a body or the URL's query
+may carry.
 
-How a request carries its images (a raw ``image/*`` body, JSON with base64 or ``data:`` URIs, refused remote URLs)
-is handlers/image/inputs.py's; decoding them (limits, formats, orientation) handlers/image/decode.py's, which the
-engine calls only for images its cache does not hold.
+Reading one image out of a body or a JSON string (a raw ``image/*`` body, base64 or ``data:`` URIs, remote URLs only
+from allowed hosts) is handlers/image/inputs.py's; decoding it (limits, formats, orientation) handlers/image/
+decode.py's, which the engine calls only for images its cache does not hold.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from handlers.core.errors import RequestError, shown
-from handlers.image.decode import ImageLimits
+from handlers.core.http import decode_json
 from handlers.image.folder import ImageModelFolder
+from handlers.image.inputs import (
+    ImageSources,
+    image_from_body,
+    images_from_json,
+    is_image_content_type,
+    served_media_types,
+)
 
 
 @dataclass(frozen=True)
@@ -23,11 +30,9 @@ class ImageRequestContext:
     """What parsing a request and shaping its answer may read of the served model."""
 
     info: ImageModelFolder
-    limits: ImageLimits
-    max_images: int  # images one request may carry
+    sources: ImageSources  # where images may come from (the URL hosts) and what each may cost (limits, count)
     model_name: str  # the archive's model name
     served_name: str  # the name it is registered under
-    allowed_hosts: tuple[str, ...] = ()  # hosts remote image URLs may name (handler.image_url_hosts); none: refused
 
 
 @dataclass(frozen=True)
@@ -35,24 +40,9 @@ class ImageRequest:
     """One request's images, as batch assembly reads them, and how its answer is shaped."""
 
     images: tuple[bytes, ...]
-    names: tuple[str, ...]  # what a refusal calls each image ("image", "images[2]")
+    names: tuple[str, ...]  # what a refusal calls each image ("image", "'images'[2]")
     single: bool  # one image sent as one (a raw body, a lone value): its answer is not wrapped in a list
     options: dict[str, Any]  # the kind's per-request options (a classifier's top_k)
-
-
-def image_names(count: int, single: bool, field: str = "images") -> tuple[str, ...]:
-    return ("image",) if single else tuple(f"{field}[{index}]" for index in range(count))
-
-
-def check_count(api: ImageRequestContext, images: Sequence[bytes]) -> None:
-    if not images:
-        raise RequestError("the request carries no image")
-    if len(images) > api.max_images:
-        raise RequestError(
-            f"the request carries {len(images)} images; handler.max_images is {api.max_images}",
-            code=413,
-            error_type="RequestTooLarge",
-        )
 
 
 def int_option(value: Any, name: str, minimum: int) -> int:
@@ -70,52 +60,43 @@ def int_option(value: Any, name: str, minimum: int) -> int:
 
 @dataclass(frozen=True)
 class CarriedImages:
-    """What a request's body carries: its images' encoded bytes, whether it sent one image as one, and the body's
-    other fields (the kind's options)."""
+    """What a request's body carries: its images' encoded bytes, what a refusal calls each, whether it sent one image
+    as one, and the body's other fields (the kind's options)."""
 
     images: tuple[bytes, ...]
+    names: tuple[str, ...]
     single: bool
     options: dict[str, Any]
 
 
-def carried_images(body: Any, content_type: str, allowed_hosts: Sequence[str] = ()) -> CarriedImages:
-    """The images of one request's body: a raw ``image/*`` body (one image), or a JSON object with ``image`` (one)
-    or ``images`` (a list), each base64 or a ``data:`` URI.
+IMAGE_FIELDS = ("image", "images")
 
-    Temporary: replaced by handlers/image/inputs.py's images_from_request once that lands (remote URLs, the
-    other dialects' fields)."""
-    import base64
-    import binascii
 
-    from handlers.core.http import decode_json
-
-    if isinstance(body, (bytes, bytearray)) and content_type.startswith("image/"):
-        return CarriedImages((bytes(body),), True, {})
+def carried_images(body: Any, content_type: str, sources: ImageSources) -> CarriedImages:
+    """The images of one request's body (handlers/image/inputs.py reads each): the raw body with an image
+    Content-Type (one image), or a JSON object with ``image`` or ``images``, one image or a list (base64, data: URIs,
+    http(s) URLs from allowed hosts only). The object's other fields are returned as the kind's options."""
+    if is_image_content_type(content_type):
+        return CarriedImages((image_from_body(body, content_type, sources.limits),), ("image",), True, {})
     if isinstance(body, (bytes, bytearray)):
         body = decode_json(body)
     if not isinstance(body, dict):
         raise RequestError(
-            "send an image as the raw body with its image/* Content-Type, or a JSON object with 'image' or 'images'",
-            code=415,
-            error_type="UnsupportedMediaType",
+            f"body must be an image (Content-Type {', '.join(served_media_types(sources.limits))}) or a JSON object "
+            f"with 'image' or 'images', got {type(body).__name__}",
+            code=415 if isinstance(body, str) else 400,
+            error_type="UnsupportedMediaType" if isinstance(body, str) else "InvalidRequest",
         )
     fields = dict(body)
-    if "image" in fields:
-        values, single = [fields.pop("image")], True
-    elif "images" in fields:
-        values, single = fields.pop("images"), False
-        if not isinstance(values, list):
-            raise RequestError(f"'images' must be a list, got {type(values).__name__}")
-    else:
-        raise RequestError("the JSON body has no 'image' or 'images'")
-    images = []
-    for index, value in enumerate(values):
-        name = "image" if single else f"images[{index}]"
-        if not isinstance(value, str):
-            raise RequestError(f"{name} must be a base64 string or a data: URI, got {type(value).__name__}")
-        text = value.split(",", 1)[1] if value.startswith("data:") and "," in value else value
-        try:
-            images.append(base64.b64decode(text, validate=True))
-        except (binascii.Error, ValueError):
-            raise RequestError(f"{name} is not valid base64") from None
-    return CarriedImages(tuple(images), single, fields)
+    present = [name for name in IMAGE_FIELDS if name in fields]
+    if len(present) != 1:
+        raise RequestError(
+            "the JSON body must have exactly one of 'image' (one image) and 'images' (a list), each base64, a "
+            "data:image/...;base64, URI or an allowed http(s) URL"
+        )
+    field = present[0]
+    value = fields.pop(field)
+    images = images_from_json(value, field, sources)
+    single = isinstance(value, str)
+    names = (f"'{field}'",) if single else tuple(f"'{field}'[{index}]" for index in range(len(images)))
+    return CarriedImages(tuple(images), names, single, fields)
