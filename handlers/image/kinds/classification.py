@@ -118,7 +118,7 @@ class ImageClassificationKind(ImageKind):
     # ------------------------------------------------------------------------------------------- requests
     def parse_request(self, api: ImageRequestContext, body: Any, request: RequestView) -> ImageRequest:
         carried = carried_images(body, request.content_type, api.sources)
-        top_k = carried.options.get("top_k", request.input("top_k"))
+        top_k = carried.options.get("top_k")
         options = {"top_k": DEFAULT_TOP_K if top_k is None else int_option(top_k, "top_k", 1)}
         unknown = sorted(set(carried.options) - {"top_k"})
         if unknown:
