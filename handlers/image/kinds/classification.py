@@ -19,8 +19,9 @@ from torch import nn
 from handlers.core.errors import RequestError
 from handlers.core.http import Float32, RequestView
 from handlers.image.folder import ImageModelFolder
+from handlers.image.inputs import images_from_request
 from handlers.image.kinds.base import ImageKind, ImageReference, load_options
-from handlers.image.requests import ImageRequest, ImageRequestContext, carried_images, int_option
+from handlers.image.requests import ImageRequest, ImageRequestContext, int_option
 from handlers.text.cache import CachedRow
 from handlers.text.folder import FolderError, optional_json
 from handlers.text.labels import MULTI_LABEL, REGRESSION, SINGLE_LABEL, probabilities
@@ -117,7 +118,7 @@ class ImageClassificationKind(ImageKind):
 
     # ------------------------------------------------------------------------------------------- requests
     def parse_request(self, api: ImageRequestContext, body: Any, request: RequestView) -> ImageRequest:
-        carried = carried_images(body, request.content_type, api.sources)
+        carried = images_from_request(body, request.content_type, api.sources)
         top_k = carried.options.get("top_k")
         options = {"top_k": DEFAULT_TOP_K if top_k is None else int_option(top_k, "top_k", 1)}
         unknown = sorted(set(carried.options) - {"top_k"})
