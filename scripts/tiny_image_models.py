@@ -1,21 +1,96 @@
-"""Small random-weight image models, built offline in seconds, for the tests and tools that package a user's own
-image model folder: the same files and layout as the real thing (config.json, model.safetensors,
-preprocessor_config.json, the tokenizer files), only tiny (32-pixel images, 8-pixel patches, 32 wide, 2 layers) with
-seeded random weights. As in scripts/tiny_text_models.py, nothing should expect meaningful answers from them: the
-expected numbers come from the reference libraries loading the same folder.
+"""Small random-weight image models, built offline in seconds, for the tests that package a user's own image model
+folder (the sibling of scripts/tiny_text_models.py).
+
+Tests cannot download real models (no hub here) and real ones are slow on 2 cores, so this module writes folders with
+the same files and layout as the real thing (config.json with id2label, model.safetensors, preprocessor_config.json
+from the model's own image processor class), only tiny (32x32 inputs, 8-pixel patches, 32 wide, 2 layers) with
+seeded random weights. Nothing in a test should expect meaningful labels from them: the expected answers come from
+transformers loading the same folder inside the test.
+
+Every builder takes the target folder, writes into it (creating it) and returns it; the same call writes the same
+weights. The image-text builders (CLIP, SigLIP, sentence-transformers CLIP) add the tokenizer and processor files
+of the real thing (a tokenizer built from scripts/tiny_text_models.py's word lists).
+
+    python -m scripts.tiny_image_models vit /tmp/tiny-vit
+    python -m scripts.tiny_image_models clip /tmp/tiny-clip
 """
 
+from __future__ import annotations
+
+import argparse
 import math
+import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
-from scripts.tiny_text_models import HEADS, HIDDEN, INTERMEDIATE, LAYERS, SEED, _unigram_pieces
+from scripts.tiny_text_models import HEADS, HIDDEN, INTERMEDIATE, LAYERS, _unigram_pieces
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+
+SEED = 0
+LABELS = ("cat", "dog", "bird")
+# transformers' default std of 0.02 leaves a tiny random ViT all but blind to its input (every image gets the same
+# scores to 1e-3), so a test could not tell whose answer it got; 0.5 makes different images score differently.
+INITIALIZER_RANGE = 0.5
+
+
+def _label_maps(labels: Sequence[str]) -> dict[str, dict]:
+    return {"id2label": dict(enumerate(labels)), "label2id": {label: i for i, label in enumerate(labels)}}
+
+
+def make_vit_classifier(folder: Path, labels: Sequence[str] = LABELS, image_size: int = 32) -> Path:
+    """A ViT image classifier (ViTForImageClassification) with a ViTImageProcessor resizing to image_size x
+    image_size, bilinear, normalized with mean and std 0.5 (the processor's defaults)."""
+    from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
+
+    torch.manual_seed(SEED)
+    config = ViTConfig(
+        image_size=image_size,
+        patch_size=8,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        initializer_range=INITIALIZER_RANGE,
+        **_label_maps(labels),
+    )
+    model = ViTForImageClassification(config).eval()
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(folder))
+    ViTImageProcessor(size={"height": image_size, "width": image_size}).save_pretrained(str(folder))
+    return folder
+
+
+def make_convnext_classifier(folder: Path, labels: Sequence[str] = LABELS, shortest_edge: int = 32) -> Path:
+    """A ConvNeXt image classifier whose processor uses the crop_pct rule (shortest edge / crop_pct, then a square
+    crop), bicubic."""
+    from transformers import ConvNextConfig, ConvNextForImageClassification, ConvNextImageProcessor
+
+    torch.manual_seed(SEED)
+    config = ConvNextConfig(
+        num_channels=3,
+        hidden_sizes=[8, 16],
+        depths=[1, 1],
+        num_stages=2,
+        initializer_range=INITIALIZER_RANGE,
+        **_label_maps(labels),
+    )
+    model = ConvNextForImageClassification(config).eval()
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(folder))
+    ConvNextImageProcessor(size={"shortest_edge": shortest_edge}).save_pretrained(str(folder))
+    return folder
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Image-text embedders (the "image-text" kind): CLIP, SigLIP, sentence-transformers CLIP.
 
 IMAGE_SIZE = 32
 PATCH_SIZE = 8
@@ -28,10 +103,6 @@ PROJECTION = 16  # the shared vector space's width: not the towers' width, so a 
 IMAGE_TEXT_INITIALIZER_RANGE = 0.5
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Image-text embedders (the "image-text" kind): CLIP, SigLIP, sentence-transformers CLIP.
-
-
 def _tower_sizes() -> dict[str, int]:
     return {
         "hidden_size": HIDDEN,
@@ -41,7 +112,7 @@ def _tower_sizes() -> dict[str, int]:
     }
 
 
-def clip_tokenizer() -> "PreTrainedTokenizerBase":
+def clip_tokenizer() -> PreTrainedTokenizerBase:
     """transformers' CLIPTokenizer (lower-casing byte-level BPE, "</w>" word ends) on a vocabulary of every byte,
     alone and as a word end, without merges: each word is its characters. <|startoftext|> and <|endoftext|> take the
     last two ids, as in the real vocabulary (CLIP's text tower pools at the end-of-text token)."""
@@ -54,7 +125,7 @@ def clip_tokenizer() -> "PreTrainedTokenizerBase":
     return CLIPTokenizer(vocab=vocab, merges=[], model_max_length=CLIP_TEXT_POSITIONS)
 
 
-def siglip_tokenizer() -> "PreTrainedTokenizerBase":
+def siglip_tokenizer() -> PreTrainedTokenizerBase:
     """A SentencePiece-style Unigram tokenizer shaped like SigLIP's: "</s>" ends every text and pads it, "<unk>",
     and only input_ids reach the model (SigLIP's text tower is fed no attention mask: the padding counts, which is
     why its processor pads every text to 64 tokens). SigLIP's own SiglipTokenizer needs the sentencepiece package;
@@ -164,4 +235,23 @@ def make_sentence_transformers_clip(folder: Path, source: Path | None = None) ->
     return folder
 
 
-IMAGE_TEXT_BUILDERS = {"clip": make_clip, "siglip": make_siglip, "st-clip": make_sentence_transformers_clip}
+BUILDERS = {
+    "vit": make_vit_classifier,
+    "convnext": make_convnext_classifier,
+    "clip": make_clip,
+    "siglip": make_siglip,
+    "st-clip": make_sentence_transformers_clip,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m scripts.tiny_image_models", description=__doc__)
+    parser.add_argument("model", choices=sorted(BUILDERS))
+    parser.add_argument("folder", type=Path)
+    args = parser.parse_args(argv)
+    print(BUILDERS[args.model](args.folder))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
