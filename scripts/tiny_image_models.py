@@ -161,9 +161,9 @@ def _clip_image_processor():
 
 
 def make_clip(folder: Path) -> Path:
-    """A transformers CLIPModel with its CLIPProcessor (CLIPImageProcessor + CLIPTokenizer), as save_pretrained
-    writes it: config.json, model.safetensors, preprocessor_config.json, processor_config.json, tokenizer files."""
-    from transformers import CLIPConfig, CLIPModel, CLIPProcessor
+    """A transformers CLIPModel with its processor's parts (CLIPImageProcessor + CLIPTokenizer), as the hub's CLIP
+    folders hold them: config.json, model.safetensors, preprocessor_config.json, tokenizer files."""
+    from transformers import CLIPConfig, CLIPModel
 
     tokenizer = clip_tokenizer()
     text = {
@@ -186,15 +186,23 @@ def make_clip(folder: Path) -> Path:
     model = CLIPModel(config).eval()
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(folder))
-    CLIPProcessor(image_processor=_clip_image_processor(), tokenizer=tokenizer).save_pretrained(str(folder))
+    _save_parts(folder, _clip_image_processor(), tokenizer)
     return folder
 
 
+def _save_parts(folder: Path, image_processor, tokenizer) -> None:
+    """The processor's parts as the hub's CLIP and SigLIP folders hold them: preprocessor_config.json and the
+    tokenizer files (transformers 5's Processor.save_pretrained would nest the image processor's settings in
+    processor_config.json instead; AutoProcessor loads either)."""
+    image_processor.save_pretrained(str(folder))
+    tokenizer.save_pretrained(str(folder))
+
+
 def make_siglip(folder: Path) -> Path:
-    """A transformers SiglipModel with its SiglipProcessor (SiglipImageProcessor: a plain resize to 32x32, mean and
+    """A transformers SiglipModel with its processor's parts (SiglipImageProcessor: a plain resize to 32x32, mean and
     std 0.5; the fast SigLIP-style tokenizer). Its logit scale and bias are set away from transformers' zero init, so
     the zero-shot scores use both."""
-    from transformers import SiglipConfig, SiglipImageProcessor, SiglipModel, SiglipProcessor
+    from transformers import SiglipConfig, SiglipImageProcessor, SiglipModel
 
     tokenizer = siglip_tokenizer()
     text = {
@@ -216,14 +224,16 @@ def make_siglip(folder: Path) -> Path:
         model.logit_bias.fill_(-1.5)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(folder))
-    image_processor = SiglipImageProcessor(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
-    SiglipProcessor(image_processor=image_processor, tokenizer=tokenizer).save_pretrained(str(folder))
+    _save_parts(folder, SiglipImageProcessor(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}), tokenizer)
     return folder
 
 
 def make_sentence_transformers_clip(folder: Path, source: Path | None = None) -> Path:
     """A sentence-transformers CLIP folder, as SentenceTransformer(modules=[CLIPModel(folder)]).save writes it in
-    sentence-transformers 6.2, from the tiny CLIP folder (SOURCE, else one built in a scratch folder)."""
+    sentence-transformers 6.2, from the tiny CLIP folder (SOURCE, else one built in a scratch folder): modules.json
+    with the one CLIP module saved in the folder's root (path ""), its transformers files there, the processor as
+    processor_config.json (the image processor's settings nested in it), no Normalize module (encode's vectors are
+    not unit length)."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import CLIPModel
 

@@ -68,6 +68,7 @@ class ImageModelHandler(ServingHandler):
             self.model_name,
             str(getattr(context, "model_name", None) or self.model_name),
             allowed_hosts=tuple(self.config["image_url_hosts"]),
+            companion=engine.loaded.companion,
         )
         self.route_table = route_table(self.kind.routes())
 

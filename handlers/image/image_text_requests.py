@@ -9,7 +9,8 @@ At the model's own URL (``/predictions/<model>``), designed like the text embedd
   [bool, ...], "image_embeddings": [[...], ...]}``, each list in the order sent;
 - ``{"input": [...]}``: OpenAI's and Jina's list, each item a text, ``{"text": ...}`` or ``{"image": ...}`` ->
   ``{"object": "list", "data": [{"object": "embedding", "index", "embedding"}], "model", "usage"}``, one entry per
-  item in its order (also at ``/v1/embeddings``, where the OpenAI and Jina clients post);
+  item in its order, each ``float`` or (``encoding_format: "base64"``) little-endian float32 bytes in base64 (also at
+  ``/v1/embeddings``, where the OpenAI and Jina clients post);
 - ``{"image" | "images", "candidate_labels": [...], "hypothesis_template": "This is a photo of {}."}`` -> per image
   transformers' zero-shot-image-classification pipeline's answer, ``[{"score", "label"}, ...]`` best first (a list of
   those for ``images``).
@@ -36,6 +37,7 @@ import torch
 from handlers.core.errors import RequestError, ServerError, shown, too_large
 from handlers.core.http import Float32, float32_list
 from handlers.image.image_text_model import EncodedText
+from handlers.text.quantization import float32_base64
 from handlers.text.requests.common import check_fields, check_text, default_if_none
 from handlers.text.requests.embedding import NON_FINITE, VectorSpace, encoded
 from handlers.text.requests.zero_shot import candidate_labels, hypothesis_template
@@ -44,7 +46,8 @@ DEFAULT_TEMPLATE = "This is a photo of {}."  # the zero-shot-image-classificatio
 MAX_TEXTS = 64  # texts (or labels) one request may carry
 MAX_TEXT_CHARS = 4000  # per text: far past what the 77- or 64-token towers read, still cheap to tokenize
 OWN_FIELDS = {"text", "texts", "image", "images", "input", "candidate_labels", "hypothesis_template", "model"}
-INPUT_FIELDS = {"input", "model", "encoding_format"}
+INPUT_FIELDS = {"input", "model", "encoding_format", "user"}  # OpenAI's embeddings fields that fit a fixed space
+INPUT_ENCODINGS = ("float", "base64")  # OpenAI's; its Python client asks for base64 by default
 COHERE_FIELDS = {"model", "input_type", "embedding_types", "texts", "images", "inputs", "truncate", "priority"}
 COHERE_TYPES = ("float", "base64", "binary", "ubinary")  # int8/uint8 need a calibration image models lack
 COHERE_INPUT_TYPES = ("search_query", "search_document", "classification", "clustering", "image")
@@ -67,8 +70,8 @@ class ImageTextRequest:
 
 
 def check_texts(values: Any, name: str) -> list[str]:
-    if isinstance(values, str) or not isinstance(values, list):
-        raise RequestError(f"'{name}' must be a list of strings, got {shown(values)}")
+    if isinstance(values, str) or not isinstance(values, list) or not values:
+        raise RequestError(f"'{name}' must be a non-empty list of strings, got {shown(values)}")
     if len(values) > MAX_TEXTS:
         raise too_large(f"'{name}' has {len(values)} texts; at most {MAX_TEXTS} are allowed per request")
     return [check_text(value, f"'{name}'[{index}]", MAX_TEXT_CHARS) for index, value in enumerate(values)]
@@ -139,8 +142,8 @@ def parse_zero_shot(body: dict[str, Any], decode: Any) -> ImageTextRequest:
 def parse_input(body: dict[str, Any], decode: Any) -> ImageTextRequest:
     """OpenAI's and Jina's ``input``: a text, or a list of texts, ``{"text"}`` and ``{"image"}`` items."""
     encoding = default_if_none(body.get("encoding_format"), "float")
-    if encoding != "float":
-        raise RequestError(f"'encoding_format' {shown(encoding)} is not served; use 'float'")
+    if encoding not in INPUT_ENCODINGS:
+        raise RequestError(f"'encoding_format' {shown(encoding)} is not served; use one of {list(INPUT_ENCODINGS)}")
     items = body["input"]
     items = [items] if isinstance(items, str) else items
     if not isinstance(items, list) or not items:
@@ -164,7 +167,7 @@ def parse_input(body: dict[str, Any], decode: Any) -> ImageTextRequest:
             item = item["text"]
         order.append(("text", len(texts)))
         texts.append(check_text(item, where, MAX_TEXT_CHARS))
-    return ImageTextRequest(tuple(images), tuple(names), texts, "input", order=order)
+    return ImageTextRequest(tuple(images), tuple(names), texts, "input", order=order, encodings=(encoding,))
 
 
 def cohere_options(body: dict[str, Any]) -> ImageTextRequest:
@@ -276,7 +279,8 @@ def answer_input(request: ImageTextRequest, images: torch.Tensor, texts: list[En
     rows = in_order(request, images, texts)
     if non_finite(stacked(rows)):
         return ServerError(NON_FINITE)
-    data = [{"object": "embedding", "index": index, "embedding": float32_list(row)} for index, row in enumerate(rows)]
+    encode = float32_base64 if request.encodings == ("base64",) else float32_list
+    data = [{"object": "embedding", "index": index, "embedding": encode(row)} for index, row in enumerate(rows)]
     tokens = sum(text.tokens for text in texts)
     return {
         "object": "list",

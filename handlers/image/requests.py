@@ -28,6 +28,7 @@ class ImageRequestContext:
     model_name: str  # the archive's model name
     served_name: str  # the name it is registered under
     allowed_hosts: tuple[str, ...] = ()  # hosts remote image URLs may name (handler.image_url_hosts); none: refused
+    companion: Any = None  # what the kind loaded beside the module (ImageKind.load_companion: a text encoder)
 
 
 @dataclass(frozen=True)

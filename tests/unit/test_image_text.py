@@ -3,6 +3,8 @@
 forward, sentence-transformers' encode), and its zero-shot answers equal transformers' zero-shot-image-classification
 pipeline's, sigmoid for SigLIP and softmax for CLIP."""
 
+import base64
+import io
 import json
 
 import numpy as np
@@ -10,6 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
+from handlers.core.errors import RequestError
 from handlers.image.image_text_model import (
     load_image_text_model,
     load_text_encoder,
@@ -130,3 +133,178 @@ def test_siglip2_and_foreign_modules_are_refused_by_name(folders, tmp_path):
     (pooled / "modules.json").write_text(json.dumps(modules))
     with pytest.raises(FolderError, match="Pooling"):
         read_image_text_folder(pooled)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The served path in process: each folder staged by the packaging step (its parity checks included), loaded by the
+# image engine, and requests parsed and answered by the kind's routes.
+
+
+class HeaderContext:
+    """The one thing a route reads of TorchServe's context: the request's headers."""
+
+    def __init__(self, content_type):
+        self.headers = {"Content-Type": content_type}
+
+    def get_request_header(self, idx, name):
+        return self.headers.get(name)
+
+
+def png(image):
+    buffer = io.BytesIO()
+    image.save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def data_uri(image):
+    return "data:image/png;base64," + base64.b64encode(png(image)).decode()
+
+
+@pytest.fixture(scope="module")
+def engines(folders, tmp_path_factory):
+    from handlers.image.engine import ImageEngine
+    from scripts.prepare_image_model import stage
+
+    loaded = {}
+    for name, folder in folders.items():
+        staged = tmp_path_factory.mktemp(f"staged-{name}") / "model"
+        record = stage(str(folder), staged, None, None)
+        parity = record["parity"]
+        assert min(parity["fp32_agreement"], parity["text_vectors"], parity["zero_shot_scores"]) >= BOUND, parity
+        assert record["kind"] == "image-text"
+        loaded[name] = ImageEngine.load(staged, {"precision": "fp32"}, threads=1, name=name)
+    return loaded
+
+
+def served(engine, body, content_type="application/json", path=""):
+    """One request through the kind's route at PATH: its answer, or its RequestError."""
+    from handlers.core.http import RequestView
+    from handlers.core.routes import route_table
+    from handlers.image.requests import ImageRequestContext
+
+    api = ImageRequestContext(engine.loaded.info, engine.limits, 16, "m", "m", companion=engine.loaded.companion)
+    route = route_table(engine.kind.routes())[path]
+    try:
+        payload = route.parse(api, body, RequestView(HeaderContext(content_type), 0))
+    except RequestError as error:
+        return error
+    [result] = engine.run([payload], lambda request, rows: route.answer(api, request, rows))
+    return result
+
+
+def decoded_png(image):
+    return Image.open(io.BytesIO(png(image))).convert("RGB")
+
+
+@pytest.mark.parametrize("name", ["clip", "siglip", "st-clip"])
+def test_served_text_and_image_embeddings_equal_the_reference(folders, engines, name):
+    engine, reference = engines[name], load_reference(folders[name])
+    images = _images()[:2]
+    text = served(engine, {"text": TEXTS[0]})
+    assert set(text) == {"embedding", "truncated"} and text["truncated"] is False
+    expected = reference.text_embeddings(TEXTS[:1])[0]
+    assert _cosines(torch.tensor(text["embedding"]), expected).item() >= BOUND
+    raw = served(engine, png(images[0]), "image/png")
+    expected_images = reference.image_embeddings([decoded_png(image) for image in images])
+    assert _cosines(torch.tensor(raw["embedding"]), expected_images[0]).item() >= BOUND
+    both = served(
+        engine, {"texts": TEXTS[:2], "images": [data_uri(images[0]), base64.b64encode(png(images[1])).decode()]}
+    )
+    assert set(both) == {"text_embeddings", "truncated", "image_embeddings"}
+    assert _cosines(torch.tensor(both["image_embeddings"]), expected_images).min() >= BOUND
+    assert _cosines(torch.tensor(both["text_embeddings"]), reference.text_embeddings(TEXTS[:2])).min() >= BOUND
+    assert both["image_embeddings"][0] == raw["embedding"]  # the same bytes: the same cached row
+
+
+@pytest.mark.parametrize("name", ["clip", "siglip", "st-clip"])
+def test_served_zero_shot_is_the_pipelines_answer(folders, engines, name):
+    engine, reference = engines[name], load_reference(folders[name])
+    images = _images()[1:3]
+    body = {"images": [data_uri(image) for image in images], "candidate_labels": LABELS}
+    answers = served(engine, body)
+    assert len(answers) == 2
+    for image, answer in zip(images, answers, strict=True):
+        expected = reference.zero_shot(decoded_png(image), LABELS)
+        assert [a["label"] for a in answer] == [e["label"] for e in expected]
+        assert np.allclose([a["score"] for a in answer], [e["score"] for e in expected], atol=1e-5)
+        assert list(answer[0]) == ["score", "label"]
+    one = served(engine, {"image": data_uri(images[0]), "candidate_labels": LABELS, "hypothesis_template": "{}"})
+    expected = reference.zero_shot(decoded_png(images[0]), LABELS, "{}")
+    assert [a["label"] for a in one] == [e["label"] for e in expected]
+    assert np.allclose([a["score"] for a in one], [e["score"] for e in expected], atol=1e-5)
+
+
+def test_jina_and_openai_input_keeps_the_items_order(folders, engines):
+    engine, reference = engines["clip"], load_reference(folders["clip"])
+    image = _images()[0]
+    body = {"model": "m", "input": [{"image": data_uri(image)}, {"text": TEXTS[1]}, TEXTS[2]]}
+    for path in ("", "v1/embeddings"):
+        answer = served(engine, body, path=path)
+        assert [entry["index"] for entry in answer["data"]] == [0, 1, 2] and answer["model"] == "m"
+        got = torch.tensor([entry["embedding"] for entry in answer["data"]])
+        expected = torch.cat([reference.image_embeddings([decoded_png(image)]), reference.text_embeddings(TEXTS[1:3])])
+        assert _cosines(got, expected).min() >= BOUND
+        assert answer["usage"]["total_tokens"] > 0
+
+
+def test_cohere_embed_v2_texts_images_and_inputs(folders, engines):
+    engine, reference = engines["clip"], load_reference(folders["clip"])
+    image = _images()[0]
+    expected_image = reference.image_embeddings([decoded_png(image)])[0]
+    answer = served(engine, {"images": [data_uri(image)], "embedding_types": ["float", "base64"]}, path="v2/embed")
+    assert answer["response_type"] == "embeddings_by_type" and answer["meta"]["billed_units"]["images"] == 1
+    assert _cosines(torch.tensor(answer["embeddings"]["float"][0]), expected_image).item() >= BOUND
+    decoded = np.frombuffer(base64.b64decode(answer["embeddings"]["base64"][0]), dtype="<f4")
+    assert decoded.tolist() == pytest.approx(answer["embeddings"]["float"][0])
+    inputs = [
+        {"content": [{"type": "text", "text": TEXTS[0]}]},
+        {"content": [{"type": "image_url", "image_url": {"url": data_uri(image)}}]},
+    ]
+    answer = served(engine, {"inputs": inputs, "input_type": "search_document"}, path="v2/embed")
+    floats = torch.tensor(answer["embeddings"]["float"])
+    assert _cosines(floats[0], reference.text_embeddings(TEXTS[:1])[0]).item() >= BOUND
+    assert _cosines(floats[1], expected_image).item() >= BOUND
+    texts = served(engine, {"texts": TEXTS[:2]}, path="v2/embed")
+    assert texts["texts"] == TEXTS[:2] and len(texts["embeddings"]["float"]) == 2
+
+
+@pytest.mark.parametrize(
+    ("body", "path", "words"),
+    [
+        ({"text": "a", "texts": ["b"]}, "", "either 'text' or 'texts'"),
+        ({"texts": ["a"], "candidate_labels": ["x"]}, "", "not texts"),
+        ({"candidate_labels": ["x", "y"]}, "", "needs 'image'"),
+        ({"image": "data:image/png;base64,xx", "candidate_labels": ["x"], "hypothesis_template": "no slot"}, "", "{}"),
+        ({"text": "a", "top_k": 3}, "", "unknown field"),
+        ({"input": [{"text": "a", "image": "b"}]}, "", "'input'[0]"),
+        (
+            {"inputs": [{"content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]},
+            "v2/embed",
+            "not both",
+        ),
+        ({"texts": ["a"], "images": ["b"]}, "v2/embed", "one of"),
+        ({"texts": ["a"], "embedding_types": ["int8"]}, "v2/embed", "embedding_types"),
+        ({"image": "not base64 at all!"}, "", "image"),
+    ],
+)
+def test_bad_requests_are_refused_naming_the_problem(engines, body, path, words):
+    error = served(engines["clip"], body, path=path)
+    assert isinstance(error, RequestError) and 400 <= error.code < 500, error
+    assert words in error.message
+
+
+def test_cohere_truncate_none_refuses_a_text_over_the_limit(engines):
+    error = served(engines["clip"], {"texts": ["word " * 100], "truncate": "NONE"}, path="v2/embed")
+    assert isinstance(error, RequestError) and error.code == 400 and "token limit" in error.message
+    cut = served(engines["clip"], {"text": "word " * 100})
+    assert cut["truncated"] is True
+
+
+def test_make_package_picks_the_image_template_and_describe_says_what_the_model_is(folders, engines):
+    from scripts import package
+
+    for name in ("clip", "siglip", "st-clip"):
+        assert package.template_for(folders[name]) == "image-model"
+    described = engines["siglip"].kind.describe(engines["siglip"].loaded.info)
+    assert described["kind"] == "image-text" and described["zero_shot_scores"] == "sigmoid"
+    assert engines["st-clip"].kind.describe(engines["st-clip"].loaded.info)["layout"] == "sentence-transformers"

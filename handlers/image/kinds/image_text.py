@@ -5,14 +5,12 @@ The engine's rows are the images (the vision tower: decoded, preprocessed as the
 batched, cached by digest, gated and converted like any image model's); the texts go through the text tower with the
 folder's own tokenizer when a request's answer is written (the kind's companion, a TextEncoder loaded beside the
 served module). Requests and answers: handlers/image/image_text_requests.py. The parity check compares the image
-vectors with the reference library's (handlers/image/kinds/image_text_reference.py), and :meth:`check_texts` the
-text vectors and the zero-shot answers.
+vectors with the reference library's (handlers/image/kinds/image_text_reference.py), and
+:meth:`ImageTextKind.companion_parity` the text vectors and the zero-shot scores.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +18,7 @@ import torch
 from PIL import Image
 from torch import nn
 
-from handlers.core.errors import COHERE, RequestError, shown
+from handlers.core.errors import COHERE, RequestError
 from handlers.core.http import RequestView
 from handlers.core.routes import Route
 from handlers.image.folder import ImageModelFolder
@@ -35,13 +33,16 @@ from handlers.image.image_text_model import (
     read_image_text_folder,
 )
 from handlers.image.image_text_requests import (
+    DEFAULT_TEMPLATE,
     ImageTextRequest,
     answer_cohere,
     answer_own,
     parse_cohere,
     parse_own,
     single_image,
+    sorted_scores,
 )
+from handlers.image.inputs import ImageSources, image_from_body, image_from_string, is_image_content_type
 from handlers.image.kinds.base import ImageKind, ImageReference
 from handlers.image.requests import ImageRequestContext, check_count
 from handlers.text.cache import CachedRow
@@ -60,6 +61,11 @@ class ImageTextImageReference(ImageReference):
 
     def answer(self, image: Image.Image) -> torch.Tensor:
         return self.reference.image_embeddings([image])[0]
+
+    def served_pixels(self, image: Image.Image) -> torch.Tensor:
+        """The image as the folder's processor makes it (the zero-shot check compares scores, not preprocessing,
+        which the image parity check has proved)."""
+        return torch.as_tensor(self.processor(images=[image], return_tensors="pt")["pixel_values"])
 
 
 def folder_of(info: ImageModelFolder) -> ImageTextFolder:
@@ -87,10 +93,6 @@ class ImageTextKind(ImageKind):
     def detects(folder: Path) -> bool:
         return is_image_text_folder(folder)
 
-    def processor_dir(self, folder: Path, info: ImageModelFolder) -> Path:
-        """Where the folder's image processor is (a sentence-transformers folder: its CLIP module's folder)."""
-        return folder / folder_of(info).model_dir
-
     def build_module(self, folder: Path, info: ImageModelFolder) -> nn.Module:
         return load_image_text_model(folder, folder_of(info)).image.eval()
 
@@ -104,6 +106,34 @@ class ImageTextKind(ImageKind):
 
     def load_reference(self, folder: Path, info: ImageModelFolder) -> ImageReference:
         return ImageTextImageReference(folder)
+
+    def companion_parity(self, folder: Path, info: ImageModelFolder, reference: ImageReference) -> dict[str, float]:
+        """The text vectors (min cosine) on the reference sentences, and the zero-shot scores (1 - the largest
+        difference, and the same label order) on the reference images, against the reference library."""
+        from handlers.image.kinds.image_text_reference import PARITY_LABELS, parity_texts
+        from handlers.image.reference import reference_images
+
+        if not isinstance(reference, ImageTextImageReference):
+            raise TypeError(f"an image-text parity check compares with its own reference, got {type(reference)}")
+        library = reference.reference
+        model = load_image_text_model(folder, folder_of(info))
+        encoder = self.load_companion(folder, info, model.image)
+        texts = parity_texts()
+        ours = torch.stack([text.vector for text in encoder.encode(texts)])
+        text_agreement = float(torch.nn.functional.cosine_similarity(ours, library.text_embeddings(texts)).min())
+        hypotheses = [DEFAULT_TEMPLATE.replace("{}", label, 1) for label in PARITY_LABELS]
+        labels = torch.stack([text.vector for text in encoder.encode(hypotheses)])
+        worst = 1.0
+        for image in reference_images()[:3]:
+            expected = library.zero_shot(image, PARITY_LABELS)
+            with torch.inference_mode():
+                vector = model.image(reference.served_pixels(image))
+            got = sorted_scores(encoder.scores(vector, labels)[0].tolist(), PARITY_LABELS)
+            if [g["label"] for g in got] != [e["label"] for e in expected]:
+                worst = min(worst, 0.0)
+            difference = max(abs(float(g["score"]) - e["score"]) for g, e in zip(got, expected, strict=True))
+            worst = min(worst, 1.0 - difference)
+        return {"text_vectors": text_agreement, "zero_shot_scores": worst}
 
     def check_value(self, info: ImageModelFolder, value: Any) -> bool:
         if not bool(torch.isfinite(value).all()):
@@ -119,10 +149,12 @@ class ImageTextKind(ImageKind):
         )
 
     def parse_request(self, api: ImageRequestContext, body: Any, request: RequestView) -> ImageTextRequest:
-        if isinstance(body, (bytes, bytearray)) and request.content_type.startswith("image/"):
-            parsed = single_image(bytes(body))
+        if is_image_content_type(request.content_type):
+            parsed = single_image(image_from_body(body, request.content_type, api.limits))
         else:
-            parsed = parse_own(self.json_body(body, request), image_decoder(api))
+            body = self.json_body(body, request)
+            check_model_name(body, api.served_name)
+            parsed = parse_own(body, image_decoder(api))
         return self.checked(api, parsed)
 
     def parse_input(self, api: ImageRequestContext, body: Any, request: RequestView) -> ImageTextRequest:
@@ -175,15 +207,10 @@ def companion(api: ImageRequestContext) -> TextEncoder:
 
 
 def image_decoder(api: ImageRequestContext) -> Any:
-    """One image value of a JSON body (base64, or a data: URI) -> its bytes, or a refusal naming it."""
+    """One image value of a JSON body (base64, a data: URI, an http(s) URL from an allowed host) -> its bytes."""
+    sources = ImageSources(api.limits, api.max_images, api.allowed_hosts)
 
     def decode(value: Any, name: str) -> bytes:
-        if not isinstance(value, str) or not value:
-            raise RequestError(f"'{name}' must be an image as base64 or a data: URI, got {shown(value)}")
-        data = value.split(",", 1)[1] if value.startswith("data:") and "," in value else value
-        try:
-            return base64.b64decode(data, validate=True)
-        except (binascii.Error, ValueError):
-            raise RequestError(f"'{name}' is not valid base64 (or a data: URI)") from None
+        return image_from_string(value, f"'{name}'", sources)
 
     return decode

@@ -24,6 +24,18 @@ from typing import Any
 import torch
 
 SIGLIP_TEXT_TOKENS = 64  # what the zero-shot pipeline pads a SigLIP text to (SigLIP was trained on that)
+# The zero-shot parity check's labels: a few everyday classes, one long enough to need several tokens.
+PARITY_LABELS = ("cat", "dog", "a red sports car", "mountain landscape at sunset", "bowl of soup")
+REFERENCE_SENTENCES = Path(__file__).resolve().parents[3] / "models" / "reference_sentences.json"
+
+
+def parity_texts() -> list[str]:
+    """The texts the text tower's parity check computes: the text models' reference sentences (every script and
+    length, some past the 77-token limit) where the repository has them, and the parity labels."""
+    import json
+
+    sentences = json.loads(REFERENCE_SENTENCES.read_text(encoding="utf-8")) if REFERENCE_SENTENCES.exists() else []
+    return [str(sentence) for sentence in sentences] + list(PARITY_LABELS)
 
 
 def is_siglip(model_type: str) -> bool:
@@ -32,7 +44,9 @@ def is_siglip(model_type: str) -> bool:
 
 
 def pipeline_text_kwargs(model_type: str) -> dict[str, Any]:
-    """The tokenizer arguments transformers' zero-shot-image-classification pipeline uses for this model type."""
+    """The tokenizer arguments transformers' zero-shot-image-classification pipeline uses for this model type
+    (written out from its preprocess, not imported from the served path: a reference must not share the code it
+    checks; the zero-shot tests run the pipeline itself)."""
     if is_siglip(model_type):
         return {"padding": "max_length", "max_length": SIGLIP_TEXT_TOKENS, "truncation": True}
     return {"padding": True}
