@@ -42,11 +42,14 @@ LEFT_BEHIND = ("training_args", "trainer_state", "optimizer", "scheduler", "rng_
 def check_files(folder: Path) -> None:
     """What a worker reads must be there, and no pickle is ever loaded."""
     from handlers.image.folder import PROCESSOR_FILE
-    from handlers.text.folder import FolderError, pickled_files, refuse_pickle
+    from handlers.text.folder import FolderError, optional_json, pickled_files, refuse_pickle
 
     if not (folder / "config.json").is_file():
         raise FolderError("config.json", "is missing", "save the model with save_pretrained(folder)")
-    if not (folder / PROCESSOR_FILE).is_file():
+    # transformers 5's Processor.save_pretrained (and sentence-transformers 6, which calls it) nests the image
+    # processor's settings in processor_config.json instead of writing preprocessor_config.json.
+    nested = "image_processor" in optional_json(folder, "processor_config.json")
+    if not (folder / PROCESSOR_FILE).is_file() and not nested:
         raise FolderError(
             PROCESSOR_FILE,
             "is missing, so how the model's images are resized and normalized is unknown",

@@ -123,9 +123,9 @@ def single_image(data: bytes) -> ImageTextRequest:
 
 
 def parse_zero_shot(body: dict[str, Any], decode: Any) -> ImageTextRequest:
-    check_fields(body, {"image", "images", "candidate_labels", "hypothesis_template", "model"}, "'candidate_labels'")
     if "text" in body or "texts" in body:
         raise RequestError("zero-shot image classification takes 'image' or 'images', not texts")
+    check_fields(body, {"image", "images", "candidate_labels", "hypothesis_template", "model"}, "'candidate_labels'")
     if "candidate_labels" not in body:
         raise RequestError("missing field 'candidate_labels'")
     labels = candidate_labels(body["candidate_labels"])
