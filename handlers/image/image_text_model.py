@@ -141,6 +141,8 @@ class ImageTower(torch.nn.Module):
     """The vision tower and its projection: pixel values [batch, 3, H, W] -> vectors [batch, dimension]. What the
     engine gates, converts and compiles (the costly half of the model)."""
 
+    model: Any  # the transformers CLIPModel / SiglipModel
+
     def __init__(self, model: torch.nn.Module, normalize: bool) -> None:
         super().__init__()
         self.model = model
@@ -155,6 +157,8 @@ class ImageTower(torch.nn.Module):
 class TextTower(torch.nn.Module):
     """The text tower and its projection: token ids (and the attention mask, where the tokenizer makes one: SigLIP's
     does not) -> vectors [batch, dimension]."""
+
+    model: Any  # the transformers CLIPModel / SiglipModel
 
     def __init__(self, model: torch.nn.Module, normalize: bool) -> None:
         super().__init__()
@@ -177,7 +181,7 @@ class ZeroShotScores:
     sigmoid: bool
 
     @classmethod
-    def of(cls, model: torch.nn.Module, sigmoid: bool) -> ZeroShotScores:
+    def of(cls, model: Any, sigmoid: bool) -> ZeroShotScores:
         bias = float(model.logit_bias.detach().float()) if hasattr(model, "logit_bias") else 0.0
         return cls(float(model.logit_scale.detach().float().exp()), bias, sigmoid)
 

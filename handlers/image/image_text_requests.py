@@ -280,7 +280,7 @@ def answer_input(request: ImageTextRequest, images: torch.Tensor, texts: list[En
     if non_finite(stacked(rows)):
         return ServerError(NON_FINITE)
     encode = float32_base64 if request.encodings == ("base64",) else float32_list
-    data = [{"object": "embedding", "index": index, "embedding": encode(row)} for index, row in enumerate(rows)]
+    data = [{"object": "embedding", "index": i, "embedding": encode(row.numpy())} for i, row in enumerate(rows)]
     tokens = sum(text.tokens for text in texts)
     return {
         "object": "list",

@@ -109,7 +109,7 @@ def load_reference(folder: str | os.PathLike[str]) -> ImageTextReference:
         from sentence_transformers import SentenceTransformer
 
         st = SentenceTransformer(str(folder), device="cpu", local_files_only=True).eval()
-        first = st[0]
+        first: Any = st[0]  # its Transformer module (the CLIP model and its processor)
         processor = first.processor
         return ImageTextReference(first.model.eval(), processor.tokenizer, processor.image_processor, st)
     from transformers import AutoModel, AutoProcessor
