@@ -97,10 +97,10 @@ def images_field(body: dict[str, Any], decode: Any) -> tuple[list[bytes], list[s
 def parse_own(body: dict[str, Any], decode: Any) -> ImageTextRequest:
     """The project's own JSON body (a raw image body is handled by the caller). ``decode(value, name)`` turns one
     image value (base64, a data: URI) into its bytes, or refuses it."""
-    check_fields(body, OWN_FIELDS)
     if "input" in body:
         check_fields(body, INPUT_FIELDS, "'input'")
         return parse_input(body, decode)
+    check_fields(body, OWN_FIELDS)
     for single, many in (("text", "texts"), ("image", "images")):
         if single in body and many in body:
             raise RequestError(f"send either '{single}' or '{many}', not both")

@@ -237,7 +237,11 @@ def test_served_zero_shot_is_the_pipelines_answer(folders, engines, name):
 def test_jina_and_openai_input_keeps_the_items_order(folders, engines):
     engine, reference = engines["clip"], load_reference(folders["clip"])
     image = _images()[0]
-    body = {"model": "m", "input": [{"image": data_uri(image)}, {"text": TEXTS[1]}, TEXTS[2]]}
+    body = {
+        "model": "m",
+        "input": [{"image": data_uri(image)}, {"text": TEXTS[1]}, TEXTS[2]],
+        "encoding_format": "float",
+    }
     for path in ("", "v1/embeddings"):
         answer = served(engine, body, path=path)
         assert [entry["index"] for entry in answer["data"]] == [0, 1, 2] and answer["model"] == "m"
@@ -245,6 +249,9 @@ def test_jina_and_openai_input_keeps_the_items_order(folders, engines):
         expected = torch.cat([reference.image_embeddings([decoded_png(image)]), reference.text_embeddings(TEXTS[1:3])])
         assert _cosines(got, expected).min() >= BOUND
         assert answer["usage"]["total_tokens"] > 0
+    as_base64 = served(engine, {**body, "encoding_format": "base64"}, path="v1/embeddings")
+    decoded = [np.frombuffer(base64.b64decode(entry["embedding"]), dtype="<f4") for entry in as_base64["data"]]
+    assert np.allclose(decoded, [entry["embedding"] for entry in answer["data"]], atol=1e-7)
 
 
 def test_cohere_embed_v2_texts_images_and_inputs(folders, engines):
