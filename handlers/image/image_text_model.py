@@ -60,7 +60,6 @@ class ImageTextFolder:
 
     def describe(self) -> dict[str, Any]:
         return {
-            "architecture": self.architecture,
             "layout": "sentence-transformers" if self.sentence_transformers else "transformers",
             "normalized": self.normalize,
             "zero_shot_scores": "sigmoid" if self.sigmoid else "softmax",
