@@ -31,6 +31,7 @@ from handlers.core.engine import Engine, EngineSettings, Loaded
 from handlers.core.errors import RequestError
 from handlers.image.decode import LIMIT_OPTIONS, decode_image, image_digest, image_limits
 from handlers.image.folder import FolderError, ImageModelFolder, read_served
+from handlers.image.inputs import SOURCE_OPTIONS, image_sources
 from handlers.image.kinds import inspect_folder, kind_named
 from handlers.image.kinds.base import ImageKind
 from handlers.image.preprocess import Preprocessing, group_by_shape
@@ -42,16 +43,11 @@ logger = logging.getLogger(__name__)
 IMAGE_MODEL_OPTIONS: dict[str, Option] = {
     **COMMON_OPTIONS,
     **LIMIT_OPTIONS,
-    "max_images": Option(int, 16, minimum=1, maximum=1024, help="images one request may carry"),
+    **SOURCE_OPTIONS,
     "max_forward_images": Option(
         int, 32, minimum=1, help="images one forward pass may hold (a larger batch of one shape is split)"
     ),
     "cache_size": Option(int, 1024, minimum=0, help="images' rows kept in the worker's LRU cache; 0 disables it"),
-    "image_url_hosts": Option(
-        list,
-        [],
-        help="hosts a request's http(s) image URL may name (the server fetches it); empty = remote URLs refused",
-    ),
 }
 
 
@@ -160,6 +156,7 @@ class ImageEngine(Engine):
         self.kind = kind
         super().__init__(settings, kind_options(kind))
         self.limits = image_limits(self.config)
+        self.sources = image_sources(self.config, self.limits)
 
     @classmethod
     def load(
@@ -232,10 +229,7 @@ class ImageEngine(Engine):
             "cache_size": self.config["cache_size"],
             "cached": len(self.cache),
             "dimension": self.loaded.info.output_size,
-            "limits": {
-                key: self.config[key]
-                for key in ("max_images", "max_image_bytes", "max_image_pixels", "max_image_side", "image_formats")
-            },
+            "limits": {key: self.config[key] for key in (*LIMIT_OPTIONS, *SOURCE_OPTIONS)},
         }
 
     # ----------------------------------------------------------------------------------------------- rows

@@ -63,11 +63,9 @@ class ImageModelHandler(ServingHandler):
         engine = self.engine
         self.api = ImageRequestContext(
             engine.loaded.info,
-            engine.limits,
-            self.config["max_images"],
+            engine.sources,
             self.model_name,
             str(getattr(context, "model_name", None) or self.model_name),
-            allowed_hosts=tuple(self.config["image_url_hosts"]),
             companion=engine.loaded.companion,
         )
         self.route_table = route_table(self.kind.routes())

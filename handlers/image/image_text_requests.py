@@ -86,11 +86,11 @@ def image_list(values: Any, name: str) -> list[Any]:
 def images_field(body: dict[str, Any], decode: Any) -> tuple[list[bytes], list[str]]:
     """The images of 'image' (one) or 'images' (a list), as bytes, with what a refusal calls each."""
     if "image" in body:
-        return [decode(body["image"], "image")], ["image"]
+        return [decode(body["image"], "'image'")], ["'image'"]
     if "images" not in body:
         return [], []
     values = image_list(body["images"], "images")
-    names = [f"images[{index}]" for index in range(len(values))]
+    names = [f"'images'[{index}]" for index in range(len(values))]
     return [decode(value, name) for value, name in zip(values, names, strict=True)], names
 
 
@@ -119,7 +119,7 @@ def parse_own(body: dict[str, Any], decode: Any) -> ImageTextRequest:
 
 def single_image(data: bytes) -> ImageTextRequest:
     """A raw image body: one image, answered as one embedding."""
-    return ImageTextRequest((data,), ("image",), shape="own-single-image")
+    return ImageTextRequest((data,), ("body",), shape="own-single-image")
 
 
 def parse_zero_shot(body: dict[str, Any], decode: Any) -> ImageTextRequest:
@@ -161,8 +161,8 @@ def parse_input(body: dict[str, Any], decode: Any) -> ImageTextRequest:
                 raise RequestError(f"{where} must be a text, {{'text': ...}} or {{'image': ...}}, got {shown(item)}")
             if "image" in item:
                 order.append(("image", len(images)))
-                names.append(f"input[{index}]")
-                images.append(decode(item["image"], f"input[{index}]"))
+                names.append(where)
+                images.append(decode(item["image"], where))
                 continue
             item = item["text"]
         order.append(("text", len(texts)))
@@ -211,17 +211,17 @@ def cohere_inputs(request: ImageTextRequest, inputs: Any, decode: Any) -> None:
     images: list[bytes] = []
     names: list[str] = []
     for index, entry in enumerate(inputs):
-        where = f"inputs[{index}]"
+        where = f"'inputs'[{index}]"
         content = entry.get("content") if isinstance(entry, dict) else None
         if not isinstance(content, list) or len(content) != 1 or not isinstance(content[0], dict):
             raise RequestError(
-                f"'{where}' must be {{'content': [one part]}}: this model puts a text or an image into the vector "
+                f"{where} must be {{'content': [one part]}}: this model puts a text or an image into the vector "
                 f"space, not both into one vector; send them as separate inputs"
             )
         part = content[0]
         if part.get("type") == "text":
             request.order.append(("text", len(request.texts)))
-            request.texts.append(check_text(part.get("text"), f"'{where}.content[0].text'", MAX_TEXT_CHARS))
+            request.texts.append(check_text(part.get("text"), f"{where}.content[0].text", MAX_TEXT_CHARS))
         elif part.get("type") == "image_url":
             url = part.get("image_url")
             url = url.get("url") if isinstance(url, dict) else url
@@ -230,7 +230,7 @@ def cohere_inputs(request: ImageTextRequest, inputs: Any, decode: Any) -> None:
             images.append(decode(url, where))
         else:
             kind = shown(part.get("type"))
-            raise RequestError(f"'{where}.content[0].type' must be 'text' or 'image_url', got {kind}")
+            raise RequestError(f"{where}.content[0].type must be 'text' or 'image_url', got {kind}")
     request.images, request.names = tuple(images), tuple(names)
 
 

@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 
 from handlers.core.config import Option
 from handlers.core.errors import RequestError, shown, too_large
+from handlers.core.http import decode_json
 from handlers.image.decode import DECODABLE, DEFAULT_LIMITS, ImageLimits, sniff_format
 
 # Media types of image bytes, to PIL's format name (a key of DECODABLE).
@@ -65,7 +66,7 @@ class ImageSources:
     """Where a request's images may come from and what each may cost (``handler:`` keys in :data:`SOURCE_OPTIONS`)."""
 
     limits: ImageLimits = DEFAULT_LIMITS
-    max_images: int = 64  # images one request may carry
+    max_images: int = 16  # images one request may carry
     url_hosts: tuple[str, ...] = ()  # hosts (or "*.domain") whose http(s) URLs are fetched; empty: none
     url_timeout_s: float = 5.0  # a whole fetch, connecting to the last byte
 
@@ -147,7 +148,8 @@ def is_image_content_type(content_type: str) -> bool:
     """Whether a request's Content-Type says its body is an image's bytes (so it is read by :func:`image_from_body`,
     not as JSON or text)."""
     media_type = content_type.split(";")[0].strip().lower()
-    return media_type.startswith("image/") or media_type == OCTET_STREAM
+    # A refused document type (application/pdf) is read as one too, so that its refusal names it.
+    return media_type.startswith("image/") or media_type in (OCTET_STREAM, *REFUSED_MEDIA_TYPES)
 
 
 def image_from_body(body: Any, content_type: str, limits: ImageLimits = DEFAULT_LIMITS) -> bytes:
@@ -192,6 +194,74 @@ def images_from_json(value: Any, field: str = "images", sources: ImageSources = 
             f"(handler.max_images)"
         )
     return [image_from_string(item, f"'{field}'[{i}]", sources) for i, item in enumerate(value)]
+
+
+@dataclass(frozen=True)
+class RequestImages:
+    """The images one request's body carries: their encoded bytes, the name each refusal uses, whether one image was
+    sent as one (a raw body, ``image``, or ``images`` holding one string: its answer is not wrapped in a list), and
+    the body's other fields (the kind's options, checked by the kind)."""
+
+    images: tuple[bytes, ...]
+    names: tuple[str, ...]
+    single: bool
+    options: dict[str, Any]  # named as the image requests module names them (the kind checks them)
+
+
+def images_from_request(body: Any, content_type: str, sources: ImageSources = DEFAULT_SOURCES) -> RequestImages:
+    """The images of one request's body, as TorchServe hands it over: the image's own bytes (an ``image/*`` or
+    ``application/octet-stream`` Content-Type, or none at all), or a JSON object with ``image`` (one) or ``images``
+    (one or a list), each base64, a ``data:`` URI or an allowed http(s) URL."""
+    if is_image_content_type(content_type):
+        return RequestImages((image_from_body(body, content_type, sources.limits),), ("body",), True, {})
+    unlabelled = _unlabelled_image(body, content_type, sources.limits)
+    if unlabelled is not None:
+        return RequestImages((unlabelled,), ("body",), True, {})
+    body = _json_object(body, content_type)
+    present = [name for name in ("image", "images") if name in body]
+    if len(present) != 1:
+        raise RequestError("send exactly one of 'image' (one image) or 'images' (a list of images)")
+    fields = dict(body)
+    value = fields.pop(present[0])
+    if present[0] == "image":
+        if isinstance(value, list):
+            raise RequestError("'image' holds one image: send a list as 'images'")
+        return RequestImages((image_from_string(value, "'image'", sources),), ("'image'",), True, fields)
+    images = images_from_json(value, "images", sources)
+    if isinstance(value, str):  # one image as a lone value: answered as one, as 'image' is
+        return RequestImages(tuple(images), ("'images'",), True, fields)
+    return RequestImages(tuple(images), tuple(f"'images'[{i}]" for i in range(len(images))), False, fields)
+
+
+def _unlabelled_image(body: Any, content_type: str, limits: ImageLimits) -> bytes | None:
+    """The body's bytes when it is an image sent without a Content-Type (the bytes say what they are); a 415 when it
+    is an image sent as something else (JSON, text), naming the type to send; else None (not an image)."""
+    if not isinstance(body, (bytes, bytearray)) or not body:
+        return None
+    found = sniff_format(bytes(body[:1024]))
+    if found not in DECODABLE:
+        return None
+    if not content_type:
+        return image_from_body(body, OCTET_STREAM, limits)
+    raise RequestError(
+        f"body is a {DECODABLE[found]} image but its Content-Type is {content_type!r}: send it with Content-Type: "
+        f"{served_media_types(ImageLimits(formats=(found,)))[0]}",
+        code=415,
+        error_type="UnsupportedMediaType",
+    )
+
+
+def _json_object(body: Any, content_type: str) -> dict[str, Any]:
+    if isinstance(body, (bytes, bytearray)):  # TorchServe could not parse it, or it was not sent as JSON
+        body = decode_json(body)
+    elif isinstance(body, str) and content_type != "application/json":  # text/* arrives decoded
+        body = decode_json(body.encode("utf-8"))
+    if not isinstance(body, dict):
+        raise RequestError(
+            f"body must be a JSON object with 'image' or 'images' (or the image's bytes with an image/* "
+            f"Content-Type), got {type(body).__name__}"
+        )
+    return body
 
 
 _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]{0,15}):")

@@ -153,3 +153,27 @@ def test_describe_says_what_serves_and_how_images_are_prepared(server):
     assert described["model"]["kind"] == "image-classification"
     assert described["model"]["labels"] == list(tiny_image_models.LABELS)
     assert described["model"]["preprocessing"]["size"] == {"height": 32, "width": 32}
+
+
+class FineImage:
+    """The good request the reliability suite's corpus run sends after each bad one: a small PNG as JSON base64."""
+
+    def __init__(self, model):
+        self.name = model
+        self.image = base64.b64encode(encoded(photo(24, 16, 7), "PNG")).decode()
+
+    def body(self, index):
+        return json.dumps({"image": self.image, "top_k": 3})
+
+    def matches(self, index, answer):
+        return [entry["label"] for entry in answer] != [] and len(answer) == 3
+
+
+def test_the_bad_image_corpus_gets_its_4xx_each_and_no_worker_restarts(server):
+    """tests/data/bad_requests/t-vit.yaml (damaged files, bombs, refused formats, wrong Content-Types, bad JSON), a
+    good request after each: the reliability suite's corpus run (scripts/reliability/correctness.py)."""
+    from scripts.reliability import correctness
+
+    cases, failures, pids_before, pids_after = correctness.run_bad_input(server, FineImage(MODEL))
+    assert cases and not failures, "\n".join(failures)
+    assert pids_after == pids_before

@@ -274,3 +274,34 @@ def test_limits_from_the_handler_config():
         validate({"max_image_pixels": 10**12}, LIMIT_OPTIONS)
     with pytest.raises(ValueError, match="max_side"):
         ImageLimits(max_side=0)
+
+
+def scan_headers(data: bytes) -> list[bytes]:
+    """The start-of-scan segments (marker, length, header; no entropy-coded data) of a JPEG."""
+    headers, at = [], 2
+    while at + 4 <= len(data) and data[at] == 0xFF and data[at + 1] != 0xD9:
+        length = struct.unpack(">H", data[at + 2 : at + 4])[0]
+        if data[at + 1] == 0xDA:
+            headers.append(data[at : at + 2 + length])
+            at = data.index(b"\xff", at + 2 + length)
+            while data[at + 1] == 0 or 0xD0 <= data[at + 1] <= 0xD7:  # stuffed bytes and restart markers
+                at = data.index(b"\xff", at + 2)
+        else:
+            at += 2 + length
+    return headers
+
+
+def test_a_progressive_jpeg_of_many_empty_scans_is_refused_before_decoding():
+    """Each scan decodes the whole image again: empty scans appended to a progressive JPEG cost seconds per
+    10,000 (the limit's comment has the measure); the count is checked before libjpeg reads the file."""
+    progressive = encoded(gradient("RGB", (64, 64)), "JPEG", progressive=True)
+    headers = scan_headers(progressive)
+    assert 5 <= len(headers) <= DEFAULT_LIMITS.max_jpeg_scans
+    assert decode_image(progressive).size == (64, 64)
+    bomb = progressive[:-2] + headers[-1] * 200 + b"\xff\xd9"
+    error = refusal(bomb)
+    assert error.code == 413
+    assert error.message == (
+        f"image is a JPEG with {len(headers) + 200} scans; at most 100 are decoded (each scan decodes the whole "
+        f"image again)"
+    )

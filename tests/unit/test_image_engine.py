@@ -95,6 +95,17 @@ def engine_requests(images):
     return [ImageRow((data,), ("image",)) for data in images]
 
 
+def test_a_convnext_folder_stages_with_its_crop_pct_resize(tmp_path):
+    from scripts.prepare_image_model import stage
+
+    folder = tiny_image_models.make_convnext_classifier(tmp_path / "convnext")
+    record = stage(str(folder), tmp_path / "staged", None, None)
+    assert record["kind"] == "image-classification" and record["body"] == "ConvNextForImageClassification"
+    assert record["preprocessing"]["crop_pct"] == pytest.approx(224 / 256)
+    assert record["parity"]["fp32_agreement"] >= 0.9999
+    assert record["parity"]["pixel_values_max_difference"] == 0.0
+
+
 def test_make_package_picks_the_image_template_for_an_image_folder(folder, tmp_path):
     from scripts import package, tiny_text_models
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import http.server
 import io
+import json
 import threading
 import time
 
@@ -24,6 +25,7 @@ from handlers.image.inputs import (
     image_from_body,
     image_sources,
     images_from_json,
+    images_from_request,
     is_image_content_type,
 )
 
@@ -173,6 +175,50 @@ def test_host_matching():
     assert not host_allowed("cdn.example.org", allowed)
     assert not host_allowed("evilcdn.example.org", allowed)
     assert not host_allowed("images.example.com.evil.net", allowed)
+
+
+# A whole request body, as TorchServe hands it over.
+
+
+def test_request_with_a_raw_image_body():
+    carried = images_from_request(bytearray(PNG), "image/png")
+    assert (carried.images, carried.names, carried.single, carried.options) == ((PNG,), ("body",), True, {})
+    assert images_from_request(bytearray(PNG), "").images == (PNG,)  # no Content-Type: the bytes say what they are
+
+
+def test_request_with_json_images():
+    carried = images_from_request({"image": B64, "top_k": 3}, "application/json")
+    assert (carried.images, carried.names, carried.single) == ((PNG,), ("'image'",), True)
+    assert carried.options == {"top_k": 3}
+    carried = images_from_request({"images": B64}, "application/json")  # a lone value: answered as one
+    assert (carried.images, carried.names, carried.single) == ((PNG,), ("'images'",), True)
+    carried = images_from_request(json.dumps({"images": [B64, B64]}).encode(), "text/plain")
+    assert (carried.images, carried.names, carried.single) == ((PNG, PNG), ("'images'[0]", "'images'[1]"), False)
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "code", "says"),
+    [
+        (
+            bytearray(PNG),
+            "application/json",
+            415,
+            "body is a PNG image but its Content-Type is 'application/json': send it with Content-Type: image/png",
+        ),
+        (bytearray(PNG), "text/plain", 415, "send it with Content-Type: image/png"),
+        ({"image": B64, "images": [B64]}, "application/json", 400, "send exactly one of 'image'"),
+        ({"text": "a cat"}, "application/json", 400, "send exactly one of 'image'"),
+        ({"image": [B64]}, "application/json", 400, "'image' holds one image: send a list as 'images'"),
+        ({"images": [B64, 5]}, "application/json", 400, "'images'[1] must be a string"),
+        ([B64], "application/json", 400, "body must be a JSON object with 'image' or 'images'"),
+        (bytearray(b"{not json"), "application/json", 400, "body is not valid JSON"),
+        (bytearray(b'{"image": "x"}'), "image/jpeg", 415, "body is JSON, not an image"),
+    ],
+)
+def test_request_refusals_name_the_problem(body, content_type, code, says):
+    error = refused(images_from_request, body, content_type)
+    assert error.code == code
+    assert says in error.message
 
 
 # URLs from allowed hosts, fetched from a real local HTTP server.

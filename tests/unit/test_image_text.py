@@ -182,7 +182,7 @@ def served(engine, body, content_type="application/json", path=""):
     from handlers.core.routes import route_table
     from handlers.image.requests import ImageRequestContext
 
-    api = ImageRequestContext(engine.loaded.info, engine.limits, 16, "m", "m", companion=engine.loaded.companion)
+    api = ImageRequestContext(engine.loaded.info, engine.sources, "m", "m", companion=engine.loaded.companion)
     route = route_table(engine.kind.routes())[path]
     try:
         payload = route.parse(api, body, RequestView(HeaderContext(content_type), 0))
@@ -284,6 +284,7 @@ def test_cohere_embed_v2_texts_images_and_inputs(folders, engines):
         ({"image": "data:image/png;base64,xx", "candidate_labels": ["x"], "hypothesis_template": "no slot"}, "", "{}"),
         ({"text": "a", "top_k": 3}, "", "unknown field"),
         ({"input": [{"text": "a", "image": "b"}]}, "", "'input'[0]"),
+        ({"images": ["aGVsbG8="] * 65}, "", "handler.max_images"),
         (
             {"inputs": [{"content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]},
             "v2/embed",

@@ -19,15 +19,9 @@ from torch import nn
 from handlers.core.errors import RequestError
 from handlers.core.http import Float32, RequestView
 from handlers.image.folder import ImageModelFolder
+from handlers.image.inputs import images_from_request
 from handlers.image.kinds.base import ImageKind, ImageReference, load_options
-from handlers.image.requests import (
-    ImageRequest,
-    ImageRequestContext,
-    carried_images,
-    check_count,
-    image_names,
-    int_option,
-)
+from handlers.image.requests import ImageRequest, ImageRequestContext, int_option
 from handlers.text.cache import CachedRow
 from handlers.text.folder import FolderError, optional_json
 from handlers.text.labels import MULTI_LABEL, REGRESSION, SINGLE_LABEL, probabilities
@@ -124,16 +118,13 @@ class ImageClassificationKind(ImageKind):
 
     # ------------------------------------------------------------------------------------------- requests
     def parse_request(self, api: ImageRequestContext, body: Any, request: RequestView) -> ImageRequest:
-        carried = carried_images(body, request.content_type, api.allowed_hosts)
-        check_count(api, carried.images)
-        top_k = carried.options.get("top_k", request.input("top_k"))
+        carried = images_from_request(body, request.content_type, api.sources)
+        top_k = carried.options.get("top_k")
         options = {"top_k": DEFAULT_TOP_K if top_k is None else int_option(top_k, "top_k", 1)}
         unknown = sorted(set(carried.options) - {"top_k"})
         if unknown:
             raise RequestError(f"unknown field(s) {unknown}; an image classifier takes 'top_k'")
-        return ImageRequest(
-            tuple(carried.images), image_names(len(carried.images), carried.single), carried.single, options
-        )
+        return ImageRequest(carried.images, carried.names, carried.single, options)
 
     def answer(self, api: ImageRequestContext, payload: ImageRequest, rows: list[CachedRow]) -> Any:
         top_k = min(payload.options.get("top_k", DEFAULT_TOP_K), len(api.info.labels))

@@ -18,7 +18,7 @@ import torch
 from PIL import Image
 from torch import nn
 
-from handlers.core.errors import COHERE, RequestError
+from handlers.core.errors import COHERE, RequestError, too_large
 from handlers.core.http import RequestView
 from handlers.core.routes import Route
 from handlers.image.folder import ImageModelFolder
@@ -42,9 +42,9 @@ from handlers.image.image_text_requests import (
     single_image,
     sorted_scores,
 )
-from handlers.image.inputs import ImageSources, image_from_body, image_from_string, is_image_content_type
+from handlers.image.inputs import image_from_body, image_from_string, is_image_content_type
 from handlers.image.kinds.base import ImageKind, ImageReference
-from handlers.image.requests import ImageRequestContext, check_count
+from handlers.image.requests import ImageRequestContext
 from handlers.text.cache import CachedRow
 from handlers.text.requests.common import check_model_name, decoded_body
 from handlers.text.requests.embedding import VectorSpace
@@ -150,7 +150,7 @@ class ImageTextKind(ImageKind):
 
     def parse_request(self, api: ImageRequestContext, body: Any, request: RequestView) -> ImageTextRequest:
         if is_image_content_type(request.content_type):
-            parsed = single_image(image_from_body(body, request.content_type, api.limits))
+            parsed = single_image(image_from_body(body, request.content_type, api.sources.limits))
         else:
             body = self.json_body(body, request)
             check_model_name(body, api.served_name)
@@ -178,8 +178,11 @@ class ImageTextKind(ImageKind):
 
     @staticmethod
     def checked(api: ImageRequestContext, request: ImageTextRequest) -> ImageTextRequest:
-        if request.images:
-            check_count(api, request.images)
+        if len(request.images) > api.sources.max_images:
+            raise too_large(
+                f"the request carries {len(request.images)} images; at most {api.sources.max_images} are allowed "
+                f"per request (handler.max_images)"
+            )
         return request
 
     def answer(self, api: ImageRequestContext, payload: ImageTextRequest, rows: list[CachedRow]) -> Any:
@@ -208,9 +211,8 @@ def companion(api: ImageRequestContext) -> TextEncoder:
 
 def image_decoder(api: ImageRequestContext) -> Any:
     """One image value of a JSON body (base64, a data: URI, an http(s) URL from an allowed host) -> its bytes."""
-    sources = ImageSources(api.limits, api.max_images, api.allowed_hosts)
 
     def decode(value: Any, name: str) -> bytes:
-        return image_from_string(value, f"'{name}'", sources)
+        return image_from_string(value, name, api.sources)
 
     return decode
