@@ -15,7 +15,9 @@ The prepare step of the image-model template (models/image-model):
 4. **Parity**: generated reference images (handlers/image/reference.py: odd sizes, portrait and landscape, 1x1,
    larger than the model's input) through the served preprocessing and the served fp32 module, one image at a time,
    against transformers' AutoImageProcessor and model on the same images. Below --min-parity (0.9999 in the kind's
-   measure: 1 - the largest score difference for a classifier) the folder is refused.
+   measure: 1 - the largest score difference for a classifier) the folder is refused. A kind that computes more
+   than image rows proves that too, against the same bound (an image-text model: its text vectors, and its
+   zero-shot scores against transformers' zero-shot-image-classification pipeline).
 
     python -m scripts.prepare_image_model --source /path/to/folder --out build/my-model/model
 Exit codes: 0 staged, 1 the folder was refused, 2 bad arguments.
@@ -40,11 +42,14 @@ LEFT_BEHIND = ("training_args", "trainer_state", "optimizer", "scheduler", "rng_
 def check_files(folder: Path) -> None:
     """What a worker reads must be there, and no pickle is ever loaded."""
     from handlers.image.folder import PROCESSOR_FILE
-    from handlers.text.folder import FolderError, pickled_files, refuse_pickle
+    from handlers.text.folder import FolderError, optional_json, pickled_files, refuse_pickle
 
     if not (folder / "config.json").is_file():
         raise FolderError("config.json", "is missing", "save the model with save_pretrained(folder)")
-    if not (folder / PROCESSOR_FILE).is_file():
+    # transformers 5's Processor.save_pretrained (and sentence-transformers 6, which calls it) nests the image
+    # processor's settings in processor_config.json instead of writing preprocessor_config.json.
+    nested = "image_processor" in optional_json(folder, "processor_config.json")
+    if not (folder / PROCESSOR_FILE).is_file() and not nested:
         raise FolderError(
             PROCESSOR_FILE,
             "is missing, so how the model's images are resized and normalized is unknown",
@@ -145,6 +150,13 @@ def stage(source: str, out: Path, kind_name: str | None, min_parity: float | Non
             f"{folder}: the served {kind.name} model computes something else than {kind.reference_library} on the "
             f"reference images (fp32 agreement {agreement:.6f} < {bound}, {kind.gate_measure}); refused"
         )
+    companion = kind.companion_parity(out, info, reference)  # e.g. an image-text model's text tower
+    for what, value in companion.items():
+        if value < bound:
+            raise PrepareError(
+                f"{folder}: the served {kind.name} model's {what.replace('_', ' ')} differ from "
+                f"{kind.reference_library}'s (fp32 agreement {value:.6f} < {bound}); refused"
+            )
     record = {
         **origin,
         **kind.describe(info),
@@ -154,6 +166,7 @@ def stage(source: str, out: Path, kind_name: str | None, min_parity: float | Non
             "fp32_agreement": round(agreement, 7),
             "bound": bound,
             "pixel_values_max_difference": pixel_difference,
+            **{what: round(value, 7) for what, value in companion.items()},
         },
     }
     weights = out / "model.safetensors"

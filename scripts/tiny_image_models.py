@@ -8,19 +8,29 @@ seeded random weights. Nothing in a test should expect meaningful labels from th
 transformers loading the same folder inside the test.
 
 Every builder takes the target folder, writes into it (creating it) and returns it; the same call writes the same
-weights.
+weights. The image-text builders (CLIP, SigLIP, sentence-transformers CLIP) add the tokenizer and processor files
+of the real thing (a tokenizer built from scripts/tiny_text_models.py's word lists).
 
     python -m scripts.tiny_image_models vit /tmp/tiny-vit
+    python -m scripts.tiny_image_models clip /tmp/tiny-clip
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+from scripts.tiny_text_models import HEADS, HIDDEN, INTERMEDIATE, LAYERS, _unigram_pieces
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 SEED = 0
 LABELS = ("cat", "dog", "bird")
@@ -79,7 +89,169 @@ def make_convnext_classifier(folder: Path, labels: Sequence[str] = LABELS, short
     return folder
 
 
-BUILDERS = {"vit": make_vit_classifier, "convnext": make_convnext_classifier}
+# ---------------------------------------------------------------------------------------------------------------------
+# Image-text embedders (the "image-text" kind): CLIP, SigLIP, sentence-transformers CLIP.
+
+IMAGE_SIZE = 32
+PATCH_SIZE = 8
+# CLIP's text tower reads 77 positions, SigLIP's 64 (and its processor pads every text to 64): the real sizes.
+CLIP_TEXT_POSITIONS = 77
+SIGLIP_TEXT_POSITIONS = 64
+PROJECTION = 16  # the shared vector space's width: not the towers' width, so a missed projection shows
+# As for the tiny text models: transformers' default std leaves a 32-wide tower blind to its input (every image and
+# text gets the same vector), which would let a test pass whatever the served path computes.
+IMAGE_TEXT_INITIALIZER_RANGE = 0.5
+
+
+def _tower_sizes() -> dict[str, int]:
+    return {
+        "hidden_size": HIDDEN,
+        "intermediate_size": INTERMEDIATE,
+        "num_hidden_layers": LAYERS,
+        "num_attention_heads": HEADS,
+    }
+
+
+def clip_tokenizer() -> PreTrainedTokenizerBase:
+    """transformers' CLIPTokenizer (lower-casing byte-level BPE, "</w>" word ends) on a vocabulary of every byte,
+    alone and as a word end, without merges: each word is its characters. <|startoftext|> and <|endoftext|> take the
+    last two ids, as in the real vocabulary (CLIP's text tower pools at the end-of-text token)."""
+    from tokenizers import pre_tokenizers
+    from transformers import CLIPTokenizer
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    pieces = alphabet + [f"{char}</w>" for char in alphabet] + ["<|startoftext|>", "<|endoftext|>"]
+    vocab = {piece: i for i, piece in enumerate(pieces)}
+    return CLIPTokenizer(vocab=vocab, merges=[], model_max_length=CLIP_TEXT_POSITIONS)
+
+
+def siglip_tokenizer() -> PreTrainedTokenizerBase:
+    """A SentencePiece-style Unigram tokenizer shaped like SigLIP's: "</s>" ends every text and pads it, "<unk>",
+    and only input_ids reach the model (SigLIP's text tower is fed no attention mask: the padding counts, which is
+    why its processor pads every text to 64 tokens). SigLIP's own SiglipTokenizer needs the sentencepiece package;
+    this is the fast equivalent transformers loads without it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "</s>", "<unk>"]
+    vocab = [(token, 0.0) for token in specials] + [p for p in _unigram_pieces() if p[0] not in specials]
+    backend = Tokenizer(models.Unigram(vocab, unk_id=2, byte_fallback=False))
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")]
+    )
+    backend.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always")
+    backend.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        model_max_length=SIGLIP_TEXT_POSITIONS,
+        pad_token="</s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        model_input_names=["input_ids"],
+    )
+
+
+def _clip_image_processor():
+    from transformers import CLIPImageProcessor
+
+    # OpenAI CLIP's recipe: resize the shortest edge, centre-crop, rescale, normalize with CLIP's own mean and std.
+    return CLIPImageProcessor(
+        size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}, do_center_crop=True
+    )
+
+
+def make_clip(folder: Path) -> Path:
+    """A transformers CLIPModel with its processor's parts (CLIPImageProcessor + CLIPTokenizer), as the hub's CLIP
+    folders hold them: config.json, model.safetensors, preprocessor_config.json, tokenizer files."""
+    from transformers import CLIPConfig, CLIPModel
+
+    tokenizer = clip_tokenizer()
+    text = {
+        **_tower_sizes(),
+        "vocab_size": len(tokenizer),
+        "max_position_embeddings": CLIP_TEXT_POSITIONS,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+    }
+    vision = {**_tower_sizes(), "image_size": IMAGE_SIZE, "patch_size": PATCH_SIZE}
+    config = CLIPConfig(
+        text_config=text,
+        vision_config=vision,
+        projection_dim=PROJECTION,
+        initializer_range=IMAGE_TEXT_INITIALIZER_RANGE,
+    )
+    config.text_config.initializer_range = config.vision_config.initializer_range = IMAGE_TEXT_INITIALIZER_RANGE
+    torch.manual_seed(SEED)
+    model = CLIPModel(config).eval()
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(folder))
+    _save_parts(folder, _clip_image_processor(), tokenizer)
+    return folder
+
+
+def _save_parts(folder: Path, image_processor, tokenizer) -> None:
+    """The processor's parts as the hub's CLIP and SigLIP folders hold them: preprocessor_config.json and the
+    tokenizer files (transformers 5's Processor.save_pretrained would nest the image processor's settings in
+    processor_config.json instead; AutoProcessor loads either)."""
+    image_processor.save_pretrained(str(folder))
+    tokenizer.save_pretrained(str(folder))
+
+
+def make_siglip(folder: Path) -> Path:
+    """A transformers SiglipModel with its processor's parts (SiglipImageProcessor: a plain resize to 32x32, mean and
+    std 0.5; the fast SigLIP-style tokenizer). Its logit scale and bias are set away from transformers' zero init, so
+    the zero-shot scores use both."""
+    from transformers import SiglipConfig, SiglipImageProcessor, SiglipModel
+
+    tokenizer = siglip_tokenizer()
+    text = {
+        **_tower_sizes(),
+        "vocab_size": len(tokenizer),
+        "max_position_embeddings": SIGLIP_TEXT_POSITIONS,
+        "pad_token_id": tokenizer.pad_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "bos_token_id": tokenizer.eos_token_id,
+        "projection_size": HIDDEN,
+    }
+    vision = {**_tower_sizes(), "image_size": IMAGE_SIZE, "patch_size": PATCH_SIZE}
+    config = SiglipConfig(text_config=text, vision_config=vision)
+    torch.manual_seed(SEED)
+    model = SiglipModel(config).eval()
+    with torch.no_grad():
+        # SigLIP's own init is small (xavier), but not blind: only the logit scale and bias start at zero.
+        model.logit_scale.fill_(math.log(4.0))
+        model.logit_bias.fill_(-1.5)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(folder))
+    _save_parts(folder, SiglipImageProcessor(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}), tokenizer)
+    return folder
+
+
+def make_sentence_transformers_clip(folder: Path, source: Path | None = None) -> Path:
+    """A sentence-transformers CLIP folder, as SentenceTransformer(modules=[CLIPModel(folder)]).save writes it in
+    sentence-transformers 6.2, from the tiny CLIP folder (SOURCE, else one built in a scratch folder): modules.json
+    with the one CLIP module saved in the folder's root (path ""), its transformers files there, the processor as
+    processor_config.json (the image processor's settings nested in it), no Normalize module (encode's vectors are
+    not unit length)."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import CLIPModel
+
+    with tempfile.TemporaryDirectory() as scratch:
+        clip_folder = source if source is not None else make_clip(Path(scratch) / "clip")
+        model = SentenceTransformer(modules=[CLIPModel(str(clip_folder), _from_auto_load=True)], device="cpu")
+        folder.mkdir(parents=True, exist_ok=True)
+        model.save(str(folder))
+    return folder
+
+
+BUILDERS = {
+    "vit": make_vit_classifier,
+    "convnext": make_convnext_classifier,
+    "clip": make_clip,
+    "siglip": make_siglip,
+    "st-clip": make_sentence_transformers_clip,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -89,6 +89,7 @@ class LoadedImageModel(Loaded):
 
     info: ImageModelFolder
     preprocessing: Preprocessing
+    companion: Any = None  # what the kind loaded beside the module (ImageKind.load_companion)
 
 
 class ImagesRequest(Protocol):
@@ -193,7 +194,8 @@ class ImageEngine(Engine):
                 "package the model with python -m scripts.package"
             )
         module = self.kind.build_module(Path(model_dir), info)
-        return LoadedImageModel(model=module, info=info, preprocessing=info.preprocessing)
+        companion = self.kind.load_companion(Path(model_dir), info, module)
+        return LoadedImageModel(model=module, info=info, preprocessing=info.preprocessing, companion=companion)
 
     def reference_batch(self, loaded: LoadedImageModel) -> list[torch.Tensor]:
         """The reference images as served: one tensor per pixel shape."""

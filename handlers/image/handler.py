@@ -66,6 +66,7 @@ class ImageModelHandler(ServingHandler):
             engine.sources,
             self.model_name,
             str(getattr(context, "model_name", None) or self.model_name),
+            companion=engine.loaded.companion,
         )
         self.route_table = route_table(self.kind.routes())
 

@@ -26,6 +26,7 @@ class ImageRequestContext:
     sources: ImageSources  # where images may come from (the URL hosts) and what each may cost (limits, count)
     model_name: str  # the archive's model name
     served_name: str  # the name it is registered under
+    companion: Any = None  # what the kind loaded beside the module (ImageKind.load_companion: a text encoder)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
 """The kinds of image model, one class each, in one table: what the engine asks of a model kind (handlers/image/
 kinds/base.py). The kind of a folder is read from the folder itself (:func:`detect_kind`): a transformers image
-classifier has a *ForImageClassification architecture in its config.json. :func:`inspect_folder` reads and checks a
-folder as the kind it is; :func:`is_image_folder` is what ``make package`` asks to pick the image-model template."""
+classifier has a *ForImageClassification architecture in its config.json, an image-text embedder is a CLIP or SigLIP
+model (or a sentence-transformers folder around one: handlers/image/image_text_model.py). :func:`inspect_folder`
+reads and checks a folder as the kind it is; :func:`is_image_folder` is what ``make package`` asks to pick the
+image-model template."""
 
 from __future__ import annotations
 
@@ -12,10 +14,11 @@ from pathlib import Path
 from handlers.image.folder import ImageModelFolder, read_served
 from handlers.image.kinds.base import ImageKind
 from handlers.image.kinds.classification import ImageClassificationKind
+from handlers.image.kinds.image_text import ImageTextKind
 from handlers.image.preprocess import Preprocessing
 from handlers.text.folder import FolderError, optional_json
 
-KINDS: dict[str, ImageKind] = {kind.name: kind for kind in (ImageClassificationKind(),)}
+KINDS: dict[str, ImageKind] = {kind.name: kind for kind in (ImageClassificationKind(), ImageTextKind())}
 
 
 def kind_named(name: str) -> ImageKind:
@@ -30,8 +33,8 @@ def detect_kind(folder: Path) -> str | None:
     architectures = [str(name) for name in optional_json(folder, "config.json").get("architectures") or []]
     if any(name.endswith("ForImageClassification") for name in architectures):
         return "image-classification"
-    # The image-text embedder's rows go here (transformers CLIPModel / SiglipModel folders, and sentence-transformers
-    # folders whose modules.json holds a CLIPModel module): return its kind's name once it is in KINDS.
+    if ImageTextKind.detects(folder):  # CLIPModel / SiglipModel folders, sentence-transformers CLIP folders
+        return ImageTextKind.name
     return None
 
 
@@ -50,7 +53,8 @@ def inspect_folder(folder: str | os.PathLike[str], kind: str | None = None) -> I
     if name is None:
         raise FolderError(
             "config.json",
-            "does not say it holds an image model (a transformers *ForImageClassification architecture)",
+            "does not say it holds an image model (a transformers *ForImageClassification architecture, or a CLIP or "
+            "SigLIP model)",
             "save the model with save_pretrained, beside its image processor (preprocessor_config.json)",
         )
     info = kind_named(name).read_folder(folder)

@@ -62,6 +62,12 @@ class ImageKind:
         """The fp32 module the engine serves, in eval mode: ``pixel_values`` (n, 3, h, w) float32 -> fp32 rows."""
         raise NotImplementedError
 
+    def load_companion(self, folder: Path, info: ImageModelFolder, module: nn.Module) -> Any:
+        """What the kind answers with beside the served module, loaded once with it (None: nothing). The image-text
+        kind's text tower and tokenizer: its requests carry texts as well as images. ``module`` is the fp32 module
+        :meth:`build_module` made, before the engine converts or compiles it."""
+        return None
+
     def load_reference(self, folder: Path, info: ImageModelFolder) -> ImageReference:
         """The reference library's processor and model of the folder (package time only; imports transformers)."""
         raise NotImplementedError
@@ -70,6 +76,11 @@ class ImageKind:
         """How close the served values (one image at a time through the served preprocessing and module) are to the
         reference library's for the same images (1.0 = the same); the bound is scripts/prepare_image_model.py's."""
         return self.similarity(info, torch.stack([e.float() for e in expected]), torch.stack(ours).float())
+
+    def companion_parity(self, folder: Path, info: ImageModelFolder, reference: ImageReference) -> dict[str, float]:
+        """What the kind proves at package time beyond the image rows, each agreement (1.0 = the same) against the
+        same bound as :meth:`parity` (the image-text kind: its text vectors and zero-shot scores); none by default."""
+        return {}
 
     # ------------------------------------------------------------------------------------------- the gate
     def similarity(self, info: ImageModelFolder, expected: torch.Tensor, got: torch.Tensor) -> float:
