@@ -2,7 +2,8 @@
 
 A tiny random ViT classifier folder is built offline (scripts/tiny_image_models.py), packaged with the template
 `make package` picks for an image folder (`python -m scripts.package --template-for FOLDER` says image-model) into a
-private model store, and served by one TorchServe started from the project's config.properties. Answers are compared
+model store shared with the image-text test, and served by one TorchServe started from the project's
+config.properties (tests/conftest.py `image_models`). Answers are compared
 with transformers' image-classification pipeline on the same images: PNG and JPEG raw bodies, JSON with base64 and a
 data: URI, several images in one request, top_k; a bad image in a batch fails alone with a 4xx naming the problem.
 """
@@ -11,8 +12,6 @@ import base64
 import concurrent.futures
 import io
 import json
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
@@ -43,34 +42,18 @@ def photo(width, height, seed):
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return tiny_image_models.make_vit_classifier(tmp_path_factory.mktemp("image-models") / MODEL)
+def folder(image_models):
+    return image_models.folders[MODEL]
 
 
 @pytest.fixture(scope="module")
-def store(folder, tmp_path_factory):
-    """The folder packaged with the template make package picks for it, one fp32 worker (a small test server)."""
-    store = tmp_path_factory.mktemp("image-store")
-    template = subprocess.run(
-        [sys.executable, "-m", "scripts.package", "--template-for", str(folder)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert template.stdout.strip() == "image-model", template.stdout + template.stderr
-    command = [sys.executable, "-m", "scripts.package", "image-model", "--name", MODEL]
-    command += ["--var", f"model_dir={folder}", "--store", str(store)]
-    # fp32: the answers are compared with transformers' fp32 pipeline (bf16 would serve within the gate, not equal).
-    command += ["--config", "minWorkers=1", "--config", "maxWorkers=1", "--config", "handler.precision=fp32"]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stdout + result.stderr
-    return store
+def store(image_models):
+    return image_models.store
 
 
 @pytest.fixture(scope="module")
-def server(start_ts_server, store):
-    return start_ts_server(name="image-models", models=[MODEL], store=store)
+def server(image_models):
+    return image_models.server
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,9 @@
 """A user's own CLIP folder, from folder to served answer, against a real TorchServe.
 
 A tiny random CLIP folder is built offline (scripts/tiny_image_models.py), packaged with the one command's template
-(`python -m scripts.package --template-for FOLDER` says image-model) into a private model store and served by one
-TorchServe started from the project's config.properties. Its answers are compared with the reference libraries on the
+(`python -m scripts.package --template-for FOLDER` says image-model) into the model store shared with the
+classifier test and served by one TorchServe started from the project's config.properties (tests/conftest.py
+`image_models`). Its answers are compared with the reference libraries on the
 same inputs: text and image embeddings (transformers' model forward), zero-shot classification (transformers'
 zero-shot-image-classification pipeline), the OpenAI client's embeddings of texts, and Cohere's embed v2 with images.
 """
@@ -10,8 +11,6 @@ zero-shot-image-classification pipeline), the OpenAI client's embeddings of text
 import base64
 import io
 import json
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
@@ -22,7 +21,6 @@ import torch
 from PIL import Image
 
 from handlers.image.kinds.image_text_reference import load_reference
-from scripts import tiny_image_models
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "t-clip"
@@ -46,8 +44,8 @@ def cosines(got, expected):
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return tiny_image_models.make_clip(tmp_path_factory.mktemp("image-text") / MODEL)
+def folder(image_models):
+    return image_models.folders[MODEL]
 
 
 @pytest.fixture(scope="module")
@@ -56,28 +54,13 @@ def reference(folder):
 
 
 @pytest.fixture(scope="module")
-def store(folder, tmp_path_factory):
-    store = tmp_path_factory.mktemp("image-text-store")
-    template = subprocess.run(
-        [sys.executable, "-m", "scripts.package", "--template-for", str(folder)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert template.stdout.strip() == "image-model", template.stdout + template.stderr
-    command = [sys.executable, "-m", "scripts.package", "image-model", "--name", MODEL]
-    command += ["--var", f"model_dir={folder}", "--store", str(store)]
-    # fp32: compared with the reference libraries in fp32 (bf16 would serve within the gate, not equal).
-    command += ["--config", "minWorkers=1", "--config", "maxWorkers=1", "--config", "handler.precision=fp32"]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stdout + result.stderr
-    return store
+def store(image_models):
+    return image_models.store
 
 
 @pytest.fixture(scope="module")
-def server(start_ts_server, store):
-    return start_ts_server(name="image-text", models=[MODEL], store=store)
+def server(image_models):
+    return image_models.server
 
 
 def predict(server, path="", **kwargs):
