@@ -308,7 +308,7 @@ class GeneratorHandler(ServingHandler):
             idx = index_of[active.request_id]
             answers = active.generation.request.answers
             context.set_response_content_type(idx, answers.stream_content_type)
-            responses[idx] = answers.piece(piece)
+            responses[idx] = piece
             criteria[idx] = False  # ts_stream_next: true
         self.end_grpc_streams(context, len(data))
         context.stopping_criteria = {idx: (lambda _answer, last=last: last) for idx, last in criteria.items()}

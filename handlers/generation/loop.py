@@ -28,6 +28,7 @@ from handlers.core.errors import ServerError
 from handlers.core.metrics import HandlerMetrics
 from handlers.generation.answers import Outcome
 from handlers.generation.decoding import FINISH_ERROR
+from handlers.generation.logprobs import TokenLogprob
 from handlers.generation.model import LoadedGenerator
 from handlers.generation.prefix_cache import PrefixCache
 from handlers.generation.requests import (
@@ -50,7 +51,8 @@ SendPieces = Callable[[list[tuple[Generation, str]]], None]
 class StepResult:
     """What one step did for its requests: those that ended (with their result) and each open stream's new text.
 
-    Every piece must reach its client: the request counts as opened (its status is 200 already) from here on."""
+    Every piece must reach its client: the request counts as opened (its status is 200 already) from here on. A
+    piece is the stream chunk as the request's API frames it (:meth:`Answers.piece`)."""
 
     ended: list[tuple[Active, Outcome | ServerError]] = field(default_factory=list)
     pieces: list[tuple[Active, str]] = field(default_factory=list)
@@ -75,6 +77,8 @@ class GenerationLoop:
         """Where the similarity cache looks this request up (or why it does not: a reason); None: no cache."""
         if self.semantic is None:
             return None
+        if request.settings.logprobs is not None:  # a stored answer keeps its text, not its tokens' logprobs
+            return "logprobs"
         return self.semantic.query(request.settings, request.stop, request.lookup)
 
     # ----------------------------------------------------------------------------------------------- per step
@@ -124,7 +128,7 @@ class GenerationLoop:
             active = self.scheduler.active[request_id]
             piece = advance(active.generation, token)
             if piece:  # a stream without new text this step is left out of the answer, as a plain request is
-                result.pieces.append((active, piece))
+                result.pieces.append((active, stream_chunk(active.generation, piece)))
         self.record_step(iteration, metrics)
         for active in self.scheduler.finished():
             outcome = self.decoded_result(active.generation)
@@ -200,7 +204,7 @@ class GenerationLoop:
                     metrics.record("TimeToFirstTokenSeconds", now - started)
                 piece = advance(generation, token)
                 if piece:
-                    pieces.append((generation, generation.request.answers.piece(piece)))
+                    pieces.append((generation, stream_chunk(generation, piece)))
             if pieces:
                 send(pieces)
 
@@ -265,6 +269,8 @@ class GenerationLoop:
             completion_tokens=len(sequence.token_ids),
             seed=request.settings.seed if request.seed_reported else None,
             model=self.loaded.info,
+            logprobs=tuple(sequence.logprobs) if request.settings.logprobs is not None else None,
+            rest_logprobs=unsent_logprobs(generation) if request.stream else None,
         )
 
     def remember(self, answers: list[tuple[bytes, Any, Outcome]]) -> None:
@@ -289,3 +295,18 @@ def advance(generation: Generation, token: int) -> str:
     if not generation.request.stream or not generation.request.send_pieces or generation.sequence.finished:
         return ""
     return generation.text.take()
+
+
+def unsent_logprobs(generation: Generation) -> tuple[TokenLogprob, ...] | None:
+    """The log probabilities of the tokens since the generation's last stream chunk (None: it did not ask)."""
+    if generation.request.settings.logprobs is None:
+        return None
+    logprobs = generation.sequence.logprobs
+    unsent = tuple(logprobs[generation.logprobs_sent :])
+    generation.logprobs_sent = len(logprobs)
+    return unsent
+
+
+def stream_chunk(generation: Generation, piece: str) -> str:
+    """A stream's new text framed by its API, with the log probabilities of the tokens it came from when asked."""
+    return generation.request.answers.piece(piece, unsent_logprobs(generation))

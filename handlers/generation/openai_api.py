@@ -9,12 +9,14 @@ Served at ``/predictions/<model>/<version>/v1/completions`` and ``.../v1/chat/co
   ``max_tokens`` (chat also ``max_completion_tokens``), ``temperature`` (default 1; 0 to 2, as OpenAI), ``top_p``,
   ``seed``,
   ``stop``, ``n`` (1 only), ``stream``, ``stream_options.include_usage``, ``model`` (optional; when given it must name
-  the served model, else 404 ``model_not_found`` as OpenAI answers);
+  the served model, else 404 ``model_not_found`` as OpenAI answers), ``logprobs`` (completions: 0..5 alternatives;
+  chat: true/false with ``top_logprobs`` 0..20; :mod:`handlers.generation.options`, shapes in
+  :mod:`handlers.generation.logprobs`);
 - ignored, because they cannot change the answer: ``user`` (chat also ``metadata``, ``store``, ``service_tier``,
   ``safety_identifier``, ``prompt_cache_*``, ``parallel_tool_calls``), ``stream_options.include_obfuscation``;
-- refused with a 400 naming the field unless they have their neutral value: the fields in :data:`NEUTRAL` (logprobs,
-  echo, best_of, penalties, logit_bias, suffix, tools, response_format, ...): we cannot honour them, and ignoring them
-  would answer something else than what was asked;
+- refused with a 400 naming the field unless they have their neutral value: the fields in :data:`NEUTRAL` (echo,
+  best_of, penalties, logit_bias, suffix, tools, response_format, ...): we cannot honour them, and ignoring them would
+  answer something else than what was asked;
 - anything else is an unknown field (400), as OpenAI answers. ``null`` means "not given" for every field but
   ``prompt`` and ``messages``.
 
@@ -38,9 +40,10 @@ from typing import Any
 from handlers.core.errors import OPENAI, RequestError, ShapedError, shown
 from handlers.core.http import RequestView, json_body
 from handlers.core.routes import Route
-from handlers.generation import chat
+from handlers.generation import chat, options
 from handlers.generation.answers import Outcome
 from handlers.generation.decoding import SamplingSettings
+from handlers.generation.logprobs import TokenLogprob, TokenText, chat_logprobs, completion_logprobs, token_text
 from handlers.generation.requests import (
     FieldError,
     GenerationLimits,
@@ -82,8 +85,8 @@ SAMPLING_FIELDS = (
     "stream_options",
     REQUEST_FIELD,
 )
-COMPLETION_FIELDS = ("prompt", *SAMPLING_FIELDS)
-CHAT_FIELDS = ("messages", "max_completion_tokens", *SAMPLING_FIELDS)
+COMPLETION_FIELDS = ("prompt", "logprobs", *SAMPLING_FIELDS)
+CHAT_FIELDS = ("messages", "max_completion_tokens", "logprobs", "top_logprobs", *SAMPLING_FIELDS)
 COMPLETION_IGNORED = ("user",)
 CHAT_IGNORED = (
     "user",
@@ -116,15 +119,12 @@ COMMON_NEUTRAL: Neutral = {
 }
 COMPLETION_NEUTRAL: Neutral = {
     **COMMON_NEUTRAL,
-    "logprobs": NEVER,
     "echo": (is_value(False), "false or null"),
     "best_of": (number_is(1), "1 or null"),
     "suffix": (is_value(""), '"" or null'),
 }
 CHAT_NEUTRAL: Neutral = {
     **COMMON_NEUTRAL,
-    "logprobs": (is_value(False), "false or null"),
-    "top_logprobs": NEVER,
     "response_format": (is_value({"type": "text"}), '{"type": "text"} or null'),
     "tools": (is_value([]), "[] or null"),
     "tool_choice": (is_value("none"), '"none" or null'),
@@ -211,7 +211,9 @@ def include_usage(body: dict[str, Any], stream: bool) -> bool:
     return bool(options.get("include_usage"))
 
 
-def sampling(body: dict[str, Any], served: Served, tokens_key: str) -> tuple[SamplingSettings, tuple[str, ...]]:
+def sampling(
+    body: dict[str, Any], served: Served, tokens_key: str, logprobs: int | None
+) -> tuple[SamplingSettings, tuple[str, ...]]:
     limits = served.limits
     check_n(body)
     settings = SamplingSettings(
@@ -219,6 +221,7 @@ def sampling(body: dict[str, Any], served: Served, tokens_key: str) -> tuple[Sam
         temperature=openai_temperature(body, limits),
         top_p=checked_top_p(body),
         seed=checked_seed(body)[0],
+        logprobs=logprobs,
     )
     return settings, checked_stop(body)
 
@@ -266,11 +269,17 @@ def parse_completion(body: Any, served: Served) -> GenerationRequest:
     check_fields(body, COMPLETION_FIELDS, COMPLETION_IGNORED, COMPLETION_NEUTRAL)
     model = check_model(body, served)
     prompt = completion_prompt(body, served.limits)
-    settings, stop = sampling(body, served, "max_tokens")
+    settings, stop = sampling(body, served, "max_tokens", options.completion_logprobs(body))
     stream = checked_stream(body)
     lookup = prompt_lookup(body, prompt)
     answers = CompletionAnswers(
-        f"cmpl-{secrets.token_hex(12)}", int(time.time()), model, fingerprint(served), include_usage(body, stream)
+        f"cmpl-{secrets.token_hex(12)}",
+        int(time.time()),
+        model,
+        fingerprint(served),
+        include_usage(body, stream),
+        settings.logprobs,
+        token_text(served.tokenizer),
     )
     prompt_ids = prompt_tokens(served.tokenizer.encode(prompt), "'prompt'", served.limits)
     return GenerationRequest(
@@ -294,11 +303,17 @@ def parse_chat(body: Any, served: Served) -> GenerationRequest:
     if "messages" not in body:
         raise FieldError("messages", "missing field 'messages'")
     messages = chat.checked_messages(body["messages"], served.limits)
-    settings, stop = sampling(body, served, chat_tokens_key(body))
+    settings, stop = sampling(body, served, chat_tokens_key(body), options.chat_logprobs(body))
     stream = checked_stream(body)
     lookup = chat.chat_lookup(messages, "seed" in body, cache_request(body))
     answers = ChatAnswers(
-        f"chatcmpl-{secrets.token_hex(12)}", int(time.time()), model, fingerprint(served), include_usage(body, stream)
+        f"chatcmpl-{secrets.token_hex(12)}",
+        int(time.time()),
+        model,
+        fingerprint(served),
+        include_usage(body, stream),
+        settings.logprobs,
+        token_text(served.tokenizer),
     )
     prompt_ids = chat.chat_prompt_ids(messages, served.tokenizer, served.limits)
     return GenerationRequest(
@@ -329,6 +344,8 @@ class OpenAIAnswers:
     model: str
     system_fingerprint: str
     include_usage: bool = False
+    top_logprobs: int | None = None  # None: the request did not ask for log probabilities
+    token_text: TokenText | None = None  # the tokens' text and bytes in the logprobs shapes
 
     stream_content_type = SSE_CONTENT_TYPE
     plain_error_until_streamed = True
@@ -344,11 +361,13 @@ class OpenAIAnswers:
             "system_fingerprint": self.system_fingerprint,
         }
 
-    def choice(self, text: str, finish_reason: str | None, streamed: bool) -> dict[str, Any]:
+    def choice(
+        self, text: str, finish_reason: str | None, streamed: bool, logprobs: tuple[TokenLogprob, ...] | None = None
+    ) -> dict[str, Any]:
         raise NotImplementedError
 
     def body(self, outcome: Outcome) -> dict[str, Any]:
-        choice = self.choice(outcome.text, outcome.finish_reason, streamed=False)
+        choice = self.choice(outcome.text, outcome.finish_reason, False, outcome.logprobs)
         return outcome.marked({**self.envelope(self.object_name), "choices": [choice], "usage": usage(outcome)})
 
     def chunk(self, choices: list[dict[str, Any]], outcome: Outcome | None = None) -> str:
@@ -357,11 +376,11 @@ class OpenAIAnswers:
             chunk["usage"] = usage(outcome) if outcome is not None and not choices else None
         return sse(outcome.marked(chunk) if outcome is not None else chunk)
 
-    def piece(self, text: str) -> str:
-        return self.chunk([self.choice(text, None, streamed=True)])
+    def piece(self, text: str, logprobs: tuple[TokenLogprob, ...] | None = None) -> str:
+        return self.chunk([self.choice(text, None, True, logprobs)])
 
     def stream_end(self, outcome: Outcome) -> str:
-        last = self.chunk([self.choice(outcome.rest, outcome.finish_reason, streamed=True)], outcome)
+        last = self.chunk([self.choice(outcome.rest, outcome.finish_reason, True, outcome.rest_logprobs)], outcome)
         usage_chunk = self.chunk([], outcome) if self.include_usage else ""
         return last + usage_chunk + SSE_DONE
 
@@ -376,8 +395,18 @@ class OpenAIAnswers:
 class CompletionAnswers(OpenAIAnswers):
     """``text_completion`` objects, streamed as ``text_completion`` chunks."""
 
-    def choice(self, text: str, finish_reason: str | None, streamed: bool) -> dict[str, Any]:
-        return {"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}
+    text_offset = 0  # a stream's characters of token text sent so far: where its next chunk's text_offset starts
+
+    def choice(
+        self, text: str, finish_reason: str | None, streamed: bool, logprobs: tuple[TokenLogprob, ...] | None = None
+    ) -> dict[str, Any]:
+        shown = None
+        if logprobs is not None and self.top_logprobs is not None and self.token_text is not None:
+            offset = self.text_offset if streamed else 0
+            shown = completion_logprobs(list(logprobs), self.top_logprobs, self.token_text, offset)
+            if streamed:
+                self.text_offset = offset + sum(len(token) for token in shown["tokens"])
+        return {"text": text, "index": 0, "logprobs": shown, "finish_reason": finish_reason}
 
 
 class ChatAnswers(OpenAIAnswers):
@@ -387,15 +416,20 @@ class ChatAnswers(OpenAIAnswers):
     chunk_object_name = "chat.completion.chunk"
     role_sent = False
 
-    def choice(self, text: str, finish_reason: str | None, streamed: bool) -> dict[str, Any]:
+    def choice(
+        self, text: str, finish_reason: str | None, streamed: bool, logprobs: tuple[TokenLogprob, ...] | None = None
+    ) -> dict[str, Any]:
+        shown = None
+        if logprobs is not None and self.top_logprobs is not None and self.token_text is not None:
+            shown = chat_logprobs(list(logprobs), self.top_logprobs, self.token_text)
         if not streamed:
             message = {"role": "assistant", "content": text}
-            return {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
+            return {"index": 0, "message": message, "logprobs": shown, "finish_reason": finish_reason}
         delta = {} if self.role_sent else {"role": "assistant"}
         if text or not self.role_sent:
             delta["content"] = text
         self.role_sent = True
-        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        return {"index": 0, "delta": delta, "logprobs": shown, "finish_reason": finish_reason}
 
 
 # ------------------------------------------------------------------------------------------------------ routes

@@ -99,6 +99,7 @@ class Generation:
     request: GenerationRequest
     sequence: Sequence
     text: AnswerText  # its text so far, cut at a stop sequence, and how much of it has been streamed
+    logprobs_sent: int = 0  # tokens whose log probabilities went out in stream chunks
 
 
 @dataclass(frozen=True)

@@ -210,7 +210,7 @@ BAD_COMPLETIONS = {
     "stream string": ({"stream": "true"}, 400, "stream", "'stream' must be true or false"),
     "stream_options without stream": ({"stream_options": {"include_usage": True}}, 400, "stream_options", "only"),
     "stream_options unknown": ({"stream": True, "stream_options": {"x": 1}}, 400, "stream_options", "['x']"),
-    "logprobs": ({"logprobs": 0}, 400, "logprobs", "'logprobs' is 0; this server cannot honour it"),
+    "logprobs 6": ({"logprobs": 6}, 400, "logprobs", "'logprobs' is 6; it must be between 0 and 5"),
     "echo": ({"echo": True}, 400, "echo", "'echo' is True"),
     "best_of 2": ({"best_of": 2}, 400, "best_of", "'best_of' is 2"),
     "presence_penalty": ({"presence_penalty": 0.5}, 400, "presence_penalty", "cannot honour"),
@@ -314,7 +314,7 @@ def test_bad_chat_gets_its_own_openai_error(generator, name):
     [
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ({"response_format": {"type": "json_object"}}, "response_format"),
-        ({"logprobs": True}, "logprobs"),
+        ({"logprobs": 1}, "logprobs"),
         ({"top_logprobs": 2}, "top_logprobs"),
         ({"reasoning_effort": "high"}, "reasoning_effort"),
         ({"max_tokens": 5, "max_completion_tokens": 6}, "max_tokens"),
@@ -616,6 +616,7 @@ FIELDS = [
     "stream",
     "stream_options",
     "logprobs",
+    "top_logprobs",
     "echo",
     "user",
     "best_of",
@@ -639,6 +640,8 @@ near_valid = st.fixed_dictionaries(
         "seed": st.integers(-3, 2**65) | json_scalars,
         "stop": st.lists(st.text(max_size=300), max_size=6) | json_values,
         "n": st.integers(-1, 3) | json_scalars,
+        "logprobs": st.booleans() | st.integers(-1, 6) | json_scalars,
+        "top_logprobs": st.integers(-1, 21) | json_scalars,
         "stream": json_scalars,
         "model": st.sampled_from(["generator", "other"]) | json_scalars,
     },
@@ -659,3 +662,4 @@ def test_any_openai_body_is_accepted_within_limits_or_refused_with_a_4xx(served,
     assert 0 <= request.settings.temperature <= LIMITS.max_temperature and 0 <= request.settings.top_p <= 1
     assert 0 <= request.settings.seed <= MAX_SEED and len(request.stop) <= 4
     assert all(1 <= len(stop) <= 256 for stop in request.stop) and isinstance(request.stream, bool)
+    assert request.settings.logprobs is None or 0 <= request.settings.logprobs <= (20 if chat_route else 5)
