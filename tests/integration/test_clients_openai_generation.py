@@ -113,7 +113,7 @@ def test_stop_sequences_end_the_text_with_finish_reason_stop(client):
         ("completions", {"prompt": "x", "max_tokens": 100000}, 400, "BadRequestError", "max_tokens"),
         ("completions", {"prompt": "x", "logprobs": 6}, 400, "BadRequestError", "logprobs"),
         ("completions", {"prompt": [1, 2, 3]}, 400, "BadRequestError", "prompt"),
-        ("completions", {"prompt": "x", "n": 2}, 400, "BadRequestError", "n"),
+        ("completions", {"prompt": "x", "n": 9}, 400, "BadRequestError", "n"),
         ("chat", {"messages": MESSAGES, "temperature": -1}, 400, "BadRequestError", "temperature"),
         ("chat", {"messages": MESSAGES, "temperature": 5}, 400, "BadRequestError", "temperature"),  # OpenAI's bound: 2
         ("completions", {"prompt": "x", "temperature": 2.5}, 400, "BadRequestError", "temperature"),

@@ -205,7 +205,7 @@ BAD_COMPLETIONS = {
     "stop empty string": ({"stop": ""}, 400, "stop", "'stop' has 0 characters"),
     "stop number": ({"stop": 5}, 400, "stop", "'stop' must be a string or a list of strings"),
     "stop list of numbers": ({"stop": [5]}, 400, "stop", "'stop[0]' must be a string"),
-    "n 2": ({"n": 2}, 400, "n", "'n' is 2; it must be between 1 and 1"),
+    "n 9": ({"n": 9}, 400, "n", "'n' is 9; it must be between 1 and 8 (handler.max_n)"),
     "n 0": ({"n": 0}, 400, "n", "'n' is 0"),
     "stream string": ({"stream": "true"}, 400, "stream", "'stream' must be true or false"),
     "stream_options without stream": ({"stream_options": {"include_usage": True}}, 400, "stream_options", "only"),
@@ -596,6 +596,7 @@ LIMITS = GenerationLimits(
     max_temperature=5.0,
     vocab_size=512,
     max_prompt_chars=17 * 16,
+    max_n=4,
 )
 json_scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)
 json_values = st.recursive(
@@ -663,3 +664,4 @@ def test_any_openai_body_is_accepted_within_limits_or_refused_with_a_4xx(served,
     assert 0 <= request.settings.seed <= MAX_SEED and len(request.stop) <= 4
     assert all(1 <= len(stop) <= 256 for stop in request.stop) and isinstance(request.stream, bool)
     assert request.settings.logprobs is None or 0 <= request.settings.logprobs <= (20 if chat_route else 5)
+    assert 1 <= request.n <= LIMITS.max_n
