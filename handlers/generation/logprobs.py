@@ -122,10 +122,18 @@ def completion_logprobs(logprobs: list[TokenLogprob], top: int, text: TokenText,
     return {
         "tokens": tokens,
         "token_logprobs": [item.logprob for item in logprobs],
-        # A dict per token (OpenAI's shape): two alternatives that decode to the same text keep the likelier one.
-        "top_logprobs": [{text.text(i): value for i, value in reversed(item.top[:top])} for item in logprobs],
+        # A dict per token (OpenAI's shape), likeliest first: of two alternatives that decode to the same text (two
+        # halves of different characters both show U+FFFD) the likelier one is kept.
+        "top_logprobs": [top_dict(item.top[:top], text) for item in logprobs],
         "text_offset": offsets,
     }
+
+
+def top_dict(alternatives: tuple[tuple[int, float], ...], text: TokenText) -> dict[str, float]:
+    shown: dict[str, float] = {}
+    for token_id, logprob in alternatives:
+        shown.setdefault(text.text(token_id), logprob)
+    return shown
 
 
 def native_logprobs(logprobs: list[TokenLogprob], text: TokenText) -> list[dict[str, Any]]:
