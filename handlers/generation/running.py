@@ -64,18 +64,23 @@ class RunningBatch:
         joining = [sequence for sequence in joining if not sequence.finished]
         if not joining:
             return {}
+        # Equal prompts (a request's n choices) are run once: their row's keys, values and logits are copied.
+        computing, source = distinct_prompts(joining)
         prefix_cache = self.prefix_cache
-        hits = [prefix_cache.lookup(s.prompt_ids) if prefix_cache is not None else NO_HIT for s in joining]
+        hits = [prefix_cache.lookup(s.prompt_ids) if prefix_cache is not None else NO_HIT for s in computing]
         cache, prefix_mask = kv_cache.from_rows(self.model, [hit.kv for hit in hits], self.device)
-        rest = [sequence.prompt_ids[hit.length :] for sequence, hit in zip(joining, hits, strict=True)]
+        rest = [sequence.prompt_ids[hit.length :] for sequence, hit in zip(computing, hits, strict=True)]
         input_ids, rest_mask, positions = left_pad(rest, self.pad_token_id, self.device)
         positions = positions + torch.tensor([[hit.length] for hit in hits], device=self.device)
         mask = torch.cat([prefix_mask, rest_mask], dim=1)
         logits, cache = model_step(self.model, input_ids, mask, positions, cache)
         self.computed_prompt_tokens += sum(len(tokens) for tokens in rest)
-        new_tokens = append_tokens(logits, joining, self.stop_token_ids)
         if prefix_cache is not None:
-            self.remember_prompts(joining, cache, mask)
+            self.remember_prompts(computing, cache, mask)
+        if len(computing) < len(joining):
+            logits = logits.index_select(0, torch.tensor(source, device=logits.device))
+            mask = self.select_rows(cache, mask, source)
+        new_tokens = append_tokens(logits, joining, self.stop_token_ids)
         staying = [row for row, sequence in enumerate(joining) if not sequence.finished]
         if not staying:
             return new_tokens
@@ -143,6 +148,14 @@ class RunningBatch:
         finished = [sequence for sequence in self.sequences if sequence.finished]
         self.remove(finished)
         return finished
+
+
+def distinct_prompts(sequences: list[Sequence]) -> tuple[list[Sequence], list[int]]:
+    """(the first sequence of each distinct prompt, for each sequence the position of its prompt among those)."""
+    first: dict[tuple[int, ...], int] = {}
+    source = [first.setdefault(tuple(sequence.prompt_ids), len(first)) for sequence in sequences]
+    computing = [sequences[source.index(position)] for position in range(len(first))]
+    return computing, source
 
 
 def generate(

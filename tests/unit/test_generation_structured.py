@@ -21,6 +21,7 @@ from handlers.generation.openai_api import CHAT_ROUTE, COMPLETIONS_ROUTE
 from handlers.generation.requests import FieldError, Served
 from handlers.generation.routes import GENERATION_ROUTES
 from scripts.ops.handler_loader import ContinuousFrontend, load_handler, set_requests, statuses
+from tests.unit.test_generation_logprobs import assert_model_values
 
 JSON = {"Content-Type": "application/json"}
 HI = [{"role": "user", "content": "Give me JSON"}]
@@ -205,6 +206,51 @@ def test_streamed_constrained_chat_adds_up_to_a_valid_answer(stepper):
     text = "".join(e["choices"][0]["delta"].get("content", "") for e in events if e["choices"])
     assert events[-1]["choices"][0]["finish_reason"] == "stop"
     jsonschema.validate(json.loads(text), SCHEMAS["refs"])
+
+
+def test_each_of_n_choices_decodes_under_its_own_grammar_state(whole, stepper):
+    """n = 3 under one schema: every choice is a valid document of its own and is exactly the request alone with
+    seed + i (a grammar state shared by the choices would take the tokens of all three and break each document)."""
+    body = chat_body(schema_format("person"), 11)
+    handler, context = whole
+    set_requests(context, [{**JSON, "url_path": CHAT_ROUTE}] * 4)
+    answers = handler.handle(
+        [{"body": {**body, "n": 3}}] + [{"body": {**body, "seed": 11 + i}} for i in range(3)], context
+    )
+    assert statuses(context, 4) == [200] * 4
+    together = json.loads(answers[0])["choices"]
+    alone = [json.loads(answer)["choices"][0] for answer in answers[1:]]
+    assert [choice["message"]["content"] for choice in together] == [choice["message"]["content"] for choice in alone]
+    assert len({choice["message"]["content"] for choice in together}) > 1  # three different draws
+    for choice in together:
+        assert choice["finish_reason"] == "stop"
+        jsonschema.validate(json.loads(choice["message"]["content"]), SCHEMAS["person"])
+
+    handler, context = stepper  # per-step scheduling admits the choices together, as rows of their own
+    frontend = ContinuousFrontend(handler, context)
+    job = frontend.submit({**body, "n": 3}, {"url_path": CHAT_ROUTE})
+    frontend.run()
+    assert job.status == 200, job.text
+    assert [c["message"]["content"] for c in json.loads(job.text)["choices"]] == [
+        c["message"]["content"] for c in together
+    ]
+
+
+def test_logprobs_of_a_constrained_request_are_the_models_own_before_the_grammars_mask(whole):
+    """Greedy under a schema takes the likeliest token the grammar allows, and reports the model's unmasked values:
+    where the model's own favourite was not allowed, the chosen token is not the first of ``top``."""
+    handler, context = whole
+    body = {"prompt": "Hi", "max_new_tokens": 80, "response_format": schema_format("flags")}
+    set_requests(context, [JSON, JSON])
+    answers = handler.handle([{"body": {**body, "logprobs": 3}}, {"body": body}], context)
+    assert statuses(context, 2) == [200, 200]
+    asked, plain = (json.loads(answer) for answer in answers)
+    assert asked["text"] == plain["text"] and asked["finish_reason"] == "stop"  # asking changes no token
+    jsonschema.validate(json.loads(asked["text"]), SCHEMAS["flags"])
+    entries = asked["logprobs"]
+    assert len(entries) == asked["completion_tokens"]
+    assert_model_values(handler, handler.loaded.tokenizer.encode("Hi"), entries, 3)
+    assert any(entry["top"][0]["token_id"] != entry["token_id"] for entry in entries)
 
 
 def parse(route, body, served):
