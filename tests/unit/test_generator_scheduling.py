@@ -57,8 +57,21 @@ def received(job):
     return "".join(line["text"] for line in lines), lines[-1]
 
 
-def test_requests_that_join_and_leave_a_running_batch_get_their_answers_alone(stepper, whole):
-    handler, context = stepper
+@pytest.fixture(scope="module")
+def chunked(model_dir):
+    """Per step with chunked prefill of 3 tokens a pass (the shipped budget takes these short prompts whole)."""
+    return load_handler(model_dir, "generator", {"prefill_chunk_tokens": 3}, continuous_batching=True)
+
+
+@pytest.fixture(scope="module")
+def unchunked(model_dir):
+    """Per step with whole prompts prefilled in a pass of their own (prefill_chunk_tokens 0)."""
+    return load_handler(model_dir, "generator", {"prefill_chunk_tokens": 0}, continuous_batching=True)
+
+
+@pytest.mark.parametrize("handler_under_test", ["stepper", "chunked", "unchunked"])
+def test_requests_that_join_and_leave_a_running_batch_get_their_answers_alone(handler_under_test, request, whole):
+    handler, context = request.getfixturevalue(handler_under_test)
     frontend = ContinuousFrontend(handler, context)
     first = [
         {**LONG, "stream": True},
@@ -303,9 +316,114 @@ def test_rows_join_with_padding_and_leave_freeing_their_columns(lm):
     assert long.token_ids == alone(model, long_prompt, SamplingSettings(40))
 
 
+def test_chunked_prefill_gives_the_tokens_of_a_whole_prefill_while_running_rows_keep_decoding(lm):
+    model, tokenizer = lm
+    running_prompt = tokenizer.encode("Once upon a time")
+    long_prompt = tokenizer.encode("The quick brown fox jumps over the lazy dog, again and again, all day long.")
+    settings = [SamplingSettings(40, temperature=0.9, seed=5), SamplingSettings(12)]
+    expected = [alone(model, running_prompt, settings[0]), alone(model, long_prompt, settings[1])]
+    for mixed in (True, False):
+        batch = RunningBatch(model, 0, [], chunk_tokens=4)
+        assert batch.mixable  # GPT-2 runs sdpa through transformers' attention interface
+        batch.mixable = mixed  # False: chunks in passes of their own, alternating with decoding steps
+        running, joining = Sequence(running_prompt, settings[0]), Sequence(long_prompt, settings[1])
+        with torch.inference_mode():
+            batch.prefill([running])
+            batch.step()
+            batch.begin_filling([joining])
+            passes = 0
+            while batch.filling is not None:
+                before = len(running.token_ids)
+                batch.advance()
+                passes += 1
+                assert len(running.token_ids) == before + (1 if mixed or passes % 2 == 0 else 0)
+            assert joining.token_ids and batch.rows == 2
+            chunks = -(-len(long_prompt) // 4)
+            assert passes == (chunks if mixed else 2 * chunks - 1)  # mixed: the running row decoded in every one
+            while batch.rows:
+                batch.advance()
+                batch.remove_finished()
+        assert [running.token_ids, joining.token_ids] == expected, mixed
+
+
+def test_a_request_cancelled_while_its_prompt_is_computed_leaves_the_others_untouched(lm):
+    model, tokenizer = lm
+    prompts = [tokenizer.encode(text) for text in ("Once upon a time", "A model served tokens", "Hello there")]
+    settings = SamplingSettings(10)
+    batch = RunningBatch(model, 0, [], chunk_tokens=4)
+    running, leaving, staying = (Sequence(prompt, settings) for prompt in prompts)
+    with torch.inference_mode():
+        batch.prefill([running])
+        batch.begin_filling([leaving, staying])
+        batch.advance()  # 2 columns of each of the two joining prompts
+        batch.remove([leaving])
+        assert batch.filling is not None and batch.filling.sequences == [staying]
+        while batch.rows or batch.filling is not None:
+            batch.advance()
+            batch.remove_finished()
+    assert not leaving.token_ids
+    assert [running.token_ids, staying.token_ids] == [alone(model, prompt, settings) for prompt in prompts[::2]]
+
+
+def test_a_failed_pass_with_a_prompt_chunk_prefills_the_prompt_alone_and_keeps_the_tokens(
+    model_dir, whole, monkeypatch
+):
+    handler, context = load_handler(model_dir, "generator", {"prefill_chunk_tokens": 2}, continuous_batching=True)
+    frontend = ContinuousFrontend(handler, context)
+    first = frontend.submit({**LONG, "max_new_tokens": 12, "stream": True})
+    frontend.step()
+    import handlers.generation.mixed_pass as mixed_pass
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated failure of a mixed pass")
+
+    monkeypatch.setattr(mixed_pass, "forward", broken)
+    second = frontend.submit({"prompt": "Tell me a story about a model", "max_new_tokens": 6})
+    frontend.run()
+    for job, body in (
+        (first, {**LONG, "max_new_tokens": 12}),
+        (second, {"prompt": "Tell me a story about a model", "max_new_tokens": 6}),
+    ):
+        assert job.status == 200 and received(job)[0] == reference(whole, body)["text"]
+
+
+def test_the_running_cache_grows_in_place_and_a_failed_step_leaves_it_as_it_was(lm):
+    model, tokenizer = lm
+    batch = RunningBatch(model, 0, [])
+    with torch.inference_mode():
+        batch.prefill([Sequence(tokenizer.encode("Once upon a time"), SamplingSettings(40))])
+        batch.step()  # the prefill's cache gets spare columns here
+        layer = batch.cache.layers[0]
+        buffer = layer.key_buffer.data_ptr()
+        width = layer.keys.shape[-2]
+        for _ in range(5):
+            batch.step()
+        assert layer.key_buffer.data_ptr() == buffer and layer.keys.data_ptr() == buffer  # no copy per step
+        assert layer.keys.shape[-2] == width + 5 == batch.width
+        kept = layer.keys.clone()
+        import handlers.generation.running as running
+
+        real = running.model_step
+
+        def half_done(model, input_ids, mask, positions, cache):
+            real(model, input_ids, mask, positions, cache)  # writes its column, then fails
+            raise RuntimeError("simulated failure after the cache was written")
+
+        running.model_step = half_done
+        try:
+            with pytest.raises(RuntimeError):
+                batch.step()
+        finally:
+            running.model_step = real
+        assert torch.equal(layer.keys, kept) and batch.width == width + 5
+        batch.step()
+        assert layer.keys.data_ptr() == buffer and batch.width == width + 6
+
+
 @pytest.mark.parametrize(
     "overrides, message",
     [
+        ({"prefill_chunk_tokens": -1}, "handler.prefill_chunk_tokens: -1 is below the minimum"),
         ({"prefix_cache": {"max_bytes": -1}}, "handler.prefix_cache: max_bytes: -1 is outside"),
         ({"prefix_cache": {"block_tokens": 0}}, "block_tokens: 0 is outside"),
         ({"prefix_cache": {"blocks": 4}}, "unknown field(s) ['blocks']"),
