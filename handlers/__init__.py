@@ -19,6 +19,12 @@ Where each model's request is parsed, batched, computed and answered (paths unde
   modules, text/modules.py) through the backend that serves it (text/backends.py: eager, jit, aot, openvino), each row
   turned into its kind's value (``TextKind.row_value``); answered by text/batch.py ``answer_requests`` with the route's
   answer writer, refusals in the route's error shape (core/errors.py ``error_body``).
+- image models packaged from their folder (``image_model.py``: an image classifier): routed by the URL path to a row
+  of the kind's route table (image/kinds/), parsed by the kind (its images' bytes from the body:
+  image/requests.py, image/inputs.py); batched by image/engine.py ``ImageEngine.prepare`` (the LRU of text/cache.py
+  keyed by the image bytes' digest, image/decode.py for the misses, image/preprocess.py as the folder's image
+  processor does, one tensor per pixel shape); computed by the kind's module (the transformers class the packaging
+  step recorded, image_model.json); answered by ``ImageEngine.finish`` with the kind's answer writer.
 - generator (``generator.py``, the TorchServe adapter): routed by the URL path to one of its API surfaces
   (generation/routes.py ``GENERATION_ROUTES``: the native API, OpenAI's completions and chat, describe), and parsed by
   that route's dialect module: generation/native.py ``parse_generation_request``, generation/openai_api.py
@@ -33,7 +39,8 @@ Where each model's request is parsed, batched, computed and answered (paths unde
 Every handler answers through core/base.py (``answer``/``reject``: status, content type, strict JSON).
 
 Entry modules: ``classifier.py`` (ClassifierHandler), ``embeddings.py`` (EmbeddingHandler), ``text_classifier.py``
-(TextClassifierHandler), ``text_model.py`` (TextHandler, any kind), ``generator.py`` (GeneratorHandler). Each model's
+(TextClassifierHandler), ``text_model.py`` (TextHandler, any kind), ``image_model.py`` (ImageHandler, any image
+kind), ``generator.py`` (GeneratorHandler). Each model's
 files are loaded by ``mlp/nets.py``, ``text/model.py`` (``read_model_files``, ``build_module``; into
 text/engine.py's ``LoadedTextModel``) and ``generation/model.py`` into a typed ``Loaded*`` object.
 

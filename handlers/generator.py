@@ -53,6 +53,7 @@ from handlers.generation.model import LoadedGenerator, load_generator
 from handlers.generation.prefix_cache import PREFIX_CACHE_OPTION, PrefixCache, open_prefix_cache
 from handlers.generation.requests import (
     AcceptedGeneration,
+    FieldError,
     Generation,
     GenerationBatch,
     GenerationRequest,
@@ -103,6 +104,12 @@ class GeneratorHandler(ServingHandler):
             help="per-step scheduling: prompt tokens a joining request computes per step, in the running requests' "
             "decoding pass (chunked prefill: a long prompt does not stall the streams); 0 = whole prompts in a "
             "step of their own",
+        ),
+        "max_n": Option(
+            int,
+            8,
+            minimum=1,
+            help="largest n (choices per request) a request may ask for; its n rows must also fit max_batch_tokens",
         ),
         "prefix_cache": PREFIX_CACHE_OPTION,
         "semantic_cache": SEMANTIC_CACHE_OPTION,
@@ -256,9 +263,22 @@ class GeneratorHandler(ServingHandler):
             parsed = route.parse(body, request, self.served)
             if isinstance(parsed, DescribeRequest):
                 return parsed
+            self.check_room(parsed)
             return AcceptedGeneration(request.idx, self.over_grpc(parsed, request), self.loop.cache_query(parsed))
         except RequestError as error:  # invalid JSON or a bad cache option too: in the route's shape
             raise route.refusal(error) from None
+
+    def check_room(self, parsed: GenerationRequest) -> None:
+        """A request's n choices decode together, as n rows of the running batch: refused (naming ``n``) when they
+        could never fit its room, rather than left waiting for ever."""
+        room = self.loop.scheduler.max_batch_tokens
+        if parsed.n > 1 and parsed.n * parsed.reserve > room:
+            raise FieldError(
+                "n",
+                f"'n' is {parsed.n}: {parsed.n} choices of {parsed.reserve} tokens each (prompt + max tokens) need "
+                f"{parsed.n * parsed.reserve} tokens of the running batch's room, which holds {room} "
+                "(handler.max_batch_tokens); ask for fewer choices or fewer tokens",
+            )
 
     def over_grpc(self, parsed: GenerationRequest, request: RequestView) -> GenerationRequest:
         """The request as it may be answered over its transport (gRPC reaches the native route)."""
@@ -316,10 +336,10 @@ class GeneratorHandler(ServingHandler):
             responses[idx] = self.answer(scope, idx, payload, result)
             criteria[idx] = True if idx in scope.partly_answered else None  # a stream's last chunk, or one answer
         for active, piece in step.pieces:
-            idx = index_of[active.request_id]
+            idx = index_of[active.client_id]  # n > 1: a choice's request
             answers = active.generation.request.answers
             context.set_response_content_type(idx, answers.stream_content_type)
-            responses[idx] = answers.piece(piece)
+            responses[idx] = (responses[idx] or "") + piece  # n > 1: every choice's new text in one chunk
             criteria[idx] = False  # ts_stream_next: true
         self.end_grpc_streams(context, len(data))
         context.stopping_criteria = {idx: (lambda _answer, last=last: last) for idx, last in criteria.items()}
@@ -352,7 +372,9 @@ class GeneratorHandler(ServingHandler):
             return
         for generation, _ in pieces:
             scope.context.set_response_content_type(generation.idx, generation.request.answers.stream_content_type)
-        chunks = {generation.idx: chunk for generation, chunk in pieces}
+        chunks: dict[int, str] = {}
+        for generation, chunk in pieces:  # n > 1: every choice's new text in one chunk
+            chunks[generation.idx] = chunks.get(generation.idx, "") + chunk
         self.stream_sink(scope.context, chunks)
         scope.partly_answered.update(chunks)
 

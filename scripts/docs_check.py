@@ -58,7 +58,12 @@ REPO = Path(__file__).resolve().parent.parent
 HELP_CACHE = REPO / "build" / "docs-check-help"  # each CLI's --help, per state of the code (build/ is ignored)
 RECORD = "docs/results.md"  # the dated record of measurements: history is allowed there
 # Handler entry modules whose ``handler:`` schema the docs may name.
-ENTRY_MODULES = ("handlers/classifier.py", "handlers/text_model.py", "handlers/generator.py")
+ENTRY_MODULES = (
+    "handlers/classifier.py",
+    "handlers/text_model.py",
+    "handlers/image_model.py",
+    "handlers/generator.py",
+)
 # A repository path: a known top-level folder, then path characters (a trailing slash names a folder).
 PATH = re.compile(
     r"^(?:handlers|scripts|loadtests|tests|models|docs|config|deploy|\.ci)/[A-Za-z0-9_./<>*-]*$|^(?:Makefile|README\.md|"

@@ -114,6 +114,14 @@ def all_model_names(include_optional=False):
     return [n for n in names if not specs[n].get("optional") and not specs[n].get("template")]
 
 
+def template_for(model_dir):
+    """The template `make package` builds a user's folder with: image-model for an image model's folder (what
+    handlers/image/kinds reads from it), else text-model (which reads the text kinds, and refuses what is neither)."""
+    from handlers.image.kinds import is_image_folder
+
+    return "image-model" if is_image_folder(model_dir) else "text-model"
+
+
 def handler_class(handler_path):
     """Import the handler module named by the spec and return the one handler class it defines."""
     from scripts.ops.registry import entry_class
@@ -580,6 +588,18 @@ def build_locked(spec, name, store, version, variables, force, log, cpu_kind, ov
     return {**entry, "rebuilt": True}
 
 
+def print_listing(args):
+    """--template-for: the template of a folder; --list: the models and what the store holds."""
+    if args.template_for is not None:
+        print(template_for(args.template_for))
+        return
+    manifest = read_manifest(args.store)
+    for name in all_model_names(include_optional=True):
+        spec = load_spec(name)
+        built = [f"{k} ({v['version']})" for k, v in sorted(manifest.items()) if v.get("model") == name]
+        print(f"{name:12} spec version {spec['version']:6} built: {', '.join(built) or '-'}")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="python -m scripts.package", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -617,6 +637,12 @@ def main(argv=None):
         " set it when building an image for other machines)",
     )
     parser.add_argument("--list", action="store_true", help="list the models and what the store holds, then exit")
+    parser.add_argument(
+        "--template-for",
+        metavar="FOLDER",
+        help="print the template a model folder is packaged with (image-model for an image model, else text-model; "
+        "what make package uses), then exit",
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument(
         "--metrics", action="store_true", help="regenerate config/metrics.yaml from handlers/core/metrics.py, then exit"
@@ -626,12 +652,8 @@ def main(argv=None):
     if args.metrics:
         write_metrics_config(print)
         return 0
-    if args.list:
-        manifest = read_manifest(args.store)
-        for name in all_model_names(include_optional=True):
-            spec = load_spec(name)
-            built = [f"{k} ({v['version']})" for k, v in sorted(manifest.items()) if v.get("model") == name]
-            print(f"{name:12} spec version {spec['version']:6} built: {', '.join(built) or '-'}")
+    if args.list or args.template_for is not None:
+        print_listing(args)
         return 0
     variables = {}
     for item in args.var:

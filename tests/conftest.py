@@ -140,6 +140,47 @@ def predict(ts_server):
     return call
 
 
+class ImageModels:
+    """The tiny image folders of the integration tests, packaged into one private store and served by one TorchServe."""
+
+    def __init__(self, folders, store, server):
+        self.folders, self.store, self.server = folders, store, server
+
+
+@pytest.fixture(scope="session")
+def image_models(start_ts_server, tmp_path_factory):
+    """A tiny random ViT classifier (t-vit) and a tiny CLIP (t-clip) built offline (scripts/tiny_image_models.py), each
+    packaged with the template `make package` picks for its folder, one fp32 worker each (the answers are compared
+    with the reference libraries in fp32; bf16 would serve within the gate, not equal), on one shared server."""
+    import subprocess
+    import sys
+
+    from scripts import tiny_image_models
+
+    root = tmp_path_factory.mktemp("image-folders")
+    folders = {
+        "t-vit": tiny_image_models.make_vit_classifier(root / "t-vit"),
+        "t-clip": tiny_image_models.make_clip(root / "t-clip"),
+    }
+    store = tmp_path_factory.mktemp("image-store")
+    for name, folder in folders.items():
+        template = subprocess.run(
+            [sys.executable, "-m", "scripts.package", "--template-for", str(folder)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert template.stdout.strip() == "image-model", template.stdout + template.stderr
+        command = [sys.executable, "-m", "scripts.package", "image-model", "--name", name]
+        command += ["--var", f"model_dir={folder}", "--store", str(store)]
+        command += ["--config", "minWorkers=1", "--config", "maxWorkers=1", "--config", "handler.precision=fp32"]
+        result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900)
+        assert result.returncode == 0, result.stdout + result.stderr
+    server = start_ts_server(name="image-models", models=sorted(folders), store=store)
+    return ImageModels(folders, store, server)
+
+
 @pytest.fixture(scope="session")
 def unpacked_model(model_store, tmp_path_factory):
     """unpacked_model("classifier") -> a folder holding that archive's files, as a worker's model_dir would."""
@@ -163,7 +204,9 @@ pytest_plugins = ["tests.unit.tiny_models"]
 
 # Fixtures that build or read the real model archives, or start a TorchServe server: a test that uses one (directly or
 # through another fixture) is `slow`, and `make test-fast` leaves it out.
-SLOW_FIXTURES = frozenset({"model_store", "unpacked_model", "java_home", "start_ts_server", "ts_server", "predict"})
+SLOW_FIXTURES = frozenset(
+    {"model_store", "unpacked_model", "java_home", "start_ts_server", "ts_server", "predict", "image_models"}
+)
 
 
 def pytest_report_header(config):

@@ -8,7 +8,8 @@ objects, or server-sent events). Decoding, stop sequences and the intermediate r
 (:mod:`handlers.generation.loop`, :mod:`handlers.generation.streaming`); only these methods differ:
 
 - ``body(outcome)``: the JSON value of a non-streamed answer,
-- ``piece(text)``: one intermediate stream chunk carrying new text,
+- ``piece(text, logprobs, index)``: one intermediate stream chunk carrying new text of choice ``index`` (and, when
+  the request asked, the log probabilities of the tokens since the last chunk),
 - ``stream_end(outcome)``: the last chunk(s) of a stream (the text not sent yet, finish reason, counts),
 - ``error_body(error)`` / ``stream_error(body)``: a refused or failed request's JSON value, and the chunk that closes
   a stream with it.
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from handlers.core.errors import RequestError
+from handlers.generation.logprobs import TokenLogprob
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,16 @@ class Outcome:
     # Set when the answer came from the similarity cache: {"similarity", "age_s"} (docs/semantic-cache.md); every API's
     # answer (and a stream's last chunk) carries it as "cached".
     cached: dict[str, float] | None = None
+    # The generated tokens' log probabilities when the request asked (handlers/generation/logprobs.py), and those its
+    # stream has not sent yet (the last chunk's).
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    rest_logprobs: tuple[TokenLogprob, ...] | None = None
+    # n > 1: each choice's own outcome, in choice order (this one is choice 0's with completion_tokens of them all)
+    choices: tuple[Outcome, ...] = ()
+
+    def each(self) -> tuple[Outcome, ...]:
+        """The outcome of every choice (one without n > 1)."""
+        return self.choices or (self,)
 
     def marked(self, value: dict[str, Any]) -> dict[str, Any]:
         """``value`` with the cache's mark when the answer came from the cache."""
@@ -52,7 +64,7 @@ class Answers(Protocol):
 
     def body(self, outcome: Outcome) -> dict[str, Any]: ...
 
-    def piece(self, text: str) -> str: ...
+    def piece(self, text: str, logprobs: tuple[TokenLogprob, ...] | None = None, index: int = 0) -> str: ...
 
     def stream_end(self, outcome: Outcome) -> str: ...
 

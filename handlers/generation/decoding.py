@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from handlers.generation.logprobs import TokenLogprob, token_logprob
+
 FINISH_STOP = "stop"  # the model produced its end-of-text token
 FINISH_LENGTH = "length"  # max_new_tokens reached
 FINISH_ERROR = "error"  # this sequence alone could not continue (see Sequence.error); the others go on
@@ -33,6 +35,9 @@ class SamplingSettings:
     top_k: int = 0  # 0 = sample from the whole vocabulary
     seed: int = 0  # seeds this request's own generator (unused when greedy)
     top_p: float = 1.0  # nucleus: sample from the most likely tokens that together hold this probability (1 = all)
+    # None: no log probabilities (the row pays nothing for them); k: each token's logprob and its k likeliest
+    # alternatives' (handlers/generation/logprobs.py)
+    logprobs: int | None = None
 
     @property
     def greedy(self) -> bool:
@@ -48,6 +53,7 @@ class Sequence:
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     error: str | None = None  # why it stopped when finish_reason is FINISH_ERROR
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per token, when settings.logprobs is set
     generator: torch.Generator = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -212,6 +218,8 @@ def append_tokens(logits: torch.Tensor, rows: list[Sequence], stop_token_ids: fr
             sequence.finish_reason, sequence.error = FINISH_ERROR, str(error)
             continue
         sequence.token_ids.append(token)
+        if sequence.settings.logprobs is not None:
+            sequence.logprobs.append(token_logprob(logits[row], token, sequence.settings.logprobs))
         new_tokens[sequence] = token
         if token in stop_token_ids:
             sequence.finish_reason = FINISH_STOP

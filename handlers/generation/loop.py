@@ -27,7 +27,9 @@ import torch
 from handlers.core.errors import ServerError
 from handlers.core.metrics import HandlerMetrics
 from handlers.generation.answers import Outcome
+from handlers.generation.choices import ChoiceGroup, choice_id, combined
 from handlers.generation.decoding import FINISH_ERROR
+from handlers.generation.logprobs import TokenLogprob
 from handlers.generation.model import LoadedGenerator
 from handlers.generation.prefix_cache import PrefixCache
 from handlers.generation.requests import (
@@ -50,7 +52,8 @@ SendPieces = Callable[[list[tuple[Generation, str]]], None]
 class StepResult:
     """What one step did for its requests: those that ended (with their result) and each open stream's new text.
 
-    Every piece must reach its client: the request counts as opened (its status is 200 already) from here on."""
+    Every piece must reach its client: the request counts as opened (its status is 200 already) from here on. A
+    piece is the stream chunk as the request's API frames it (:meth:`Answers.piece`)."""
 
     ended: list[tuple[Active, Outcome | ServerError]] = field(default_factory=list)
     pieces: list[tuple[Active, str]] = field(default_factory=list)
@@ -72,20 +75,30 @@ class GenerationLoop:
             loaded.model, loaded.pad_token_id, loaded.stop_token_ids, prefix_cache, chunk_tokens=prefill_chunk_tokens
         )
         self.scheduler = StepScheduler(batch, max_batch_tokens)
+        self.groups: dict[str, ChoiceGroup] = {}  # per step: requests with n > 1, by request id, until all end
 
     def cache_query(self, request: GenerationRequest) -> SemanticQuery | str | None:
         """Where the similarity cache looks this request up (or why it does not: a reason); None: no cache."""
         if self.semantic is None:
             return None
+        if request.settings.logprobs is not None:  # a stored answer keeps its text, not its tokens' logprobs
+            return "logprobs"
+        if request.n > 1:  # a stored answer is one choice
+            return "n"
         return self.semantic.query(request.settings, request.stop, request.lookup)
 
     # ----------------------------------------------------------------------------------------------- per step
     def knows(self, request_id: str) -> bool:
-        return self.scheduler.knows(request_id)
+        return request_id in self.groups or self.scheduler.knows(request_id)
 
     def cancel_missing(self, request_ids: list[str]) -> list[Active]:
-        """Requests no longer handed over (their clients went away): their rows are freed; returns them."""
-        return self.scheduler.cancel_missing(request_ids)
+        """Requests no longer handed over (their clients went away): their rows (every choice's) are freed; returns
+        one Active per request."""
+        gone = self.scheduler.cancel_missing(request_ids)
+        present = set(request_ids)
+        for request_id in [request_id for request_id in self.groups if request_id not in present]:
+            del self.groups[request_id]
+        return list({active.client_id: active for active in reversed(gone)}.values())[::-1]
 
     def start(
         self, accepted: list[tuple[str, AcceptedGeneration]], arrived: float
@@ -96,24 +109,31 @@ class GenerationLoop:
             return []
         payloads = [payload for _, payload in accepted]
         looked = self.semantic.look_up_batch([p.cache for p in payloads]) if self.semantic is not None else None
-        generations = start_generations(payloads, self.loaded.tokenizer).generations
+        generations = iter(start_generations(payloads, self.loaded.tokenizer).generations)
         answered = []
-        for position, ((request_id, payload), generation) in enumerate(zip(accepted, generations, strict=True)):
+        for position, (request_id, payload) in enumerate(accepted):
+            request = payload.request
+            choices = [next(generations) for _ in range(request.n)]
             item = looked[position] if looked is not None else None
             if item is not None and item.hit is not None:
-                answered.append((payload, self.cached_result(payload.request, item.hit)))
+                answered.append((payload, self.cached_result(request, item.hit)))
                 continue
-            request = payload.request
-            self.scheduler.add(
+            actives = [
                 Active(
-                    request_id=request_id,
+                    request_id=choice_id(request_id, generation.choice),
                     generation=generation,
                     arrived=arrived,
-                    reserve=len(request.prompt_ids) + request.settings.max_new_tokens,
+                    reserve=request.reserve,
                     payload=payload,
                     remember=(item.group, item.vector) if item is not None and item.vector is not None else None,
+                    choice_of=request_id if generation.choice else None,
                 )
-            )
+                for generation in choices
+            ]
+            for active in actives:
+                self.scheduler.add(active)
+            if request.n > 1:
+                self.groups[request_id] = ChoiceGroup(actives)
         return answered
 
     def step(self, arrived: float, metrics: HandlerMetrics) -> StepResult:
@@ -126,22 +146,31 @@ class GenerationLoop:
             active = self.scheduler.active[request_id]
             piece = advance(active.generation, token)
             if piece:  # a stream without new text this step is left out of the answer, as a plain request is
-                result.pieces.append((active, piece))
+                result.pieces.append((active, stream_chunk(active.generation, piece)))
         self.record_step(iteration, metrics)
+        for active, _ in result.pieces:
+            active.opened = True
         for active in self.scheduler.finished():
             outcome = self.decoded_result(active.generation)
+            group = self.groups.get(active.client_id)
+            if group is not None:  # one of n choices: the request ends with its last choice
+                group.ended[active.generation.choice] = outcome
+                if not group.done:
+                    continue
+                del self.groups[active.client_id]
+                active = group.actives[0]
+                active.opened = group.opened
+                outcome = combined([group.ended[choice] for choice in range(len(group.actives))])
             if isinstance(outcome, Outcome) and active.remember is not None:
                 self.remember([(*active.remember, outcome)])
             result.ended.append((active, outcome))
-        for active, _ in result.pieces:
-            active.opened = True
         return result
 
     def record_step(self, iteration: Iteration, metrics: HandlerMetrics) -> None:
         now = time.perf_counter()
         for request_id in iteration.new_tokens:
             active = self.scheduler.active[request_id]
-            if len(active.sequence.token_ids) == 1:
+            if len(active.sequence.token_ids) == 1 and active.choice_of is None:
                 metrics.record("TimeToFirstTokenSeconds", now - active.arrived)
         if iteration.new_tokens:
             metrics.record("GeneratedTokens", len(iteration.new_tokens))
@@ -179,9 +208,13 @@ class GenerationLoop:
         answered = {position: item.hit for position, item in enumerate(looked) if item.hit is not None}
         to_decode = [position for position in range(len(payloads)) if position not in answered]
         batch = start_generations([payloads[position] for position in to_decode], self.loaded.tokenizer)
+        first_generation: dict[int, int] = {}  # a request's position among the generations: that of its choice 0
+        for index, generation in enumerate(batch.generations):
+            if generation.choice == 0:
+                first_generation[len(first_generation)] = index
         remember = {
-            index: (looked[position].group, looked[position].vector)
-            for index, position in enumerate(to_decode)
+            first_generation[order]: (looked[position].group, looked[position].vector)
+            for order, position in enumerate(to_decode)
             if looked[position].vector is not None
         }
         return dataclasses.replace(batch, answered=answered, remember=remember)
@@ -198,11 +231,11 @@ class GenerationLoop:
             pieces = []
             for index, token in new_tokens.items():
                 generation = generations[index]
-                if not generation.sequence.token_ids[:-1]:  # its first token: from the request's arrival
+                if not generation.sequence.token_ids[:-1] and not generation.choice:  # its first token, from arrival
                     metrics.record("TimeToFirstTokenSeconds", now - started)
                 piece = advance(generation, token)
                 if piece:
-                    pieces.append((generation, generation.request.answers.piece(piece)))
+                    pieces.append((generation, stream_chunk(generation, piece)))
             if pieces:
                 send(pieces)
 
@@ -229,8 +262,9 @@ class GenerationLoop:
             if hit is not None:
                 results.append(self.cached_result(payload.request, hit))
                 continue
-            index, generation = next(decoded)
-            result = self.decoded_result(generation)
+            choices = [next(decoded) for _ in range(payload.request.n)]
+            index = choices[0][0]
+            result = combined([self.decoded_result(generation) for _, generation in choices])
             results.append(result)
             if index in batch.remember and isinstance(result, Outcome):
                 remember.append((*batch.remember[index], result))
@@ -267,6 +301,8 @@ class GenerationLoop:
             completion_tokens=len(sequence.token_ids),
             seed=request.settings.seed if request.seed_reported else None,
             model=self.loaded.info,
+            logprobs=tuple(sequence.logprobs) if request.settings.logprobs is not None else None,
+            rest_logprobs=unsent_logprobs(generation) if request.stream else None,
         )
 
     def remember(self, answers: list[tuple[bytes, Any, Outcome]]) -> None:
@@ -291,3 +327,18 @@ def advance(generation: Generation, token: int) -> str:
     if not generation.request.stream or not generation.request.send_pieces or generation.sequence.finished:
         return ""
     return generation.text.take()
+
+
+def unsent_logprobs(generation: Generation) -> tuple[TokenLogprob, ...] | None:
+    """The log probabilities of the tokens since the generation's last stream chunk (None: it did not ask)."""
+    if generation.request.settings.logprobs is None:
+        return None
+    logprobs = generation.sequence.logprobs
+    unsent = tuple(logprobs[generation.logprobs_sent :])
+    generation.logprobs_sent = len(logprobs)
+    return unsent
+
+
+def stream_chunk(generation: Generation, piece: str) -> str:
+    """A stream's new text framed by its API, with the log probabilities of the tokens it came from when asked."""
+    return generation.request.answers.piece(piece, unsent_logprobs(generation), generation.choice)

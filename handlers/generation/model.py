@@ -89,4 +89,5 @@ def generation_limits(
         max_prompt_chars=(longest_entry + 1) * tokens.max_prompt_tokens,
         positions=tokens.positions,
         auto=tokens.auto,
+        max_n=config["max_n"],
     )

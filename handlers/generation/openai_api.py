@@ -7,14 +7,16 @@ Served at ``/predictions/<model>/<version>/v1/completions`` and ``.../v1/chat/co
 
 - served: ``prompt`` (a string, or a list of one string) / ``messages`` (:mod:`handlers.generation.chat`),
   ``max_tokens`` (chat also ``max_completion_tokens``), ``temperature`` (default 1; 0 to 2, as OpenAI), ``top_p``,
-  ``seed``,
-  ``stop``, ``n`` (1 only), ``stream``, ``stream_options.include_usage``, ``model`` (optional; when given it must name
-  the served model, else 404 ``model_not_found`` as OpenAI answers);
+  ``seed``, ``stop``, ``n`` (1..``handler.max_n`` choices, :mod:`handlers.generation.choices`), ``stream``,
+  ``stream_options.include_usage``, ``model`` (optional; when given it must name the served model, else 404
+  ``model_not_found`` as OpenAI answers), ``logprobs`` (completions: 0..5 alternatives;
+  chat: true/false with ``top_logprobs`` 0..20; :mod:`handlers.generation.options`, shapes in
+  :mod:`handlers.generation.logprobs`);
 - ignored, because they cannot change the answer: ``user`` (chat also ``metadata``, ``store``, ``service_tier``,
   ``safety_identifier``, ``prompt_cache_*``, ``parallel_tool_calls``), ``stream_options.include_obfuscation``;
-- refused with a 400 naming the field unless they have their neutral value: the fields in :data:`NEUTRAL` (logprobs,
-  echo, best_of, penalties, logit_bias, suffix, tools, response_format, ...): we cannot honour them, and ignoring them
-  would answer something else than what was asked;
+- refused with a 400 naming the field unless they have their neutral value: the fields in :data:`NEUTRAL` (echo,
+  best_of, penalties, logit_bias, suffix, tools, response_format, ...): we cannot honour them, and ignoring them would
+  answer something else than what was asked;
 - anything else is an unknown field (400), as OpenAI answers. ``null`` means "not given" for every field but
   ``prompt`` and ``messages``.
 
@@ -32,15 +34,16 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from handlers.core.errors import OPENAI, RequestError, ShapedError, shown
 from handlers.core.http import RequestView, json_body
 from handlers.core.routes import Route
-from handlers.generation import chat
+from handlers.generation import chat, options
 from handlers.generation.answers import Outcome
 from handlers.generation.decoding import SamplingSettings
+from handlers.generation.logprobs import TokenLogprob, TokenText, chat_logprobs, completion_logprobs, token_text
 from handlers.generation.requests import (
     FieldError,
     GenerationLimits,
@@ -82,8 +85,8 @@ SAMPLING_FIELDS = (
     "stream_options",
     REQUEST_FIELD,
 )
-COMPLETION_FIELDS = ("prompt", *SAMPLING_FIELDS)
-CHAT_FIELDS = ("messages", "max_completion_tokens", *SAMPLING_FIELDS)
+COMPLETION_FIELDS = ("prompt", "logprobs", *SAMPLING_FIELDS)
+CHAT_FIELDS = ("messages", "max_completion_tokens", "logprobs", "top_logprobs", *SAMPLING_FIELDS)
 COMPLETION_IGNORED = ("user",)
 CHAT_IGNORED = (
     "user",
@@ -116,15 +119,12 @@ COMMON_NEUTRAL: Neutral = {
 }
 COMPLETION_NEUTRAL: Neutral = {
     **COMMON_NEUTRAL,
-    "logprobs": NEVER,
     "echo": (is_value(False), "false or null"),
     "best_of": (number_is(1), "1 or null"),
     "suffix": (is_value(""), '"" or null'),
 }
 CHAT_NEUTRAL: Neutral = {
     **COMMON_NEUTRAL,
-    "logprobs": (is_value(False), "false or null"),
-    "top_logprobs": NEVER,
     "response_format": (is_value({"type": "text"}), '{"type": "text"} or null'),
     "tools": (is_value([]), "[] or null"),
     "tool_choice": (is_value("none"), '"none" or null'),
@@ -189,8 +189,9 @@ def check_model(body: dict[str, Any], served: Served) -> str:
     return str(model)
 
 
-def check_n(body: dict[str, Any]) -> None:
-    integer(body, "n", 1, 1, 1)  # several choices per request are not served: send several requests
+def check_n(body: dict[str, Any], limits: GenerationLimits) -> int:
+    """Choices per request: 1..handler.max_n (whether their rows fit the batch's room is the handler's check)."""
+    return integer(body, "n", 1, 1, limits.max_n, "handler.max_n")
 
 
 def include_usage(body: dict[str, Any], stream: bool) -> bool:
@@ -211,14 +212,16 @@ def include_usage(body: dict[str, Any], stream: bool) -> bool:
     return bool(options.get("include_usage"))
 
 
-def sampling(body: dict[str, Any], served: Served, tokens_key: str) -> tuple[SamplingSettings, tuple[str, ...]]:
+def sampling(
+    body: dict[str, Any], served: Served, tokens_key: str, logprobs: int | None
+) -> tuple[SamplingSettings, tuple[str, ...]]:
     limits = served.limits
-    check_n(body)
     settings = SamplingSettings(
         max_new_tokens=max_new_tokens(body, tokens_key, limits),
         temperature=openai_temperature(body, limits),
         top_p=checked_top_p(body),
         seed=checked_seed(body)[0],
+        logprobs=logprobs,
     )
     return settings, checked_stop(body)
 
@@ -266,15 +269,22 @@ def parse_completion(body: Any, served: Served) -> GenerationRequest:
     check_fields(body, COMPLETION_FIELDS, COMPLETION_IGNORED, COMPLETION_NEUTRAL)
     model = check_model(body, served)
     prompt = completion_prompt(body, served.limits)
-    settings, stop = sampling(body, served, "max_tokens")
+    settings, stop = sampling(body, served, "max_tokens", options.completion_logprobs(body))
+    n = check_n(body, served.limits)
     stream = checked_stream(body)
     lookup = prompt_lookup(body, prompt)
     answers = CompletionAnswers(
-        f"cmpl-{secrets.token_hex(12)}", int(time.time()), model, fingerprint(served), include_usage(body, stream)
+        f"cmpl-{secrets.token_hex(12)}",
+        int(time.time()),
+        model,
+        fingerprint(served),
+        include_usage(body, stream),
+        settings.logprobs,
+        token_text(served.tokenizer),
     )
     prompt_ids = prompt_tokens(served.tokenizer.encode(prompt), "'prompt'", served.limits)
     return GenerationRequest(
-        prompt_ids, settings, stream, seed_reported=False, stop=stop, answers=answers, lookup=lookup
+        prompt_ids, settings, stream, seed_reported=False, stop=stop, answers=answers, lookup=lookup, n=n
     )
 
 
@@ -294,15 +304,22 @@ def parse_chat(body: Any, served: Served) -> GenerationRequest:
     if "messages" not in body:
         raise FieldError("messages", "missing field 'messages'")
     messages = chat.checked_messages(body["messages"], served.limits)
-    settings, stop = sampling(body, served, chat_tokens_key(body))
+    settings, stop = sampling(body, served, chat_tokens_key(body), options.chat_logprobs(body))
+    n = check_n(body, served.limits)
     stream = checked_stream(body)
     lookup = chat.chat_lookup(messages, "seed" in body, cache_request(body))
     answers = ChatAnswers(
-        f"chatcmpl-{secrets.token_hex(12)}", int(time.time()), model, fingerprint(served), include_usage(body, stream)
+        f"chatcmpl-{secrets.token_hex(12)}",
+        int(time.time()),
+        model,
+        fingerprint(served),
+        include_usage(body, stream),
+        settings.logprobs,
+        token_text(served.tokenizer),
     )
     prompt_ids = chat.chat_prompt_ids(messages, served.tokenizer, served.limits)
     return GenerationRequest(
-        prompt_ids, settings, stream, seed_reported=False, stop=stop, answers=answers, lookup=lookup
+        prompt_ids, settings, stream, seed_reported=False, stop=stop, answers=answers, lookup=lookup, n=n
     )
 
 
@@ -329,6 +346,11 @@ class OpenAIAnswers:
     model: str
     system_fingerprint: str
     include_usage: bool = False
+    top_logprobs: int | None = None  # None: the request did not ask for log probabilities
+    token_text: TokenText | None = None  # the tokens' text and bytes in the logprobs shapes
+    # A stream's state per choice: characters of token text sent (completions' text_offset), role sent (chat).
+    text_offsets: dict[int, int] = field(default_factory=dict)
+    role_sent: set[int] = field(default_factory=set)
 
     stream_content_type = SSE_CONTENT_TYPE
     plain_error_until_streamed = True
@@ -344,12 +366,22 @@ class OpenAIAnswers:
             "system_fingerprint": self.system_fingerprint,
         }
 
-    def choice(self, text: str, finish_reason: str | None, streamed: bool) -> dict[str, Any]:
+    def choice(
+        self,
+        text: str,
+        finish_reason: str | None,
+        streamed: bool,
+        logprobs: tuple[TokenLogprob, ...] | None = None,
+        index: int = 0,
+    ) -> dict[str, Any]:
         raise NotImplementedError
 
     def body(self, outcome: Outcome) -> dict[str, Any]:
-        choice = self.choice(outcome.text, outcome.finish_reason, streamed=False)
-        return outcome.marked({**self.envelope(self.object_name), "choices": [choice], "usage": usage(outcome)})
+        choices = [
+            self.choice(choice.text, choice.finish_reason, False, choice.logprobs, index)
+            for index, choice in enumerate(outcome.each())
+        ]
+        return outcome.marked({**self.envelope(self.object_name), "choices": choices, "usage": usage(outcome)})
 
     def chunk(self, choices: list[dict[str, Any]], outcome: Outcome | None = None) -> str:
         chunk = {**self.envelope(self.chunk_object_name), "choices": choices}
@@ -357,11 +389,15 @@ class OpenAIAnswers:
             chunk["usage"] = usage(outcome) if outcome is not None and not choices else None
         return sse(outcome.marked(chunk) if outcome is not None else chunk)
 
-    def piece(self, text: str) -> str:
-        return self.chunk([self.choice(text, None, streamed=True)])
+    def piece(self, text: str, logprobs: tuple[TokenLogprob, ...] | None = None, index: int = 0) -> str:
+        return self.chunk([self.choice(text, None, True, logprobs, index)])
 
     def stream_end(self, outcome: Outcome) -> str:
-        last = self.chunk([self.choice(outcome.rest, outcome.finish_reason, streamed=True)], outcome)
+        # One last chunk per choice (its text not sent yet and its finish reason), then usage, then [DONE].
+        last = "".join(
+            self.chunk([self.choice(choice.rest, choice.finish_reason, True, choice.rest_logprobs, index)], outcome)
+            for index, choice in enumerate(outcome.each())
+        )
         usage_chunk = self.chunk([], outcome) if self.include_usage else ""
         return last + usage_chunk + SSE_DONE
 
@@ -376,26 +412,49 @@ class OpenAIAnswers:
 class CompletionAnswers(OpenAIAnswers):
     """``text_completion`` objects, streamed as ``text_completion`` chunks."""
 
-    def choice(self, text: str, finish_reason: str | None, streamed: bool) -> dict[str, Any]:
-        return {"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}
+    def choice(
+        self,
+        text: str,
+        finish_reason: str | None,
+        streamed: bool,
+        logprobs: tuple[TokenLogprob, ...] | None = None,
+        index: int = 0,
+    ) -> dict[str, Any]:
+        shown = None
+        if logprobs is not None and self.top_logprobs is not None and self.token_text is not None:
+            offset = self.text_offsets.get(index, 0) if streamed else 0
+            shown = completion_logprobs(list(logprobs), self.top_logprobs, self.token_text, offset)
+            if streamed:
+                self.text_offsets[index] = offset + sum(len(token) for token in shown["tokens"])
+        return {"text": text, "index": index, "logprobs": shown, "finish_reason": finish_reason}
 
 
 class ChatAnswers(OpenAIAnswers):
-    """``chat.completion`` objects, streamed as ``chat.completion.chunk`` deltas (the first one carries the role)."""
+    """``chat.completion`` objects, streamed as ``chat.completion.chunk`` deltas (each choice's first one carries the
+    role)."""
 
     object_name = "chat.completion"
     chunk_object_name = "chat.completion.chunk"
-    role_sent = False
 
-    def choice(self, text: str, finish_reason: str | None, streamed: bool) -> dict[str, Any]:
+    def choice(
+        self,
+        text: str,
+        finish_reason: str | None,
+        streamed: bool,
+        logprobs: tuple[TokenLogprob, ...] | None = None,
+        index: int = 0,
+    ) -> dict[str, Any]:
+        shown = None
+        if logprobs is not None and self.top_logprobs is not None and self.token_text is not None:
+            shown = chat_logprobs(list(logprobs), self.top_logprobs, self.token_text)
         if not streamed:
             message = {"role": "assistant", "content": text}
-            return {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
-        delta = {} if self.role_sent else {"role": "assistant"}
-        if text or not self.role_sent:
+            return {"index": index, "message": message, "logprobs": shown, "finish_reason": finish_reason}
+        delta = {} if index in self.role_sent else {"role": "assistant"}
+        if text or index not in self.role_sent:
             delta["content"] = text
-        self.role_sent = True
-        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        self.role_sent.add(index)
+        return {"index": index, "delta": delta, "logprobs": shown, "finish_reason": finish_reason}
 
 
 # ------------------------------------------------------------------------------------------------------ routes

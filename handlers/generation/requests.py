@@ -17,6 +17,7 @@ the same :class:`GenerationRequest` with the same limits. A refusal about one fi
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +50,7 @@ class GenerationLimits:
     vocab_size: int  # top_k can not exceed it
     max_prompt_chars: int  # longer prompts cannot fit max_prompt_tokens; refused before tokenizing
     positions: int | None = None  # the model's longest sequence (None: its config names none)
+    max_n: int = 1  # choices one request may ask for (handler.max_n)
     auto: tuple[str, ...] = ()  # the token limits resolved from the model's positions (handler.<key>: auto)
 
 
@@ -65,6 +67,14 @@ class GenerationRequest:
     send_pieces: bool = True
     # What the similarity cache compares and what must match exactly (None: the parser gave nothing to look up).
     lookup: PromptLookup | None = None
+    # Choices: n rows decoding one prompt (prefilled once), choice i sampling with seed + i (handlers/generation/
+    # choices.py); counted as n rows of the batch's room.
+    n: int = 1
+
+    @property
+    def reserve(self) -> int:
+        """Tokens of the running batch's room one choice may take: prompt + max_new_tokens."""
+        return len(self.prompt_ids) + self.settings.max_new_tokens
 
 
 @dataclass(frozen=True)
@@ -99,6 +109,8 @@ class Generation:
     request: GenerationRequest
     sequence: Sequence
     text: AnswerText  # its text so far, cut at a stop sequence, and how much of it has been streamed
+    logprobs_sent: int = 0  # tokens whose log probabilities went out in stream chunks
+    choice: int = 0  # its index among its request's n choices
 
 
 @dataclass(frozen=True)
@@ -119,18 +131,31 @@ class GenerationBatch:
 
 
 def start_generations(payloads: list[AcceptedGeneration], tokenizer: Any) -> GenerationBatch:
-    """Each accepted request's decoding state, ready for :func:`handlers.generation.running.generate`."""
+    """Each accepted request's decoding state, ready for :func:`handlers.generation.running.generate`: one generation
+    per choice, a request's n choices one after the other, choice i seeded with :func:`choice_seed`."""
     return GenerationBatch(
         [
             Generation(
                 idx=p.idx,
                 request=p.request,
-                sequence=Sequence(p.request.prompt_ids, p.request.settings),
+                sequence=Sequence(p.request.prompt_ids, choice_settings(p.request.settings, choice)),
                 text=AnswerText(tokenizer, p.request.prompt_ids, p.request.stop),
+                choice=choice,
             )
             for p in payloads
+            for choice in range(p.request.n)
         ]
     )
+
+
+def choice_seed(seed: int, choice: int) -> int:
+    """The seed of a request's choice ``choice``: seed + choice (wrapping past MAX_SEED), so choice 0 draws what the
+    same request with n = 1 draws, and a seeded request with n > 1 is reproducible choice by choice."""
+    return (seed + choice) % (MAX_SEED + 1)
+
+
+def choice_settings(settings: SamplingSettings, choice: int) -> SamplingSettings:
+    return settings if choice == 0 else dataclasses.replace(settings, seed=choice_seed(settings.seed, choice))
 
 
 def integer(

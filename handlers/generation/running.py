@@ -36,10 +36,14 @@ NewTokens = dict[Sequence, int]  # the token each sequence got in one forward pa
 
 @dataclass
 class Filling:
-    """A group of joining sequences whose prompts are being computed, possibly over several passes (chunks)."""
+    """A group of joining sequences whose prompts are being computed, possibly over several passes (chunks).
+
+    Equal prompts (a request's n choices) are one row of the tensors here, computed once: ``source`` says which row
+    each sequence's prompt is, and :meth:`RunningBatch.finish_filling` copies the row to each of them."""
 
     sequences: list[Sequence]
-    cache: Any  # their keys and values so far: prefixes from the prefix cache, then the chunks computed
+    source: list[int]  # per sequence: its prompt's row in the tensors below
+    cache: Any  # the rows' keys and values so far: prefixes from the prefix cache, then the chunks computed
     mask: torch.Tensor  # [rows, columns of cache]
     input_ids: torch.Tensor  # [rows, width]: the part of each prompt to compute, left-padded
     rest_mask: torch.Tensor  # [rows, width]
@@ -50,10 +54,26 @@ class Filling:
     def left(self) -> int:
         return int(self.input_ids.shape[1]) - self.done
 
+    @property
+    def rows(self) -> int:
+        """Rows being computed: one per distinct prompt."""
+        return int(self.input_ids.shape[0])
+
+    @property
+    def computing(self) -> list[Sequence]:
+        """A sequence for each row (the first that has its prompt)."""
+        return [self.sequences[self.source.index(row)] for row in range(self.rows)]
+
     def keep_rows(self, keep: list[int]) -> None:
-        index = torch.tensor(keep, dtype=torch.long, device=self.mask.device)
-        self.sequences = [self.sequences[row] for row in keep]
-        self.mask = kv_cache.select_rows(self.cache, self.mask, keep)
+        """Keep the sequences at positions ``keep``, and only the rows their prompts still need."""
+        rows = sorted({self.source[position] for position in keep})
+        renumbered = {row: new for new, row in enumerate(rows)}
+        self.sequences = [self.sequences[position] for position in keep]
+        self.source = [renumbered[self.source[position]] for position in keep]
+        if len(rows) == self.rows:
+            return
+        index = torch.tensor(rows, dtype=torch.long, device=self.mask.device)
+        self.mask = kv_cache.select_rows(self.cache, self.mask, rows)
         self.input_ids, self.rest_mask, self.positions = (
             tensor.index_select(0, index) for tensor in (self.input_ids, self.rest_mask, self.positions)
         )
@@ -112,17 +132,19 @@ class RunningBatch:
         joining = [sequence for sequence in joining if not sequence.finished]
         if not joining:
             return None
+        # Equal prompts (a request's n choices) are computed once: finish_filling copies their row.
+        computing, source = distinct_prompts(joining)
         prefix_cache = self.prefix_cache
-        hits = [prefix_cache.lookup(s.prompt_ids) if prefix_cache is not None else NO_HIT for s in joining]
+        hits = [prefix_cache.lookup(s.prompt_ids) if prefix_cache is not None else NO_HIT for s in computing]
         cache, prefix_mask = kv_cache.from_rows(self.model, [hit.kv for hit in hits], self.device)
-        rest = [sequence.prompt_ids[hit.length :] for sequence, hit in zip(joining, hits, strict=True)]
+        rest = [sequence.prompt_ids[hit.length :] for sequence, hit in zip(computing, hits, strict=True)]
         input_ids, rest_mask, positions = left_pad(rest, self.pad_token_id, self.device)
         positions = positions + torch.tensor([[hit.length] for hit in hits], device=self.device)
-        return Filling(joining, cache, prefix_mask, input_ids, rest_mask, positions)
+        return Filling(joining, source, cache, prefix_mask, input_ids, rest_mask, positions)
 
     def fill(self, filling: Filling, columns: int) -> torch.Tensor:
         """A pass of its own over the next ``columns`` prompt columns of ``filling``; returns the last column's
-        logits (the first tokens' when it was the last chunk)."""
+        logits (the first tokens' when it was the last chunk), one row per distinct prompt."""
         taken = slice(filling.done, filling.done + columns)
         mask = torch.cat([filling.mask, filling.rest_mask[:, taken]], dim=1)
         logits, filling.cache = model_step(
@@ -133,12 +155,15 @@ class RunningBatch:
         return logits
 
     def finish_filling(self, filling: Filling, logits: torch.Tensor) -> NewTokens:
-        """The first tokens of a group whose prompts are computed (``logits``: their last column's); those that go
-        on join the running batch."""
+        """The first tokens of a group whose prompts are computed (``logits``: their last column's, one row per
+        distinct prompt); those that go on join the running batch."""
         joining, cache, mask = filling.sequences, filling.cache, filling.mask
-        new_tokens = append_tokens(logits, joining, self.stop_token_ids)
         if self.prefix_cache is not None:
-            self.remember_prompts(joining, cache, mask)
+            self.remember_prompts(filling.computing, cache, mask)
+        if filling.rows < len(joining):  # a prompt's row copied to each sequence that has it (n choices)
+            logits = logits.index_select(0, torch.tensor(filling.source, device=logits.device))
+            mask = self.select_rows(cache, mask, filling.source)
+        new_tokens = append_tokens(logits, joining, self.stop_token_ids)
         staying = [row for row, sequence in enumerate(joining) if not sequence.finished]
         if not staying:
             return new_tokens
@@ -176,7 +201,7 @@ class RunningBatch:
         if filling is None:
             self.decoded = bool(self.sequences)
             return self.step()
-        columns = min(filling.left, max(1, self.chunk_tokens // len(filling.sequences)))
+        columns = min(filling.left, max(1, self.chunk_tokens // filling.rows))
         if self.sequences and self.mixable:
             self.decoded = True
             return self.mixed(filling, columns)
@@ -192,7 +217,7 @@ class RunningBatch:
 
     def mixed(self, filling: Filling, columns: int) -> NewTokens:
         """One pass (mixed_pass) of the running rows' decoding step and ``columns`` prompt columns of ``filling``."""
-        rows, joining = self.rows, len(filling.sequences)
+        rows, joining = self.rows, filling.rows
         taken = slice(filling.done, filling.done + columns)
         last = columns == filling.left
         decode_mask = torch.cat([self.mask, self.mask.new_ones((rows, 1))], dim=1)
@@ -283,6 +308,14 @@ class RunningBatch:
         finished = [sequence for sequence in self.sequences if sequence.finished]
         self.remove(finished)
         return finished
+
+
+def distinct_prompts(sequences: list[Sequence]) -> tuple[list[Sequence], list[int]]:
+    """(the first sequence of each distinct prompt, for each sequence the position of its prompt among those)."""
+    first: dict[tuple[int, ...], int] = {}
+    source = [first.setdefault(tuple(sequence.prompt_ids), len(first)) for sequence in sequences]
+    computing = [sequences[source.index(position)] for position in range(len(first))]
+    return computing, source
 
 
 def generate(

@@ -55,10 +55,18 @@ class Active:
     opened: bool = False  # a piece of its stream went out: its status is 200 already, its end closes the stream
     first_token_at: float | None = None
     admitted: bool = False
+    # n > 1: choices 1.. of a request are rows of their own with ids of their own; this is the request's id (what
+    # TorchServe hands over), which its choice 0 has as request_id.
+    choice_of: str | None = None
 
     @property
     def sequence(self) -> Sequence:
         return self.generation.sequence
+
+    @property
+    def client_id(self) -> str:
+        """The id of the request TorchServe serves (shared by a request's choices)."""
+        return self.choice_of or self.request_id
 
 
 @dataclass
@@ -97,7 +105,7 @@ class StepScheduler:
     def cancel_missing(self, present: Iterable[str]) -> list[Active]:
         """Forget the requests TorchServe no longer sends (their clients went away); returns them."""
         present = set(present)
-        gone = [active for request_id, active in self.active.items() if request_id not in present]
+        gone = [active for active in self.active.values() if active.client_id not in present]
         self.release(gone)
         return gone
 
@@ -117,17 +125,18 @@ class StepScheduler:
 
     def admissible(self) -> list[Active]:
         """The waiting requests that fit beside the running ones, in arrival order (the first that does not fit
-        stops the scan, so a long request is not passed by ever more short ones)."""
+        stops the scan, so a long request is not passed by ever more short ones). A request's n choices are admitted
+        together (their prompt is prefilled once for all of them), as n rows."""
         running = self.running
         rows = len(running)
         longest = max((active.reserve for active in running), default=0)
-        admitted = []
-        for active in self.waiting:
-            widest = max(longest, active.reserve)
-            if (rows + 1) * widest > self.max_batch_tokens and rows > 0:
+        admitted: list[Active] = []
+        for unit in requests_of(self.waiting):
+            widest = max(longest, *(active.reserve for active in unit))
+            if (rows + len(unit)) * widest > self.max_batch_tokens and rows > 0:
                 break
-            rows, longest = rows + 1, widest
-            admitted.append(active)
+            rows, longest = rows + len(unit), widest
+            admitted += unit
         return admitted
 
     def iterate(self) -> Iteration:
@@ -159,17 +168,19 @@ class StepScheduler:
         try:
             new_tokens = self.batch.prefill([active.sequence for active in joining])
         except Exception as error:
-            if len(joining) == 1 or any(active.sequence.token_ids for active in joining):
+            units = requests_of(joining)
+            if len(units) == 1 or any(active.sequence.token_ids for active in joining):
                 self.fail(joining, error, iteration)
                 return iteration
-            # Whatever broke the pass may be one prompt's doing: each prompt alone, so only that one fails.
-            logger.warning("prefill of %d requests failed; prefilling them one at a time", len(joining), exc_info=True)
+            # Whatever broke the pass may be one prompt's doing: each request alone (its n choices still share
+            # their prompt's pass), so only that one fails.
+            logger.warning("prefill of %d requests failed; prefilling them one at a time", len(units), exc_info=True)
             new_tokens = {}
-            for active in joining:
-                single = self.prefill([active])
+            for unit in units:
+                single = self.prefill(unit)
                 iteration.new_tokens.update(single.new_tokens)
                 iteration.failed.update(single.failed)
-            self.prefills -= len(joining)
+            self.prefills -= len(units)
         for active in joining:
             active.admitted = True
         iteration.new_tokens.update(self.by_request(new_tokens, by_sequence))
@@ -241,3 +252,14 @@ class StepScheduler:
             sequence.error = f"{type(error).__name__}: {error}"
             active.admitted = True  # its rows (if any) leave with it
             iteration.failed[active.request_id] = sequence.error
+
+
+def requests_of(actives: list[Active]) -> list[list[Active]]:
+    """``actives`` (in arrival order) grouped by the request they belong to: a request's choices are consecutive."""
+    units: list[list[Active]] = []
+    for active in actives:
+        if units and units[-1][0].client_id == active.client_id:
+            units[-1].append(active)
+        else:
+            units.append([active])
+    return units

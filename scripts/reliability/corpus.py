@@ -6,6 +6,8 @@ from pathlib import Path
 
 import yaml
 
+from scripts.reliability.image_grammar import corpus_image
+
 CORPUS_DIR = Path(__file__).resolve().parents[2] / "tests" / "data" / "bad_requests"
 
 
@@ -41,6 +43,8 @@ def build_body(entry):
     if "body_parts" in entry:
         parts = entry["body_parts"]
         return "".join(part if isinstance(part, str) else part[0] * part[1] for part in parts).encode("utf-8")
+    if "body_image" in entry:  # a generated image, damaged as the entry says (image_grammar.corpus_image)
+        return corpus_image(entry["body_image"])
     if "body_rows" in entry:
         spec = entry["body_rows"]
         row = [spec.get("value", 0.0)] * spec["cols"]

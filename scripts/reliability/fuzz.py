@@ -410,7 +410,44 @@ class MiniLMOracle:
         return None
 
 
-class GeneratorOracle:
+def without_logprobs(value):
+    """Choices compared without their logprobs (a batched step adds in another order: the last bits may differ)."""
+    if isinstance(value, list):
+        return [{k: v for k, v in c.items() if k != "logprobs"} if isinstance(c, dict) else c for c in value]
+    return value
+
+
+class GeneratorShapes:
+    """What every generator answer must look like, whatever its text: one choice (or n), each with its text, a
+    finish reason, a token count within the limit and, when asked, one logprobs entry per token."""
+
+    limits: Limits
+
+    def shape_problem(self, body, answer):
+        if not isinstance(answer, dict):
+            return f"no answer object in {str(answer)[:160]}"
+        n = body.get("n", 1)
+        choices = answer.get("choices") if n > 1 else [answer]
+        if not isinstance(choices, list) or len(choices) != n:
+            return f"{n} choices asked, got {str(answer)[:160]}"
+        limit = body.get("max_new_tokens", self.limits.handler["default_max_new_tokens"])
+        for choice in choices:
+            if not isinstance(choice, dict) or not isinstance(choice.get("text"), str):
+                return f"no text in {str(choice)[:160]}"
+            count = choice.get("completion_tokens")
+            if not (isinstance(count, int) and 1 <= count <= limit) or choice.get("finish_reason") not in (
+                "length",
+                "stop",
+            ):
+                return f"malformed answer: {str(choice)[:160]}"
+            if "logprobs" in body and len(choice.get("logprobs") or []) != count:
+                return f"logprobs asked: one per token expected in {str(choice)[:160]}"
+        if body.get("temperature", 0) != 0 and not isinstance(answer.get("seed"), int):
+            return f"a sampled answer without its seed: {str(answer)[:160]}"
+        return None
+
+
+class GeneratorOracle(GeneratorShapes):
     """The generator's own handler in-process, one request at a time: deterministic requests (greedy, or seeded)
     must get exactly its answer from the batched server; the others get shape checks."""
 
@@ -473,24 +510,17 @@ class GeneratorOracle:
         if case.index not in self.expected:
             return "no valid request could be read from this body, yet it was answered 200"
         body = self.requests[case.index]
-        if not isinstance(answer, dict) or not isinstance(answer.get("text"), str):
-            return f"no text in {str(answer)[:160]}"
+        problem = self.shape_problem(body, answer)
+        if problem:
+            return problem
         key = self.expected[case.index]
         if key is None:  # unseeded sampling: only the shape can be checked
-            limit = body.get("max_new_tokens", self.limits.handler["default_max_new_tokens"])
-            count = answer.get("completion_tokens")
-            if (
-                not (isinstance(count, int) and 1 <= count <= limit)
-                or answer.get("finish_reason") not in ("length", "stop")
-                or not isinstance(answer.get("seed"), int)
-            ):
-                return f"malformed sampled answer: {str(answer)[:160]}"
             return None
         status, want = self.references[key]
         if status != 200:
             return f"answered 200, but the request alone in-process gets {status} {str(want)[:120]}"
-        for field_name in ("text", "finish_reason", "prompt_tokens", "completion_tokens", "seed"):
-            if answer.get(field_name) != want.get(field_name):
+        for field_name in ("text", "finish_reason", "prompt_tokens", "completion_tokens", "seed", "choices"):
+            if without_logprobs(answer.get(field_name)) != without_logprobs(want.get(field_name)):
                 return (
                     f"{field_name} {str(answer.get(field_name))[:60]!r} differs from the request alone: "
                     f"{str(want.get(field_name))[:60]!r}"
@@ -983,16 +1013,38 @@ def judge_refusal(case, answer, values):
 
 
 def joined_stream(values):
-    """Streamed pieces then the final line -> one answer as the non-streamed form gives it, or None if malformed."""
+    """Streamed pieces then the final line -> one answer as the non-streamed form gives it, or None if malformed.
+
+    With n > 1 each piece names its choice (``index``) and the final line holds every choice's rest (``choices``);
+    with logprobs each line carries those of its tokens."""
     if (
-        not all(isinstance(v, dict) and isinstance(v.get("text"), str) for v in values)
+        not all(isinstance(v, dict) for v in values)
         or values[-1].get("done") is not True
         or any(v.get("done") for v in values[:-1])
+        or not all(isinstance(v.get("text"), str) for v in values[:-1])
     ):
         return None
-    result = {**values[-1], "text": "".join(v["text"] for v in values)}
-    result.pop("done")
-    return result
+    final = {key: value for key, value in values[-1].items() if key != "done"}
+    if not isinstance(final.get("choices"), list):
+        if not isinstance(final.get("text"), str):
+            return None
+        pieces = [*values[:-1], final]
+        result = {**final, "text": "".join(v["text"] for v in pieces)}
+        if "logprobs" in final:
+            result["logprobs"] = [entry for v in pieces for entry in v.get("logprobs") or []]
+        return result
+    choices = final["choices"]
+    if not all(isinstance(c, dict) and isinstance(c.get("text"), str) for c in choices):
+        return None
+    joined = [{**c, "text": "", **({"logprobs": []} if "logprobs" in c else {})} for c in choices]
+    for v in [*values[:-1], *({**c, "index": i} for i, c in enumerate(choices))]:
+        index = v.get("index")
+        if not isinstance(index, int) or not 0 <= index < len(choices):
+            return None
+        joined[index]["text"] += v["text"]
+        if "logprobs" in joined[index]:
+            joined[index]["logprobs"] += v.get("logprobs") or []
+    return {**final, "choices": joined}
 
 
 def judge(case, answer, oracle):

@@ -1224,6 +1224,7 @@ class GeneratorProductions:
         self.max_prompt = limits.handler["max_prompt_tokens"]
         self.max_temperature = limits.handler["max_temperature"]
         self.vocab = limits.vocab_size
+        self.max_n = limits.handler.get("max_n", 1)
 
     def settings(self, rng, body):
         body["max_new_tokens"] = rng.choice([None, 1, 2, 3, 4, 6, 8, 12, 16, 16, 16])
@@ -1235,7 +1236,13 @@ class GeneratorProductions:
         body["stream"] = rng.choice([None, True, False])
         # The similarity cache's option is valid with or without a cache in the archive (docs/semantic-cache.md).
         body["semantic_cache"] = rng.choice([None, None, None, False, True, {"min_similarity": 1}, {"partition": "t"}])
+        body["logprobs"] = rng.choice([None] * 8 + [0, 3, 20])
         return {k: v for k, v in body.items() if v is not None}
+
+    def choices(self, rng):  # n > 1: every choice's answer (the oracle compares each with the request alone)
+        body = self.settings(rng, {"prompt": rng.choice(self.prompts)})
+        body["n"] = rng.choice(sorted({1, 2, 3, self.max_n}))
+        return (*json_case(rng, body), OK)
 
     def good(self, rng):
         return (*json_case(rng, self.settings(rng, {"prompt": rng.choice(self.prompts)})), OK)
@@ -1284,6 +1291,8 @@ class GeneratorProductions:
                 ("top_k", rng.choice([-1, self.vocab + 1, 10**20, 1.5, "5", True, None])),
                 ("seed", rng.choice([-1, MAX_SEED + 1, 2**64, 2**64 + 1, 1.0, "42", True, None, Raw("1e18")])),
                 ("stream", rng.choice(["true", 1, 0, None, "yes", []])),
+                ("logprobs", rng.choice([-1, 21, 2.5, "3", True, None, [3]])),
+                ("n", rng.choice([0, -1, self.max_n + 1, 10**9, 1.5, Raw("1e9"), "2", True, None])),
                 (
                     "semantic_cache",
                     rng.choice(
@@ -1298,7 +1307,7 @@ class GeneratorProductions:
 
     def unknown_field(self, rng):
         body = {"prompt": "hi"}
-        body[rng.choice(["max_tokens", "n", "stop", "top_p", "Prompt", ""])] = wrong_values(rng)
+        body[rng.choice(["max_tokens", "best_of", "stop", "top_p", "Prompt", ""])] = wrong_values(rng)
         return (*json_case(rng, body), ERROR)
 
     def missing_prompt(self, rng):
@@ -1336,6 +1345,7 @@ class GeneratorProductions:
         return [
             (self.good, 40),
             (self.tiny_temperature, 6),
+            (self.choices, 4),
             (self.prompt_at_limit, 1),
             (self.prompt_over_limit, 1),
             (self.prompt_over_chars, 1),

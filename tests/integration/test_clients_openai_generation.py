@@ -111,9 +111,9 @@ def test_stop_sequences_end_the_text_with_finish_reason_stop(client):
     "call, body, status, error_class, param",
     [
         ("completions", {"prompt": "x", "max_tokens": 100000}, 400, "BadRequestError", "max_tokens"),
-        ("completions", {"prompt": "x", "logprobs": 2}, 400, "BadRequestError", "logprobs"),
+        ("completions", {"prompt": "x", "logprobs": 6}, 400, "BadRequestError", "logprobs"),
         ("completions", {"prompt": [1, 2, 3]}, 400, "BadRequestError", "prompt"),
-        ("completions", {"prompt": "x", "n": 2}, 400, "BadRequestError", "n"),
+        ("completions", {"prompt": "x", "n": 9}, 400, "BadRequestError", "n"),
         ("chat", {"messages": MESSAGES, "temperature": -1}, 400, "BadRequestError", "temperature"),
         ("chat", {"messages": MESSAGES, "temperature": 5}, 400, "BadRequestError", "temperature"),  # OpenAI's bound: 2
         ("completions", {"prompt": "x", "temperature": 2.5}, 400, "BadRequestError", "temperature"),
@@ -141,3 +141,63 @@ def test_the_native_api_still_answers_beside_the_openai_routes(predict, base_url
     assert native.status_code == 200 and native.json()["model"]["weights"] == "random (demo)"
     wrong_route = post(base_url, "embeddings", {"input": "x"})
     assert wrong_route.status_code == 404 and "v1/chat/completions" in wrong_route.json()["message"]
+
+
+# ------------------------------------------------------------------------------------------------ logprobs and n
+def test_chat_logprobs_and_n_through_the_client_equal_the_same_request_over_http(client, base_url):
+    body = {"messages": MESSAGES, "logprobs": True, "top_logprobs": 3, "n": 2, **SEEDED}
+    answer = client.chat.completions.create(model=MODEL, **body)
+    expected = post(base_url, "chat/completions", {"model": MODEL, **body}).json()
+    assert [choice.index for choice in answer.choices] == [0, 1]
+    for choice, want in zip(answer.choices, expected["choices"], strict=True):
+        assert choice.message.content == want["message"]["content"] and choice.finish_reason == want["finish_reason"]
+        content = choice.logprobs.content
+        assert [entry.model_dump() for entry in content] == want["logprobs"]["content"]
+        assert all(len(entry.top_logprobs) == 3 and entry.logprob <= 0 for entry in content)
+        assert b"".join(bytes(entry.bytes) for entry in content).decode("utf-8", "replace") == choice.message.content
+    # choice i is the same request with seed + i and n = 1; usage counts the prompt once
+    alone = [
+        client.chat.completions.create(model=MODEL, **{**body, "n": 1, "seed": SEEDED["seed"] + i}) for i in range(2)
+    ]
+    assert [a.choices[0].message.content for a in alone] == [c.message.content for c in answer.choices]
+    assert answer.usage.prompt_tokens == alone[0].usage.prompt_tokens
+    assert answer.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone)
+
+
+def test_streamed_choices_carry_their_index_and_logprobs(client):
+    body = {"messages": MESSAGES, "logprobs": True, "top_logprobs": 1, "n": 2, **SEEDED}
+    plain = client.chat.completions.create(model=MODEL, **body)
+    chunks = list(client.chat.completions.create(model=MODEL, stream=True, **body))
+    for choice in plain.choices:
+        mine = [c.choices[0] for c in chunks if c.choices and c.choices[0].index == choice.index]
+        assert "".join(c.delta.content or "" for c in mine) == choice.message.content
+        assert mine[-1].finish_reason == choice.finish_reason
+        tokens = [entry.token for c in mine if c.logprobs for entry in c.logprobs.content]
+        assert tokens == [entry.token for entry in choice.logprobs.content]
+
+
+def test_completion_logprobs_are_the_legacy_shape(client):
+    completion = client.completions.create(model=MODEL, prompt="Once upon a time", logprobs=2, **SEEDED)
+    [choice] = completion.choices
+    logprobs = choice.logprobs
+    assert len(logprobs.tokens) == len(logprobs.token_logprobs) == completion.usage.completion_tokens
+    assert all(1 <= len(top) <= 2 for top in logprobs.top_logprobs) and logprobs.text_offset[0] == 0
+
+
+@pytest.mark.parametrize(
+    "call, body, param",
+    [
+        ("chat", {"messages": MESSAGES, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ("chat", {"messages": MESSAGES, "logprobs": True, "top_logprobs": -1}, "top_logprobs"),
+        ("chat", {"messages": MESSAGES, "logprobs": True, "top_logprobs": "3"}, "top_logprobs"),
+        ("chat", {"messages": MESSAGES, "n": 0}, "n"),
+        ("chat", {"messages": MESSAGES, "n": 10**9}, "n"),
+        ("completions", {"prompt": "x", "logprobs": 6}, "logprobs"),
+        ("completions", {"prompt": "x", "n": 9, "stream": True}, "n"),
+    ],
+)
+def test_bad_logprobs_and_n_are_refused_naming_the_field(client, call, body, param):
+    create = client.completions.create if call == "completions" else client.chat.completions.create
+    with pytest.raises(openai.BadRequestError) as raised:
+        create(model=MODEL, **body)
+    assert raised.value.status_code == 400 and raised.value.param == param

@@ -15,6 +15,7 @@ LIMITS = GenerationLimits(
     max_temperature=5.0,
     vocab_size=512,
     max_prompt_chars=17 * 16,
+    max_n=4,
 )
 
 json_scalars = (
@@ -38,6 +39,8 @@ near_valid = st.dictionaries(st.sampled_from(FIELDS + ("extra",)), json_values, 
         "top_k": st.integers(-3, 600) | json_scalars,
         "seed": st.integers(-3, 2**65) | json_scalars,
         "stream": json_scalars,
+        "logprobs": st.integers(-2, 22) | json_scalars,
+        "n": st.integers(-1, 6) | json_scalars,
     },
 )
 
@@ -61,3 +64,5 @@ def test_any_body_is_accepted_within_limits_or_refused_with_a_request_error(body
     assert 0 <= settings_.temperature <= LIMITS.max_temperature
     assert 0 <= settings_.top_k <= LIMITS.vocab_size and 0 <= settings_.seed <= MAX_SEED
     assert isinstance(request.stream, bool)
+    assert settings_.logprobs is None or 0 <= settings_.logprobs <= 20
+    assert 1 <= request.n <= LIMITS.max_n

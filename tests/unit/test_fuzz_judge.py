@@ -83,6 +83,30 @@ def test_a_stream_is_strict_ndjson_and_is_judged_as_one_answer():
     assert fuzz.judge(case(OK), answer(200, unfinished, fuzz.NDJSON), oracle)[0] == "wrong_answer"
 
 
+def test_a_stream_of_n_choices_with_logprobs_is_joined_per_choice():
+    lp = [{"token": "a", "token_id": 1, "logprob": -1.0, "top": []}]
+    lines = [
+        {"index": 1, "text": "x", "logprobs": lp, "done": False},
+        {"index": 0, "text": "a", "logprobs": lp, "done": False},
+        {
+            "choices": [
+                {"index": 0, "text": "b", "logprobs": lp, "finish_reason": "length", "completion_tokens": 2},
+                {"index": 1, "text": "", "logprobs": lp, "finish_reason": "stop", "completion_tokens": 2},
+            ],
+            "done": True,
+            "completion_tokens": 4,
+        },
+    ]
+    joined = fuzz.joined_stream(lines)
+    assert [c["text"] for c in joined["choices"]] == ["ab", "x"] and joined["completion_tokens"] == 4
+    assert [len(c["logprobs"]) for c in joined["choices"]] == [2, 2] and "done" not in joined
+    assert fuzz.joined_stream([{"index": 2, "text": "x", "done": False}, lines[-1]]) is None  # no such choice
+    single = fuzz.joined_stream(
+        [{"text": "a", "logprobs": lp, "done": False}, {"text": "b", "logprobs": lp, "done": True}]
+    )
+    assert single == {"text": "ab", "logprobs": lp + lp}
+
+
 def test_evaluate_counts_every_class_and_keeps_reproducers():
     cases = [case(OK), case(ERROR), case(OK)]
     answers = [answer(200, {"label": 1}), answer(500, {"message": "boom"}), answer(200, b"[NaN]")]
@@ -132,7 +156,7 @@ def test_classifier_oracle_expects_overflow_to_be_refused(model_store):
     [
         ("classifier", {"max_rows": 64}),
         ("minilm", {"max_inputs": 64, "max_text_chars": 20000}),
-        ("generator", {"max_new_tokens": 256, "max_prompt_tokens": 256, "max_temperature": 5.0}),
+        ("generator", {"max_new_tokens": 256, "max_prompt_tokens": 256, "max_temperature": 5.0, "max_n": 8}),
     ],
 )
 def test_every_production_builds_its_bodies(model, handler):

@@ -205,12 +205,12 @@ BAD_COMPLETIONS = {
     "stop empty string": ({"stop": ""}, 400, "stop", "'stop' has 0 characters"),
     "stop number": ({"stop": 5}, 400, "stop", "'stop' must be a string or a list of strings"),
     "stop list of numbers": ({"stop": [5]}, 400, "stop", "'stop[0]' must be a string"),
-    "n 2": ({"n": 2}, 400, "n", "'n' is 2; it must be between 1 and 1"),
+    "n 9": ({"n": 9}, 400, "n", "'n' is 9; it must be between 1 and 8 (handler.max_n)"),
     "n 0": ({"n": 0}, 400, "n", "'n' is 0"),
     "stream string": ({"stream": "true"}, 400, "stream", "'stream' must be true or false"),
     "stream_options without stream": ({"stream_options": {"include_usage": True}}, 400, "stream_options", "only"),
     "stream_options unknown": ({"stream": True, "stream_options": {"x": 1}}, 400, "stream_options", "['x']"),
-    "logprobs": ({"logprobs": 0}, 400, "logprobs", "'logprobs' is 0; this server cannot honour it"),
+    "logprobs 6": ({"logprobs": 6}, 400, "logprobs", "'logprobs' is 6; it must be between 0 and 5"),
     "echo": ({"echo": True}, 400, "echo", "'echo' is True"),
     "best_of 2": ({"best_of": 2}, 400, "best_of", "'best_of' is 2"),
     "presence_penalty": ({"presence_penalty": 0.5}, 400, "presence_penalty", "cannot honour"),
@@ -314,7 +314,7 @@ def test_bad_chat_gets_its_own_openai_error(generator, name):
     [
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ({"response_format": {"type": "json_object"}}, "response_format"),
-        ({"logprobs": True}, "logprobs"),
+        ({"logprobs": 1}, "logprobs"),
         ({"top_logprobs": 2}, "top_logprobs"),
         ({"reasoning_effort": "high"}, "reasoning_effort"),
         ({"max_tokens": 5, "max_completion_tokens": 6}, "max_tokens"),
@@ -596,6 +596,7 @@ LIMITS = GenerationLimits(
     max_temperature=5.0,
     vocab_size=512,
     max_prompt_chars=17 * 16,
+    max_n=4,
 )
 json_scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)
 json_values = st.recursive(
@@ -616,6 +617,7 @@ FIELDS = [
     "stream",
     "stream_options",
     "logprobs",
+    "top_logprobs",
     "echo",
     "user",
     "best_of",
@@ -639,6 +641,8 @@ near_valid = st.fixed_dictionaries(
         "seed": st.integers(-3, 2**65) | json_scalars,
         "stop": st.lists(st.text(max_size=300), max_size=6) | json_values,
         "n": st.integers(-1, 3) | json_scalars,
+        "logprobs": st.booleans() | st.integers(-1, 6) | json_scalars,
+        "top_logprobs": st.integers(-1, 21) | json_scalars,
         "stream": json_scalars,
         "model": st.sampled_from(["generator", "other"]) | json_scalars,
     },
@@ -659,3 +663,5 @@ def test_any_openai_body_is_accepted_within_limits_or_refused_with_a_4xx(served,
     assert 0 <= request.settings.temperature <= LIMITS.max_temperature and 0 <= request.settings.top_p <= 1
     assert 0 <= request.settings.seed <= MAX_SEED and len(request.stop) <= 4
     assert all(1 <= len(stop) <= 256 for stop in request.stop) and isinstance(request.stream, bool)
+    assert request.settings.logprobs is None or 0 <= request.settings.logprobs <= (20 if chat_route else 5)
+    assert 1 <= request.n <= LIMITS.max_n

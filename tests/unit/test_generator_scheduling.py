@@ -346,6 +346,94 @@ def test_chunked_prefill_gives_the_tokens_of_a_whole_prefill_while_running_rows_
         assert [running.token_ids, joining.token_ids] == expected, mixed
 
 
+def test_n_choices_share_one_chunked_prefill_and_equal_single_requests_seeded_s_and_s_plus_1(lm):
+    model, tokenizer = lm
+    running_prompt = tokenizer.encode("Once upon a time")
+    prompt = tokenizer.encode("The quick brown fox jumps over the lazy dog, again and again, all day long.")
+    settings = [SamplingSettings(12, temperature=0.9, seed=seed) for seed in (7, 8)]  # choice i: seed + i
+    expected = [alone(model, prompt, s) for s in settings]
+    assert expected[0] != expected[1]
+    chunks = -(-len(prompt) // 4)
+    for mixed in (True, False):
+        batch = RunningBatch(model, 0, [], chunk_tokens=4)
+        batch.mixable = mixed
+        choices = [Sequence(prompt, s) for s in settings]
+        with torch.inference_mode():
+            batch.prefill([Sequence(running_prompt, SamplingSettings(30))])
+            before = batch.computed_prompt_tokens
+            batch.begin_filling(choices)
+            passes = 0
+            while batch.filling is not None:
+                batch.advance()
+                passes += 1
+            # One row of 4 columns a pass: the prompt computed once (two rows would get 2 columns a pass), then
+            # copied to both choices.
+            assert batch.computed_prompt_tokens - before == len(prompt)
+            assert passes == (chunks if mixed else 2 * chunks - 1)
+            assert batch.rows == 3 and all(len(choice.token_ids) == 1 for choice in choices)
+            while batch.rows:
+                batch.advance()
+                batch.remove_finished()
+        assert [choice.token_ids for choice in choices] == expected, mixed
+
+
+def test_n_choices_of_a_chunked_request_are_the_request_seeded_s_and_s_plus_1(chunked, whole):
+    handler, context = chunked
+    frontend = ContinuousFrontend(handler, context)
+    body = {"prompt": "A model served tokens to many clients at once", "max_new_tokens": 10, "temperature": 1.1}
+    running = frontend.submit({**LONG, "max_new_tokens": 30, "stream": True})
+    frontend.step()
+    job = frontend.submit({**body, "seed": 21, "n": 2})
+    frontend.run()
+    assert job.status == 200 and running.status == 200
+    texts = [choice["text"] for choice in json.loads(job.body)["choices"]]
+    assert texts == [reference(whole, {**body, "seed": 21 + i})["text"] for i in range(2)]
+    assert received(running)[0] == reference(whole, {**LONG, "max_new_tokens": 30})["text"]
+
+
+def test_logprobs_in_a_mixed_pass_equal_those_of_the_unchunked_path(lm):
+    model, tokenizer = lm
+    running_prompt = tokenizer.encode("Once upon a time")
+    joining_prompt = tokenizer.encode("The quick brown fox jumps over the lazy dog, again and again.")
+    running_settings = SamplingSettings(24, temperature=0.9, seed=5, logprobs=3)
+    joining_settings = [SamplingSettings(8, temperature=0.8, seed=seed, logprobs=2) for seed in (1, 2)]
+    plain = SamplingSettings(24)  # a row that did not ask, beside them
+
+    def decoded(prompt, settings):
+        sequence = Sequence(list(prompt), settings)
+        with torch.inference_mode():
+            generate(model, [sequence], [], pad_token_id=0)
+        return sequence
+
+    expected = [decoded(running_prompt, running_settings)] + [decoded(joining_prompt, s) for s in joining_settings]
+    batch = RunningBatch(model, 0, [], chunk_tokens=4)
+    assert batch.mixable
+    running = [Sequence(running_prompt, running_settings), Sequence(running_prompt, plain)]
+    joining = [Sequence(joining_prompt, s) for s in joining_settings]
+    with torch.inference_mode():
+        batch.prefill(running)
+        batch.begin_filling(joining)
+        mixed_steps = 0
+        while batch.filling is not None:
+            batch.advance()
+            mixed_steps += 1
+        assert len(running[0].token_ids) == 1 + mixed_steps > 2  # the running rows decoded in every chunk's pass
+        while batch.rows:
+            batch.advance()
+            batch.remove_finished()
+    assert not running[1].logprobs
+    for got, want in zip([running[0], *joining], expected, strict=True):
+        assert got.token_ids == want.token_ids
+        assert len(got.logprobs) == len(got.token_ids)  # the joining rows' first token (from the chunk) included
+        for ours, theirs in zip(got.logprobs, want.logprobs, strict=True):
+            assert ours.token_id == theirs.token_id
+            assert ours.logprob == pytest.approx(
+                theirs.logprob, abs=1e-4
+            )  # fp32, shared products summed in another order
+            assert [i for i, _ in ours.top] == [i for i, _ in theirs.top]
+            assert [v for _, v in ours.top] == pytest.approx([v for _, v in theirs.top], abs=1e-4)
+
+
 def test_a_request_cancelled_while_its_prompt_is_computed_leaves_the_others_untouched(lm):
     model, tokenizer = lm
     prompts = [tokenizer.encode(text) for text in ("Once upon a time", "A model served tokens", "Hello there")]

@@ -1,0 +1,218 @@
+"""Image-text embedders: transformers ``CLIPModel`` and ``SiglipModel`` folders and sentence-transformers CLIP folders
+(handlers/image/image_text_model.py says which folders and why), texts and images into one vector space.
+
+The engine's rows are the images (the vision tower: decoded, preprocessed as the folder's image processor does,
+batched, cached by digest, gated and converted like any image model's); the texts go through the text tower with the
+folder's own tokenizer when a request's answer is written (the kind's companion, a TextEncoder loaded beside the
+served module). Requests and answers: handlers/image/image_text_requests.py. The parity check compares the image
+vectors with the reference library's (handlers/image/kinds/image_text_reference.py), and
+:meth:`ImageTextKind.companion_parity` the text vectors and the zero-shot scores.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image
+from torch import nn
+
+from handlers.core.errors import COHERE, RequestError, too_large
+from handlers.core.http import RequestView
+from handlers.core.routes import Route
+from handlers.image.folder import ImageModelFolder
+from handlers.image.image_text_model import (
+    ImageTextFolder,
+    ImageTower,
+    TextEncoder,
+    TextTower,
+    is_image_text_folder,
+    load_image_text_model,
+    load_text_encoder,
+    read_image_text_folder,
+)
+from handlers.image.image_text_requests import (
+    DEFAULT_TEMPLATE,
+    ImageTextRequest,
+    answer_cohere,
+    answer_own,
+    parse_cohere,
+    parse_own,
+    single_image,
+    sorted_scores,
+)
+from handlers.image.inputs import image_from_body, image_from_string, is_image_content_type
+from handlers.image.kinds.base import ImageKind, ImageReference
+from handlers.image.requests import ImageRequestContext
+from handlers.text.cache import CachedRow
+from handlers.text.requests.common import check_model_name, decoded_body
+from handlers.text.requests.embedding import VectorSpace
+
+
+class ImageTextImageReference(ImageReference):
+    """The reference library's image vectors, one image at a time (what the image parity check compares)."""
+
+    def __init__(self, folder: Path) -> None:
+        from handlers.image.kinds.image_text_reference import load_reference
+
+        self.reference = load_reference(folder)
+        self.processor = self.reference.image_processor
+
+    def answer(self, image: Image.Image) -> torch.Tensor:
+        return self.reference.image_embeddings([image])[0]
+
+    def served_pixels(self, image: Image.Image) -> torch.Tensor:
+        """The image as the folder's processor makes it (the zero-shot check compares scores, not preprocessing,
+        which the image parity check has proved)."""
+        return torch.as_tensor(self.processor(images=[image], return_tensors="pt")["pixel_values"])
+
+
+def folder_of(info: ImageModelFolder) -> ImageTextFolder:
+    """The image-text folder description recorded in ``info.extra`` by :meth:`ImageTextKind.read_folder`."""
+    return ImageTextFolder(**info.extra["image_text"])
+
+
+class ImageTextKind(ImageKind):
+    name = "image-text"
+    reference_library = "transformers CLIPModel / SiglipModel (zero-shot-image-classification) or sentence-transformers"
+    default_min_cosine = 0.999
+
+    def read_folder(self, folder: Path) -> ImageModelFolder:
+        found = read_image_text_folder(folder)
+        return ImageModelFolder(
+            kind=self.name,
+            model_type=found.model_type,
+            body_class=found.architecture,
+            output_size=found.dimension,
+            activation="sigmoid" if found.sigmoid else "softmax",
+            extra={"image_text": vars(found).copy()},
+        )
+
+    @staticmethod
+    def detects(folder: Path) -> bool:
+        return is_image_text_folder(folder)
+
+    def build_module(self, folder: Path, info: ImageModelFolder) -> nn.Module:
+        return load_image_text_model(folder, folder_of(info)).image.eval()
+
+    def load_companion(self, folder: Path, info: ImageModelFolder, module: nn.Module) -> TextEncoder:
+        """The text tower beside the served image tower: the same fp32 model (not the converted or compiled copy
+        the engine serves images with), and the folder's tokenizer."""
+        found = folder_of(info)
+        if not isinstance(module, ImageTower):
+            raise TypeError(f"the image-text companion is built on the fp32 ImageTower, got {type(module).__name__}")
+        return load_text_encoder(folder, found, TextTower(module.model, found.normalize))
+
+    def load_reference(self, folder: Path, info: ImageModelFolder) -> ImageReference:
+        return ImageTextImageReference(folder)
+
+    def companion_parity(self, folder: Path, info: ImageModelFolder, reference: ImageReference) -> dict[str, float]:
+        """The text vectors (min cosine) on the reference sentences, and the zero-shot scores (1 - the largest
+        difference, and the same label order) on the reference images, against the reference library."""
+        from handlers.image.kinds.image_text_reference import PARITY_LABELS, parity_texts
+        from handlers.image.reference import reference_images
+
+        if not isinstance(reference, ImageTextImageReference):
+            raise TypeError(f"an image-text parity check compares with its own reference, got {type(reference)}")
+        library = reference.reference
+        model = load_image_text_model(folder, folder_of(info))
+        encoder = self.load_companion(folder, info, model.image)
+        texts = parity_texts()
+        ours = torch.stack([text.vector for text in encoder.encode(texts)])
+        text_agreement = float(torch.nn.functional.cosine_similarity(ours, library.text_embeddings(texts)).min())
+        hypotheses = [DEFAULT_TEMPLATE.replace("{}", label, 1) for label in PARITY_LABELS]
+        labels = torch.stack([text.vector for text in encoder.encode(hypotheses)])
+        worst = 1.0
+        for image in reference_images()[:3]:
+            expected = library.zero_shot(image, PARITY_LABELS)
+            with torch.inference_mode():
+                vector = model.image(reference.served_pixels(image))
+            got = sorted_scores(encoder.scores(vector, labels)[0].tolist(), PARITY_LABELS)
+            if [g["label"] for g in got] != [e["label"] for e in expected]:
+                worst = min(worst, 0.0)
+            difference = max(abs(float(g["score"]) - e["score"]) for g, e in zip(got, expected, strict=True))
+            worst = min(worst, 1.0 - difference)
+        return {"text_vectors": text_agreement, "zero_shot_scores": worst}
+
+    def check_value(self, info: ImageModelFolder, value: Any) -> bool:
+        if not bool(torch.isfinite(value).all()):
+            return False
+        return not folder_of(info).normalize or abs(float(value.norm()) - 1.0) <= 1e-3
+
+    # ------------------------------------------------------------------------------------------- requests
+    def routes(self) -> tuple[Route, ...]:
+        return (
+            Route("", self.parse_request, self.answer, api="this project's own"),
+            Route("v1/embeddings", self.parse_input, self.answer, api="OpenAI and Jina embeddings (input)"),
+            Route("v2/embed", self.parse_cohere, self.answer_cohere, COHERE, "Cohere embed v2"),
+        )
+
+    def parse_request(self, api: ImageRequestContext, body: Any, request: RequestView) -> ImageTextRequest:
+        if is_image_content_type(request.content_type):
+            parsed = single_image(image_from_body(body, request.content_type, api.sources.limits))
+        else:
+            body = self.json_body(body, request)
+            check_model_name(body, api.served_name)
+            parsed = parse_own(body, image_decoder(api))
+        return self.checked(api, parsed)
+
+    def parse_input(self, api: ImageRequestContext, body: Any, request: RequestView) -> ImageTextRequest:
+        body = self.json_body(body, request)
+        check_model_name(body, api.served_name)
+        if "input" not in body:
+            raise RequestError("missing field 'input' (a text, or a list of texts, {'text'} and {'image'} items)")
+        return self.checked(api, parse_own(body, image_decoder(api)))
+
+    def parse_cohere(self, api: ImageRequestContext, body: Any, request: RequestView) -> ImageTextRequest:
+        body = self.json_body(body, request)
+        check_model_name(body, api.served_name)
+        return self.checked(api, parse_cohere(body, image_decoder(api)))
+
+    @staticmethod
+    def json_body(body: Any, request: RequestView) -> dict[str, Any]:
+        body = decoded_body(body, request.content_type, "'text', 'texts', 'image', 'images' or 'input'")
+        if not isinstance(body, dict):
+            raise RequestError(f"body must be a JSON object (or a raw image), got {type(body).__name__}")
+        return body
+
+    @staticmethod
+    def checked(api: ImageRequestContext, request: ImageTextRequest) -> ImageTextRequest:
+        if len(request.images) > api.sources.max_images:
+            raise too_large(
+                f"the request carries {len(request.images)} images; at most {api.sources.max_images} are allowed "
+                f"per request (handler.max_images)"
+            )
+        return request
+
+    def answer(self, api: ImageRequestContext, payload: ImageTextRequest, rows: list[CachedRow]) -> Any:
+        encoder = companion(api)
+        images = torch.stack([row.value for row in rows]).float() if rows else torch.zeros(0)
+        texts = encoder.encode(payload.texts) if payload.texts else []
+        return answer_own(payload, images, texts, encoder.scores, api.served_name)
+
+    def answer_cohere(self, api: ImageRequestContext, payload: ImageTextRequest, rows: list[CachedRow]) -> Any:
+        encoder = companion(api)
+        images = torch.stack([row.value for row in rows]).float() if rows else torch.zeros(0)
+        texts = encoder.encode(payload.texts) if payload.texts else []
+        space = VectorSpace(api.info.output_size, (), folder_of(api.info).normalize, None)
+        return answer_cohere(payload, images, texts, space)
+
+    def describe(self, info: ImageModelFolder) -> dict[str, Any]:
+        return {**super().describe(info), **folder_of(info).describe(), "dimension": info.output_size}
+
+
+def companion(api: ImageRequestContext) -> TextEncoder:
+    encoder = api.companion
+    if not isinstance(encoder, TextEncoder):
+        raise TypeError("the image-text kind answers with its text encoder (ImageRequestContext.companion)")
+    return encoder
+
+
+def image_decoder(api: ImageRequestContext) -> Any:
+    """One image value of a JSON body (base64, a data: URI, an http(s) URL from an allowed host) -> its bytes."""
+
+    def decode(value: Any, name: str) -> bytes:
+        return image_from_string(value, name, api.sources)
+
+    return decode

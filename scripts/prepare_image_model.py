@@ -1,0 +1,215 @@
+"""Stage an image model's folder for its archive: check it, copy what serving needs, record the image processor's
+steps, prove parity.
+
+The prepare step of the image-model template (models/image-model):
+
+1. **Check** the folder as the worker will read it (handlers/image/kinds/): the kind the folder says it is (a
+   transformers *ForImageClassification architecture; --kind to name it), its image processor
+   (``preprocessor_config.json``), safetensors weights (pickled ``.bin`` weights are refused). A refusal names the
+   file and the fix, and nothing is staged (so nothing reaches model_store/).
+2. **Copy** what serving reads (configs, weights) into --out; training leftovers stay behind.
+3. **Record what transformers decides** (``image_model.json``): the class the weights load as and the image
+   processor's resolved steps (resize rule and filter, crop, rescale, normalize: handlers/image/preprocess.py), which
+   the worker reproduces without loading the processor. A processor whose steps the server does not reproduce is
+   refused by name.
+4. **Parity**: generated reference images (handlers/image/reference.py: odd sizes, portrait and landscape, 1x1,
+   larger than the model's input) through the served preprocessing and the served fp32 module, one image at a time,
+   against transformers' AutoImageProcessor and model on the same images. Below --min-parity (0.9999 in the kind's
+   measure: 1 - the largest score difference for a classifier) the folder is refused. A kind that computes more
+   than image rows proves that too, against the same bound (an image-text model: its text vectors, and its
+   zero-shot scores against transformers' zero-shot-image-classification pipeline).
+
+    python -m scripts.prepare_image_model --source /path/to/folder --out build/my-model/model
+Exit codes: 0 staged, 1 the folder was refused, 2 bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from scripts.prepare_text_model import PARITY_BOUND, PrepareError, resolve_source
+
+COPIED_SUFFIXES = (".json", ".safetensors", ".txt")
+LEFT_BEHIND = ("training_args", "trainer_state", "optimizer", "scheduler", "rng_state")
+
+
+def check_files(folder: Path) -> None:
+    """What a worker reads must be there, and no pickle is ever loaded."""
+    from handlers.image.folder import PROCESSOR_FILE
+    from handlers.text.folder import FolderError, optional_json, pickled_files, refuse_pickle
+
+    if not (folder / "config.json").is_file():
+        raise FolderError("config.json", "is missing", "save the model with save_pretrained(folder)")
+    # transformers 5's Processor.save_pretrained (and sentence-transformers 6, which calls it) nests the image
+    # processor's settings in processor_config.json instead of writing preprocessor_config.json.
+    nested = "image_processor" in optional_json(folder, "processor_config.json")
+    if not (folder / PROCESSOR_FILE).is_file() and not nested:
+        raise FolderError(
+            PROCESSOR_FILE,
+            "is missing, so how the model's images are resized and normalized is unknown",
+            "save the model's image processor beside it: AutoImageProcessor.from_pretrained(...)"
+            ".save_pretrained(folder)",
+        )
+    weights = sorted(folder.glob("*.safetensors"))
+    if not weights:
+        pickled = pickled_files(folder)
+        if pickled:
+            raise refuse_pickle(pickled[0])
+        raise FolderError("model.safetensors", "is missing", "save the model with save_pretrained(folder)")
+
+
+def copy_folder(source: Path, out: Path) -> list[str]:
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    copied = []
+    for path in sorted(source.iterdir()):
+        if path.is_file() and path.suffix in COPIED_SUFFIXES and not path.name.startswith(LEFT_BEHIND):
+            shutil.copy2(path, out / path.name)
+            copied.append(path.name)
+    return copied
+
+
+def check_weights_load(out: Path, body_class: str) -> None:
+    """Every parameter is in the folder's weights: transformers would initialise a missing one at random."""
+    from handlers.image.kinds.base import load_options
+    from handlers.text.folder import FolderError
+    from handlers.text.model import transformers_class
+
+    _, loading = transformers_class(body_class).from_pretrained(str(out), output_loading_info=True, **load_options())
+    missing = sorted(loading.get("missing_keys") or []) + sorted(str(k) for k in loading.get("mismatched_keys") or [])
+    if missing:
+        raise FolderError(
+            "model.safetensors",
+            f"has no weights (or weights of another shape) for {len(missing)} of the model's parameters "
+            f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): they would be random",
+            "save config.json and the weights of the same model together (save_pretrained)",
+        )
+
+
+def parity(out: Path, kind: Any, info: Any, reference: Any) -> tuple[float, float]:
+    """The served preprocessing and fp32 module against the reference library on the reference images, one image at
+    a time: (agreement in the kind's measure, the largest pixel_values difference to the processor's)."""
+    import torch
+
+    from handlers.image.reference import reference_images
+
+    module = kind.build_module(out, info)
+    preprocessing = info.preprocessing
+    expected, ours, pixel_difference = [], [], 0.0
+    with torch.inference_mode():
+        for image in reference_images():
+            pixels = preprocessing.tensor([preprocessing.pixels(image)])
+            theirs = torch.as_tensor(reference.processor(images=image, return_tensors="pt")["pixel_values"])
+            if theirs.shape != pixels.shape:
+                raise PrepareError(
+                    f"the served preprocessing makes a {image.width}x{image.height} image {tuple(pixels.shape)}, "
+                    f"the folder's image processor {tuple(theirs.shape)}; refused"
+                )
+            pixel_difference = max(pixel_difference, float((theirs.float() - pixels).abs().max()))
+            ours.append(kind.row_value(info, module(pixels), 0))
+            expected.append(reference.answer(image))
+    return kind.parity(info, expected, ours), pixel_difference
+
+
+def stage(source: str, out: Path, kind_name: str | None, min_parity: float | None) -> dict[str, Any]:
+    from dataclasses import replace
+
+    from handlers.image.folder import write_served
+    from handlers.image.kinds import inspect_folder, kind_named
+    from handlers.image.preprocess import Preprocessing, PreprocessingError
+    from handlers.text.folder import FolderError
+
+    folder, origin = resolve_source(source)
+    info = inspect_folder(folder, kind_name)
+    kind = kind_named(info.kind)
+    check_files(folder)
+    copied = copy_folder(folder, out)
+    reference = kind.load_reference(out, info)
+    try:
+        preprocessing = Preprocessing.from_processor(reference.processor)
+    except PreprocessingError as error:
+        raise FolderError(
+            "preprocessor_config.json", str(error), "save one of the image processors listed with the model"
+        ) from None
+    body_class = type(reference.body).__name__ if hasattr(reference, "body") else info.body_class
+    info = replace(info, preprocessing=preprocessing, body_class=body_class)
+    check_weights_load(out, body_class)
+    write_served(out, info)
+    info = inspect_folder(out, kind.name)  # the staged copy is what the worker reads: check it too
+    agreement, pixel_difference = parity(out, kind, info, reference)
+    bound = PARITY_BOUND if min_parity is None else min_parity
+    if agreement < bound:
+        raise PrepareError(
+            f"{folder}: the served {kind.name} model computes something else than {kind.reference_library} on the "
+            f"reference images (fp32 agreement {agreement:.6f} < {bound}, {kind.gate_measure}); refused"
+        )
+    companion = kind.companion_parity(out, info, reference)  # e.g. an image-text model's text tower
+    for what, value in companion.items():
+        if value < bound:
+            raise PrepareError(
+                f"{folder}: the served {kind.name} model's {what.replace('_', ' ')} differ from "
+                f"{kind.reference_library}'s (fp32 agreement {value:.6f} < {bound}); refused"
+            )
+    record = {
+        **origin,
+        **kind.describe(info),
+        "files": copied,
+        "parity": {
+            "reference": kind.reference_library,
+            "fp32_agreement": round(agreement, 7),
+            "bound": bound,
+            "pixel_values_max_difference": pixel_difference,
+            **{what: round(value, 7) for what, value in companion.items()},
+        },
+    }
+    weights = out / "model.safetensors"
+    if weights.is_file():
+        record["model.safetensors sha256"] = hashlib.sha256(weights.read_bytes()).hexdigest()
+    (out / "model_source.json").write_text(json.dumps(record, indent=2) + "\n")
+    print(
+        f"staged {kind.name} model {folder} -> {out}: {info.model_type} ({info.body_class}, "
+        f"{preprocessing.processor_class}), parity with {kind.reference_library} {agreement:.6f}, pixel_values "
+        f"max difference {pixel_difference:g}"
+    )
+    return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    from handlers.image.kinds import KINDS
+
+    parser = argparse.ArgumentParser(
+        prog="python -m scripts.prepare_image_model",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--kind", choices=("auto", *KINDS), default="auto", help="the model's kind (auto: the folder's)"
+    )
+    parser.add_argument("--source", required=True, help="the model folder")
+    parser.add_argument("--out", type=Path, required=True, help="folder to stage the archive's model files in")
+    parser.add_argument("--min-parity", type=float, help=f"fp32 agreement with the reference library ({PARITY_BOUND})")
+    args = parser.parse_args(argv)
+    from handlers.text.folder import FolderError
+
+    try:
+        stage(args.source, args.out, None if args.kind == "auto" else args.kind, args.min_parity)
+    except FolderError as error:
+        print(f"error: {args.source}: {error}", file=sys.stderr)
+        shutil.rmtree(args.out, ignore_errors=True)
+        return 1
+    except PrepareError as error:
+        print(f"error: {error}", file=sys.stderr)
+        shutil.rmtree(args.out, ignore_errors=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,318 @@
+"""The image-text kind's model path in process, on tiny random CLIP, SigLIP and sentence-transformers CLIP folders
+(scripts/tiny_image_models.py): its text and image vectors equal the reference libraries' (transformers' model
+forward, sentence-transformers' encode), and its zero-shot answers equal transformers' zero-shot-image-classification
+pipeline's, sigmoid for SigLIP and softmax for CLIP."""
+
+import base64
+import io
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from handlers.core.errors import RequestError
+from handlers.image.image_text_model import (
+    load_image_text_model,
+    load_text_encoder,
+    read_image_text_folder,
+)
+from handlers.image.kinds.image_text_reference import load_reference
+from handlers.text.folder import FolderError
+from scripts import tiny_image_models
+
+TEXTS = ["a photo of a cat", "a photo of a dog", "Bonjour le monde, très chaud!", "x"]
+LABELS = ["cat", "dog", "car", "house"]
+BOUND = 0.9999
+
+
+def _images():
+    """Four images of different sizes and content: noise, a gradient, flat colour, a wide one."""
+    rng = np.random.default_rng(0)
+    noise = Image.fromarray(rng.integers(0, 256, (40, 50, 3), dtype=np.uint8))
+    ramp = np.linspace(0, 255, 64 * 64 * 3).reshape(64, 64, 3).astype(np.uint8)
+    return [noise, Image.fromarray(ramp), Image.new("RGB", (33, 33), (200, 30, 90)), noise.resize((120, 40))]
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("image-text")
+    clip = tiny_image_models.make_clip(root / "clip")
+    return {
+        "clip": clip,
+        "siglip": tiny_image_models.make_siglip(root / "siglip"),
+        "st-clip": tiny_image_models.make_sentence_transformers_clip(root / "st-clip", clip),
+    }
+
+
+def _served(folder):
+    info = read_image_text_folder(folder)
+    model = load_image_text_model(folder, info)
+    return info, model, load_text_encoder(folder, info, model.text)
+
+
+def _cosines(a, b):
+    return torch.nn.functional.cosine_similarity(a.float(), b.float(), dim=-1)
+
+
+@pytest.mark.parametrize("name", ["clip", "siglip", "st-clip"])
+def test_text_and_image_vectors_equal_the_reference_library(folders, name):
+    info, model, encoder = _served(folders[name])
+    reference = load_reference(folders[name])
+    expected_texts = reference.text_embeddings(TEXTS)
+    got_texts = torch.stack([text.vector for text in encoder.encode(TEXTS)])
+    assert got_texts.shape == expected_texts.shape
+    assert _cosines(got_texts, expected_texts).min() >= BOUND
+    # Vectors of different texts differ: a blind tower would pass the parity above with any input.
+    assert _cosines(got_texts[0:1], got_texts[2:3]).item() < 0.99
+    images = _images()
+    pixels = reference.image_processor(images=images, return_tensors="pt")["pixel_values"]
+    with torch.inference_mode():
+        got_images = model.image(pixels)
+    expected_images = reference.image_embeddings(images)
+    assert _cosines(got_images, expected_images).min() >= BOUND
+    assert torch.allclose(got_images.norm(dim=-1), expected_images.norm(dim=-1), rtol=1e-4)
+    assert _cosines(got_images[0:1], got_images[1:2]).item() < 0.99
+
+
+def test_sentence_transformers_clip_vectors_are_encodes_unnormalized_ones_and_the_transformers_ones_unit(folders):
+    info = read_image_text_folder(folders["st-clip"])
+    assert info.sentence_transformers and not info.normalize and info.architecture == "CLIPModel"
+    _, _, encoder = _served(folders["st-clip"])
+    assert abs(float(encoder.encode(TEXTS[:1])[0].vector.norm()) - 1.0) > 1e-3
+    _, _, encoder = _served(folders["clip"])
+    assert abs(float(encoder.encode(TEXTS[:1])[0].vector.norm()) - 1.0) < 1e-5
+
+
+@pytest.mark.parametrize("name", ["clip", "siglip", "st-clip"])
+@pytest.mark.parametrize("template", ["This is a photo of {}.", "{}"])
+def test_zero_shot_scores_equal_the_pipeline(folders, name, template):
+    info, model, encoder = _served(folders[name])
+    reference = load_reference(folders[name])
+    image = _images()[1]
+    expected = reference.zero_shot(image, LABELS, template)
+    pixels = reference.image_processor(images=[image], return_tensors="pt")["pixel_values"]
+    with torch.inference_mode():
+        image_vectors = model.image(pixels)
+    labels = torch.stack([text.vector for text in encoder.encode([template.format(label) for label in LABELS])])
+    scores = model.scores(image_vectors, labels)[0]
+    got = sorted(zip(scores.tolist(), LABELS, strict=True), key=lambda pair: -pair[0])
+    assert [label for _, label in got] == [answer["label"] for answer in expected]
+    assert np.allclose([score for score, _ in got], [answer["score"] for answer in expected], atol=1e-5)
+    if name == "siglip":  # a sigmoid per label: the scores need not sum to 1
+        assert abs(sum(answer["score"] for answer in expected) - 1.0) > 1e-3
+    else:
+        assert abs(sum(score for score, _ in got) - 1.0) < 1e-5
+
+
+def test_siglip_texts_are_padded_to_64_tokens_without_a_mask_as_the_pipeline_pads_them(folders):
+    _, _, encoder = _served(folders["siglip"])
+    inputs = encoder.tokenizer(TEXTS, return_tensors="pt", **encoder.options)
+    assert inputs["input_ids"].shape[1] == 64 and "attention_mask" not in inputs
+
+
+def test_a_long_text_is_cut_at_the_tower_limit_and_says_so(folders):
+    _, _, encoder = _served(folders["clip"])
+    long_text = "word " * 200
+    cut, short = encoder.encode([long_text, "short"])
+    assert cut.truncated and cut.tokens == encoder.max_tokens == 77
+    assert not short.truncated and short.tokens < 77
+
+
+def test_siglip2_and_foreign_modules_are_refused_by_name(folders, tmp_path):
+    siglip2 = tmp_path / "siglip2"
+    siglip2.mkdir()
+    (siglip2 / "config.json").write_text(json.dumps({"model_type": "siglip2", "architectures": ["Siglip2Model"]}))
+    with pytest.raises(FolderError, match="Siglip2Model"):
+        read_image_text_folder(siglip2)
+    pooled = tmp_path / "pooled"
+    pooled.mkdir()
+    modules = json.loads((folders["st-clip"] / "modules.json").read_text())
+    modules.append({"idx": 9, "name": "9", "path": "9_Pooling", "type": "sentence_transformers.models.Pooling"})
+    (pooled / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(FolderError, match="Pooling"):
+        read_image_text_folder(pooled)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The served path in process: each folder staged by the packaging step (its parity checks included), loaded by the
+# image engine, and requests parsed and answered by the kind's routes.
+
+
+class HeaderContext:
+    """The one thing a route reads of TorchServe's context: the request's headers."""
+
+    def __init__(self, content_type):
+        self.headers = {"Content-Type": content_type}
+
+    def get_request_header(self, idx, name):
+        return self.headers.get(name)
+
+
+def png(image):
+    buffer = io.BytesIO()
+    image.save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def data_uri(image):
+    return "data:image/png;base64," + base64.b64encode(png(image)).decode()
+
+
+@pytest.fixture(scope="module")
+def engines(folders, tmp_path_factory):
+    from handlers.image.engine import ImageEngine
+    from scripts.prepare_image_model import stage
+
+    loaded = {}
+    for name, folder in folders.items():
+        staged = tmp_path_factory.mktemp(f"staged-{name}") / "model"
+        record = stage(str(folder), staged, None, None)
+        parity = record["parity"]
+        assert min(parity["fp32_agreement"], parity["text_vectors"], parity["zero_shot_scores"]) >= BOUND, parity
+        assert record["kind"] == "image-text"
+        loaded[name] = ImageEngine.load(staged, {"precision": "fp32"}, threads=1, name=name)
+    return loaded
+
+
+def served(engine, body, content_type="application/json", path=""):
+    """One request through the kind's route at PATH: its answer, or its RequestError."""
+    from handlers.core.http import RequestView
+    from handlers.core.routes import route_table
+    from handlers.image.requests import ImageRequestContext
+
+    api = ImageRequestContext(engine.loaded.info, engine.sources, "m", "m", companion=engine.loaded.companion)
+    route = route_table(engine.kind.routes())[path]
+    try:
+        payload = route.parse(api, body, RequestView(HeaderContext(content_type), 0))
+    except RequestError as error:
+        return error
+    [result] = engine.run([payload], lambda request, rows: route.answer(api, request, rows))
+    return result
+
+
+def decoded_png(image):
+    return Image.open(io.BytesIO(png(image))).convert("RGB")
+
+
+@pytest.mark.parametrize("name", ["clip", "siglip", "st-clip"])
+def test_served_text_and_image_embeddings_equal_the_reference(folders, engines, name):
+    engine, reference = engines[name], load_reference(folders[name])
+    images = _images()[:2]
+    text = served(engine, {"text": TEXTS[0]})
+    assert set(text) == {"embedding", "truncated"} and text["truncated"] is False
+    expected = reference.text_embeddings(TEXTS[:1])[0]
+    assert _cosines(torch.tensor(text["embedding"]), expected).item() >= BOUND
+    raw = served(engine, png(images[0]), "image/png")
+    expected_images = reference.image_embeddings([decoded_png(image) for image in images])
+    assert _cosines(torch.tensor(raw["embedding"]), expected_images[0]).item() >= BOUND
+    both = served(
+        engine, {"texts": TEXTS[:2], "images": [data_uri(images[0]), base64.b64encode(png(images[1])).decode()]}
+    )
+    assert set(both) == {"text_embeddings", "truncated", "image_embeddings"}
+    assert _cosines(torch.tensor(both["image_embeddings"]), expected_images).min() >= BOUND
+    assert _cosines(torch.tensor(both["text_embeddings"]), reference.text_embeddings(TEXTS[:2])).min() >= BOUND
+    assert both["image_embeddings"][0] == raw["embedding"]  # the same bytes: the same cached row
+
+
+@pytest.mark.parametrize("name", ["clip", "siglip", "st-clip"])
+def test_served_zero_shot_is_the_pipelines_answer(folders, engines, name):
+    engine, reference = engines[name], load_reference(folders[name])
+    images = _images()[1:3]
+    body = {"images": [data_uri(image) for image in images], "candidate_labels": LABELS}
+    answers = served(engine, body)
+    assert len(answers) == 2
+    for image, answer in zip(images, answers, strict=True):
+        expected = reference.zero_shot(decoded_png(image), LABELS)
+        assert [a["label"] for a in answer] == [e["label"] for e in expected]
+        assert np.allclose([a["score"] for a in answer], [e["score"] for e in expected], atol=1e-5)
+        assert list(answer[0]) == ["score", "label"]
+    one = served(engine, {"image": data_uri(images[0]), "candidate_labels": LABELS, "hypothesis_template": "{}"})
+    expected = reference.zero_shot(decoded_png(images[0]), LABELS, "{}")
+    assert [a["label"] for a in one] == [e["label"] for e in expected]
+    assert np.allclose([a["score"] for a in one], [e["score"] for e in expected], atol=1e-5)
+
+
+def test_jina_and_openai_input_keeps_the_items_order(folders, engines):
+    engine, reference = engines["clip"], load_reference(folders["clip"])
+    image = _images()[0]
+    body = {
+        "model": "m",
+        "input": [{"image": data_uri(image)}, {"text": TEXTS[1]}, TEXTS[2]],
+        "encoding_format": "float",
+    }
+    for path in ("", "v1/embeddings"):
+        answer = served(engine, body, path=path)
+        assert [entry["index"] for entry in answer["data"]] == [0, 1, 2] and answer["model"] == "m"
+        got = torch.tensor([entry["embedding"] for entry in answer["data"]])
+        expected = torch.cat([reference.image_embeddings([decoded_png(image)]), reference.text_embeddings(TEXTS[1:3])])
+        assert _cosines(got, expected).min() >= BOUND
+        assert answer["usage"]["total_tokens"] > 0
+    as_base64 = served(engine, {**body, "encoding_format": "base64"}, path="v1/embeddings")
+    decoded = [np.frombuffer(base64.b64decode(entry["embedding"]), dtype="<f4") for entry in as_base64["data"]]
+    assert np.allclose(decoded, [entry["embedding"] for entry in answer["data"]], atol=1e-7)
+
+
+def test_cohere_embed_v2_texts_images_and_inputs(folders, engines):
+    engine, reference = engines["clip"], load_reference(folders["clip"])
+    image = _images()[0]
+    expected_image = reference.image_embeddings([decoded_png(image)])[0]
+    answer = served(engine, {"images": [data_uri(image)], "embedding_types": ["float", "base64"]}, path="v2/embed")
+    assert answer["response_type"] == "embeddings_by_type" and answer["meta"]["billed_units"]["images"] == 1
+    assert _cosines(torch.tensor(answer["embeddings"]["float"][0]), expected_image).item() >= BOUND
+    decoded = np.frombuffer(base64.b64decode(answer["embeddings"]["base64"][0]), dtype="<f4")
+    assert decoded.tolist() == pytest.approx(answer["embeddings"]["float"][0])
+    inputs = [
+        {"content": [{"type": "text", "text": TEXTS[0]}]},
+        {"content": [{"type": "image_url", "image_url": {"url": data_uri(image)}}]},
+    ]
+    answer = served(engine, {"inputs": inputs, "input_type": "search_document"}, path="v2/embed")
+    floats = torch.tensor(answer["embeddings"]["float"])
+    assert _cosines(floats[0], reference.text_embeddings(TEXTS[:1])[0]).item() >= BOUND
+    assert _cosines(floats[1], expected_image).item() >= BOUND
+    texts = served(engine, {"texts": TEXTS[:2]}, path="v2/embed")
+    assert texts["texts"] == TEXTS[:2] and len(texts["embeddings"]["float"]) == 2
+
+
+@pytest.mark.parametrize(
+    ("body", "path", "words"),
+    [
+        ({"text": "a", "texts": ["b"]}, "", "either 'text' or 'texts'"),
+        ({"texts": ["a"], "candidate_labels": ["x"]}, "", "not texts"),
+        ({"candidate_labels": ["x", "y"]}, "", "needs 'image'"),
+        ({"image": "data:image/png;base64,xx", "candidate_labels": ["x"], "hypothesis_template": "no slot"}, "", "{}"),
+        ({"text": "a", "top_k": 3}, "", "unknown field"),
+        ({"input": [{"text": "a", "image": "b"}]}, "", "'input'[0]"),
+        ({"images": ["aGVsbG8="] * 65}, "", "handler.max_images"),
+        (
+            {"inputs": [{"content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]},
+            "v2/embed",
+            "not both",
+        ),
+        ({"texts": ["a"], "images": ["b"]}, "v2/embed", "one of"),
+        ({"texts": ["a"], "embedding_types": ["int8"]}, "v2/embed", "embedding_types"),
+        ({"image": "not base64 at all!"}, "", "image"),
+    ],
+)
+def test_bad_requests_are_refused_naming_the_problem(engines, body, path, words):
+    error = served(engines["clip"], body, path=path)
+    assert isinstance(error, RequestError) and 400 <= error.code < 500, error
+    assert words in error.message
+
+
+def test_cohere_truncate_none_refuses_a_text_over_the_limit(engines):
+    error = served(engines["clip"], {"texts": ["word " * 100], "truncate": "NONE"}, path="v2/embed")
+    assert isinstance(error, RequestError) and error.code == 400 and "token limit" in error.message
+    cut = served(engines["clip"], {"text": "word " * 100})
+    assert cut["truncated"] is True
+
+
+def test_make_package_picks_the_image_template_and_describe_says_what_the_model_is(folders, engines):
+    from scripts import package
+
+    for name in ("clip", "siglip", "st-clip"):
+        assert package.template_for(folders[name]) == "image-model"
+    described = engines["siglip"].kind.describe(engines["siglip"].loaded.info)
+    assert described["kind"] == "image-text" and described["zero_shot_scores"] == "sigmoid"
+    assert engines["st-clip"].kind.describe(engines["st-clip"].loaded.info)["layout"] == "sentence-transformers"
