@@ -106,8 +106,10 @@ grpc-stubs: install
 # precision and backend tests (marker cpu_kind) again as an AVX2-only CPU (TS_CPU_AS masks the flags the handlers
 # read), so CPU-dependent choices are checked on every machine, not only on the kind the last change was made on.
 CPU_KIND_PASS = TS_TEST_MODELS=minilm $(WITH_JAVA) $(PY) -m pytest -m cpu_kind tests $(PYTEST_ARGS)
+# --durations: the slowest tests are listed at the end, so the suite's time budget (under 30 minutes on 2 cores) can
+# be watched as kinds grow.
 test: lint mar grpc-stubs
-	$(WITH_JAVA) $(PY) -m pytest tests $(PYTEST_ARGS)
+	$(WITH_JAVA) $(PY) -m pytest tests --durations=25 $(PYTEST_ARGS)
 	TS_CPU_AS=avx2 $(CPU_KIND_PASS)
 
 # The cpu_kind tests once per kind of CPU this machine can be run as (a kind it lacks is listed, not run).

@@ -97,6 +97,14 @@ class GeneratorHandler(ServingHandler):
             "prompt + max_new_tokens); a request that does not fit waits; auto = batchSize x (max_prompt_tokens + "
             "max_new_tokens)",
         ),
+        "prefill_chunk_tokens": Option(
+            int,
+            64,
+            minimum=0,
+            help="per-step scheduling: prompt tokens a joining request computes per step, in the running requests' "
+            "decoding pass (chunked prefill: a long prompt does not stall the streams); 0 = whole prompts in a "
+            "step of their own",
+        ),
         "max_n": Option(
             int,
             8,
@@ -150,7 +158,8 @@ class GeneratorHandler(ServingHandler):
             self.threads,
             context.system_properties.get("gpu_id"),
         )
-        self.loop = GenerationLoop(self.loaded, budget, self.prefix_cache, self.semantic)
+        chunk_tokens = self.config["prefill_chunk_tokens"] if self.per_step else 0
+        self.loop = GenerationLoop(self.loaded, budget, self.prefix_cache, self.semantic, chunk_tokens)
         # What every route's parser needs to know about the served model.
         self.served = Served(self.model_name, self.loaded.info, self.loaded.limits, self.loaded.tokenizer)
         structured.prepare_in_background(self.served)  # response_format's grammar vocabulary, off the first request
@@ -222,6 +231,8 @@ class GeneratorHandler(ServingHandler):
             "scheduling": {
                 "per_step": self.per_step,  # continuousBatching: true in model-config.yaml
                 "max_batch_tokens": self.loop.scheduler.max_batch_tokens,
+                "prefill_chunk_tokens": self.loop.scheduler.batch.chunk_tokens,
+                "mixed_passes": self.loop.scheduler.batch.mixable,  # chunks ride in the decoding passes
                 "running": len(self.loop.scheduler.running),
                 "waiting": len(self.loop.scheduler.waiting),
                 "decode_steps": self.loop.scheduler.decode_steps,

@@ -21,7 +21,10 @@ probe   no model: a decoder that makes one token per step in no time (loadtests/
         continuousBatching and once with asyncCommunication, shows what a step costs in TorchServe's frontend
         (one stream of 400 tokens; 8 streams of 200) and whether a client's disconnect reaches the worker.
 steps   in-process, no server: the median time of a decoding step of the measurement model with 1, 4, 8 and 16
-        running rows (about 150 columns wide), of prefilling one 9-token prompt into such a batch, and alone.
+        running rows (about 150 columns wide); for a 9-token prompt joining such a batch (and a 200-token one
+        joining 16 rows), its first token and the running rows' longest wait between two tokens, prefilled whole
+        in a pass of its own and with chunked prefill (the archive's handler.prefill_chunk_tokens); one prefill
+        alone. --threads N: torch threads (default 1, as the archive's worker).
 
 Each writes loadtests/reports/generator-<name>-<time>.json and prints its figures. Exit codes: 0 measured, 1 a
 server failed, 2 bad arguments.
@@ -51,6 +54,7 @@ REPORTS = REPO / "loadtests" / "reports"
 PROBE = REPO / "loadtests" / "generator_probe"
 QUESTIONS = [f"Question {n}: how do I serve model number {n} with {n + 1} workers?" for n in range(12)]
 SYSTEM_PROMPT_TOKENS = 200
+LONG_PROMPT_TOKENS = 200  # steps: a long prompt joining 16 running rows
 SYSTEM_TEXT = (
     "You are the support assistant of a model-serving platform. Answer questions about deploying PyTorch models "
     "with TorchServe: model archives, handlers, batching, workers, metrics, the management API and streaming. Be "
@@ -286,8 +290,62 @@ def measure_probe(log):
 
 
 # ------------------------------------------------------------------------------------------------ step costs
-def measure_steps(log):
-    """In-process (no server): what a prefill and a decoding step of the measurement model cost, by batch size."""
+def timed(action, repeats):
+    """Median seconds of ``action()`` over ``repeats`` calls."""
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        action()
+        times.append(time.perf_counter() - started)
+    return round(statistics.median(times), 4)
+
+
+def running_batch(model, pad_token_id, chunk, prompt, rows, rng):
+    """A running batch of ``rows`` sampling rows that joined at different times, about 150 columns wide."""
+    from handlers.generation.decoding import SamplingSettings, Sequence
+    from handlers.generation.running import RunningBatch
+
+    batch = RunningBatch(model, pad_token_id, [], chunk_tokens=chunk)
+    for _ in range(rows):
+        batch.prefill([Sequence(prompt, SamplingSettings(1000, 0.8, seed=rng.randrange(2**31)))])
+        for _ in range(rng.randrange(20)):
+            batch.step()
+    while batch.width < 150:
+        batch.step()
+    return batch
+
+
+def join_whole(batch, ids):
+    """A prompt prefilled whole in a pass of its own: seconds to its first token, and the running rows' longest wait
+    between two tokens (that pass, then their step)."""
+    from handlers.generation.decoding import SamplingSettings, Sequence
+
+    joining = Sequence(ids, SamplingSettings(1000))
+    started = time.perf_counter()
+    batch.prefill([joining])
+    first = time.perf_counter() - started
+    batch.remove([joining])
+    return first, first + timed(batch.step, 1)
+
+
+def join_chunked(batch, ids):
+    """The same with chunked prefill (the chunks ride in the running rows' passes)."""
+    from handlers.generation.decoding import SamplingSettings, Sequence
+
+    joining = Sequence(ids, SamplingSettings(1000))
+    batch.begin_filling([joining])
+    started, longest = time.perf_counter(), 0.0
+    while batch.filling is not None:
+        longest = max(longest, timed(batch.advance, 1))
+    first = time.perf_counter() - started
+    batch.remove([joining])
+    return first, longest
+
+
+def measure_steps(log, threads=1):
+    """In-process (no server): what a decoding step of the measurement model costs by batch size, and what a prompt
+    joining such a batch costs the running rows and itself, prefilled whole in a pass of its own (the generator
+    before chunked prefill) or riding in the running rows' decoding passes (chunked prefill, as shipped)."""
     import random
     import zipfile
 
@@ -306,33 +364,27 @@ def measure_steps(log):
         with zipfile.ZipFile(archive) as unpacked:
             unpacked.extractall(folder)
     handler, _ = load_handler(folder, systems.MODEL, continuous_batching=True)
-    torch.set_num_threads(1)
-    model, tokenizer = handler.loaded.model, handler.loaded.tokenizer
+    torch.set_num_threads(threads)
+    model, tokenizer, pad = handler.loaded.model, handler.loaded.tokenizer, handler.loaded.pad_token_id
+    chunk = handler.loop.scheduler.batch.chunk_tokens
     rng = random.Random(0)
     prompt = tokenizer.encode("Once upon a time there was a small model")
-
-    def timed(action, repeats):
-        times = []
-        for _ in range(repeats):
-            started = time.perf_counter()
-            action()
-            times.append(time.perf_counter() - started)
-        return round(statistics.median(times), 4)
-
-    results = {"prompt_tokens": len(prompt), "threads": 1}
+    sentence = tokenizer.encode(" The quick brown fox jumps over the lazy dog, then serves a model over HTTP.")
+    long_prompt = (sentence * (LONG_PROMPT_TOKENS // len(sentence) + 1))[:LONG_PROMPT_TOKENS]
+    results = {"prompt_tokens": len(prompt), "long_prompt_tokens": len(long_prompt), "threads": threads}
+    results["prefill_chunk_tokens"] = chunk
     with torch.inference_mode():
         for rows in (1, 4, 8, 16):
-            batch = RunningBatch(model, handler.loaded.pad_token_id, [])
-            for _ in range(rows):  # rows joined at different times: widths as in a running batch
-                batch.prefill([Sequence(prompt, SamplingSettings(1000, 0.8, seed=rng.randrange(2**31)))])
-                for _ in range(rng.randrange(20)):
-                    batch.step()
-            while batch.width < 150:
-                batch.step()
+            batch = running_batch(model, pad, chunk, prompt, rows, rng)
             results[f"decode_step_{rows}_rows_s"] = timed(batch.step, 10)
-            joining = Sequence(prompt, SamplingSettings(1000))
-            results[f"prefill_1_joining_{rows}_rows_s"] = timed(lambda b=batch, s=joining: b.prefill([s]), 1)
-        alone = RunningBatch(model, handler.loaded.pad_token_id, [])
+            cases = [("", prompt, 5)] + ([("long_", long_prompt, 3)] if rows == 16 else [])
+            for label, ids, repeats in cases:
+                for name, join in (("whole", join_whole), ("chunked", join_chunked)):
+                    runs = [join(batch, ids) for _ in range(repeats)]
+                    first, wait = (round(statistics.median(values), 4) for values in zip(*runs, strict=True))
+                    results[f"join_{label}{name}_{rows}_rows_first_token_s"] = first
+                    results[f"join_{label}{name}_{rows}_rows_longest_wait_s"] = wait
+        alone = RunningBatch(model, pad, [])
         results["prefill_1_alone_s"] = timed(lambda: alone.prefill([Sequence(prompt, SamplingSettings(1))]), 5)
     log(f"steps: {json.dumps(results)}")
     return results
@@ -354,14 +406,17 @@ def main(argv=None):
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("measurement", choices=[*MEASUREMENTS, "all"])
+    parser.add_argument("--threads", type=int, default=1, help="steps: torch threads (default 1, as the worker)")
     args = parser.parse_args(argv)
+    if args.threads < 1:
+        parser.error("--threads must be at least 1")
     exit_on_sigterm()
     REPORTS.mkdir(parents=True, exist_ok=True)
     names = list(MEASUREMENTS) if args.measurement == "all" else [args.measurement]
     status = 0
     for name in names:
         try:
-            figures = MEASUREMENTS[name](print)
+            figures = measure_steps(print, args.threads) if name == "steps" else MEASUREMENTS[name](print)
         except Exception as error:
             print(f"{name}: failed: {error}", file=sys.stderr)
             status = 1

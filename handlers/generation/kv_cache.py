@@ -10,12 +10,14 @@ so every row computes exactly what it would alone.
 The operations here change the batch between steps: :func:`merge` (rows that finished their prefill join),
 :func:`select_rows` (rows that finished or were cancelled leave), :func:`drop_dead_columns` (columns no remaining row
 uses are freed), :func:`row_columns` (one row's keys and values, e.g. for the prefix cache) and :func:`from_rows`
-(a cache built from per-row prefixes). They work on layers that keep every column (``DynamicLayer``, full attention);
+(a cache built from per-row prefixes). They work on layers that keep every column (full attention: transformers'
+``DynamicLayer``, here the :func:`growing_layer` that appends a step's column in place instead of copying the layer);
 a model whose cache keeps a sliding window or shares layers is refused by :func:`check_mergeable`.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -29,18 +31,78 @@ class UnsupportedCache(ValueError):
 
 
 def new_cache(model: Any) -> Any:
-    """A fresh dynamic key/value cache for this model."""
+    """A fresh dynamic key/value cache for this model, its full-attention layers growing in place
+    (:func:`growing_layer`)."""
     from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
 
-    return DynamicCache(config=model.config)
+    cache = DynamicCache(config=model.config)
+    layer_class = growing_layer()
+    cache.layers = [layer_class() if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    return cache
+
+
+# Spare columns a layer's buffers get when they are (re)allocated: at least this many, or half the used width.
+SPARE_COLUMNS = 64
+
+
+@functools.cache
+def growing_layer() -> type:
+    """The class of a full-attention cache layer whose keys and values are views of buffers with spare columns.
+
+    transformers' ``DynamicLayer`` concatenates at every update: the whole layer is copied to add one column (on the
+    124 M model at 16 rows x 150 columns, 177 MB per step; docs/generation.md). This subclass writes a step's new
+    columns into the spare room and makes ``keys``/``values`` longer views of the same buffers; they are reallocated
+    (with room again) only when full, or when something else replaced ``keys``/``values`` (rows joining or leaving,
+    dead columns dropped: the functions of this module assign new tensors, adopted at the next update). A view
+    restored after a failed step is recognised as the start of its buffer, so restoring copies nothing either.
+    (Built on first use: transformers is imported only when a cache is made.)"""
+    from transformers.cache_utils import DynamicLayer
+
+    class GrowingLayer(DynamicLayer):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.key_buffer: torch.Tensor | None = None
+            self.value_buffer: torch.Tensor | None = None
+
+        def update(
+            self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            assert self.keys is not None and self.values is not None  # set by lazy_initialization
+            self.keys, self.key_buffer = appended(self.keys, self.key_buffer, key_states)
+            self.values, self.value_buffer = appended(self.values, self.value_buffer, value_states)
+            return self.keys, self.values
+
+    return GrowingLayer
+
+
+def appended(view: torch.Tensor, buffer: torch.Tensor | None, new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``view`` with ``new`` appended along the columns (dim -2), and the buffer it is a view of: written into
+    ``buffer``'s spare columns when ``view`` is that buffer's start and there is room, else into a new buffer."""
+    used = view.shape[-2] if view.dim() == 4 else 0  # a fresh layer's keys are an empty 1-d tensor
+    needed = used + new.shape[-2]
+    in_place = (
+        buffer is not None
+        and needed <= buffer.shape[-2]
+        and buffer.shape[:-2] == new.shape[:-2]
+        and (used == 0 or (view.data_ptr() == buffer.data_ptr() and view.stride() == buffer.stride()))
+    )
+    if not in_place:
+        capacity = needed + max(SPARE_COLUMNS, needed // 2)
+        buffer = new.new_empty((*new.shape[:-2], capacity, new.shape[-1]))
+        if used:
+            buffer[..., :used, :] = view
+    assert buffer is not None
+    buffer[..., used:needed, :] = new
+    return buffer[..., :needed, :], buffer
 
 
 def unsupported_layers(model: Any) -> list[str]:
     """The kinds of the model's cache layers that do not keep every column (sliding window, shared): rows of such a
     cache cannot join a batch or reuse a prefix; [] for a full-attention model."""
-    from transformers.cache_utils import DynamicLayer
-
-    return sorted({type(layer).__name__ for layer in new_cache(model).layers if type(layer) is not DynamicLayer})
+    return sorted({type(layer).__name__ for layer in new_cache(model).layers if type(layer) is not growing_layer()})
 
 
 def check_mergeable(model: Any) -> None:
@@ -64,7 +126,8 @@ def set_layer(layer: Any, keys: torch.Tensor, values: torch.Tensor) -> None:
 
 
 def snapshot(cache: Any) -> list[tuple[Any, Any]]:
-    """The layers' current tensors: a step replaces them (torch.cat makes new ones), so these restore a failed step."""
+    """The layers' current tensors: a step replaces them with longer ones (views of the same buffers, whose columns
+    before the step it does not touch), so these restore a failed step."""
     return [(layer.keys, layer.values) for layer in cache.layers]
 
 

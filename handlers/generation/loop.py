@@ -66,13 +66,15 @@ class GenerationLoop:
         max_batch_tokens: int,
         prefix_cache: PrefixCache | None = None,
         semantic: SemanticCache | None = None,
+        prefill_chunk_tokens: int = 0,
     ) -> None:
         self.loaded = loaded
         self.prefix_cache = prefix_cache
         self.semantic = semantic
-        self.scheduler = StepScheduler(
-            RunningBatch(loaded.model, loaded.pad_token_id, loaded.stop_token_ids, prefix_cache), max_batch_tokens
+        batch = RunningBatch(
+            loaded.model, loaded.pad_token_id, loaded.stop_token_ids, prefix_cache, chunk_tokens=prefill_chunk_tokens
         )
+        self.scheduler = StepScheduler(batch, max_batch_tokens)
         self.groups: dict[str, ChoiceGroup] = {}  # per step: requests with n > 1, by request id, until all end
 
     def cache_query(self, request: GenerationRequest) -> SemanticQuery | str | None:

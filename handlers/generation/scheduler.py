@@ -5,10 +5,13 @@ already decoding (by request id) and newly arrived ones, up to ``batchSize``; a 
 longer among them. :class:`StepScheduler` keeps each request's decoding state between those calls and decides what the
 next forward pass does:
 
-- newly arrived requests wait for room (:attr:`StepScheduler.max_batch_tokens`), then are **prefilled** together in a
-  pass of their own, which gives each its first token: a new request does not wait for the others' generations, and
-  its first token is not delayed by a decoding step of theirs;
-- otherwise every running request **steps** once (one new token each).
+- newly arrived requests wait for room (:attr:`StepScheduler.max_batch_tokens`), then their prompts are
+  **prefilled** together. With chunked prefill (``RunningBatch.chunk_tokens``, the handler's
+  ``prefill_chunk_tokens``) at most that many prompt tokens are computed per pass, inside the running requests'
+  decoding pass (:mod:`handlers.generation.mixed_pass`): a long prompt is spread over several steps and no step
+  stalls the streams for a whole prompt; the last chunk gives each its first token. Without it (0) they are
+  prefilled whole in a pass of their own, which gives each its first token while the running requests wait;
+- otherwise (and beside the chunks) every running request **steps** once (one new token each).
 
 A request leaves as soon as it is finished (length, end-of-text, a stop sequence, an error) or missing (cancelled), so
 its answer goes out at once and its rows stop costing steps. The room a request needs is counted at its longest
@@ -137,15 +140,19 @@ class StepScheduler:
         return admitted
 
     def iterate(self) -> Iteration:
-        """One forward pass: prefill the requests that can join, else step the running ones."""
+        """One forward pass: prefill the requests that can join, else step the running ones (with chunked
+        prefill: the running ones' step and the next chunk of the joining ones' prompts)."""
         started = time.perf_counter()
-        joining = self.admissible()
-        if joining:
-            iteration = self.prefill(joining)
-        elif self.batch.rows:
-            iteration = self.step()
+        if self.batch.chunk_tokens:
+            iteration = self.advance()
         else:
-            iteration = Iteration(IDLE)
+            joining = self.admissible()
+            if joining:
+                iteration = self.prefill(joining)
+            elif self.batch.rows:
+                iteration = self.step()
+            else:
+                iteration = Iteration(IDLE)
         iteration.seconds = time.perf_counter() - started
         now = time.perf_counter()
         for request_id in iteration.new_tokens:
@@ -161,20 +168,63 @@ class StepScheduler:
         try:
             new_tokens = self.batch.prefill([active.sequence for active in joining])
         except Exception as error:
-            if len(joining) == 1 or any(active.sequence.token_ids for active in joining):
+            units = requests_of(joining)
+            if len(units) == 1 or any(active.sequence.token_ids for active in joining):
                 self.fail(joining, error, iteration)
                 return iteration
-            # Whatever broke the pass may be one prompt's doing: each prompt alone, so only that one fails.
-            logger.warning("prefill of %d requests failed; prefilling them one at a time", len(joining), exc_info=True)
+            # Whatever broke the pass may be one prompt's doing: each request alone (its n choices still share
+            # their prompt's pass), so only that one fails.
+            logger.warning("prefill of %d requests failed; prefilling them one at a time", len(units), exc_info=True)
             new_tokens = {}
-            for active in joining:
-                single = self.prefill([active])
+            for unit in units:
+                single = self.prefill(unit)
                 iteration.new_tokens.update(single.new_tokens)
                 iteration.failed.update(single.failed)
-            self.prefills -= len(joining)
+            self.prefills -= len(units)
         for active in joining:
             active.admitted = True
         iteration.new_tokens.update(self.by_request(new_tokens, by_sequence))
+        return iteration
+
+    def advance(self) -> Iteration:
+        """Chunked prefill: the requests that can join start their prompts (when no group is being computed), then
+        one pass of :meth:`RunningBatch.advance`. A pass that fails with a chunk in it is done again as it would be
+        without chunks (the group prefilled whole, one prompt at a time if that fails, then the running rows'
+        step), so an error stays with the request that causes it."""
+        if self.batch.filling is None:
+            joining = self.admissible()
+            if joining:
+                self.prefills += 1
+                self.batch.begin_filling([active.sequence for active in joining])
+                for active in joining:
+                    active.admitted = True
+        if self.batch.filling is None and not self.batch.rows:
+            return Iteration(IDLE)
+        running = self.running
+        by_sequence = {active.sequence: active for active in running}
+        try:
+            new_tokens = self.batch.advance()
+        except Exception as error:
+            if self.batch.filling is None:  # a decoding step alone: no one request's parameters can break it
+                self.decode_steps += 1
+                iteration = Iteration(DECODE, rows=len(running))
+                self.fail(running, error, iteration)
+                return iteration
+            logger.warning("a pass with a prompt chunk failed; prefilling its prompts alone", exc_info=True)
+            group = [by_sequence[sequence] for sequence in self.batch.abandon_filling()]
+            for active in group:
+                active.admitted = False  # not among the rows the step below fails, if it does
+            iteration = self.step() if self.batch.rows else Iteration(PREFILL)
+            self.prefills -= 1  # counted again by prefill
+            again = self.prefill(group)
+            iteration.new_tokens.update(again.new_tokens)
+            iteration.failed.update(again.failed)
+            iteration.rows = len(running)
+            return iteration
+        if self.batch.decoded:
+            self.decode_steps += 1
+        iteration = Iteration(DECODE if self.batch.decoded else PREFILL, rows=len(running))
+        iteration.new_tokens = self.by_request(new_tokens, by_sequence)
         return iteration
 
     def step(self) -> Iteration:

@@ -57,8 +57,21 @@ def received(job):
     return "".join(line["text"] for line in lines), lines[-1]
 
 
-def test_requests_that_join_and_leave_a_running_batch_get_their_answers_alone(stepper, whole):
-    handler, context = stepper
+@pytest.fixture(scope="module")
+def chunked(model_dir):
+    """Per step with chunked prefill of 3 tokens a pass (the shipped budget takes these short prompts whole)."""
+    return load_handler(model_dir, "generator", {"prefill_chunk_tokens": 3}, continuous_batching=True)
+
+
+@pytest.fixture(scope="module")
+def unchunked(model_dir):
+    """Per step with whole prompts prefilled in a pass of their own (prefill_chunk_tokens 0)."""
+    return load_handler(model_dir, "generator", {"prefill_chunk_tokens": 0}, continuous_batching=True)
+
+
+@pytest.mark.parametrize("handler_under_test", ["stepper", "chunked", "unchunked"])
+def test_requests_that_join_and_leave_a_running_batch_get_their_answers_alone(handler_under_test, request, whole):
+    handler, context = request.getfixturevalue(handler_under_test)
     frontend = ContinuousFrontend(handler, context)
     first = [
         {**LONG, "stream": True},
@@ -303,9 +316,202 @@ def test_rows_join_with_padding_and_leave_freeing_their_columns(lm):
     assert long.token_ids == alone(model, long_prompt, SamplingSettings(40))
 
 
+def test_chunked_prefill_gives_the_tokens_of_a_whole_prefill_while_running_rows_keep_decoding(lm):
+    model, tokenizer = lm
+    running_prompt = tokenizer.encode("Once upon a time")
+    long_prompt = tokenizer.encode("The quick brown fox jumps over the lazy dog, again and again, all day long.")
+    settings = [SamplingSettings(40, temperature=0.9, seed=5), SamplingSettings(12)]
+    expected = [alone(model, running_prompt, settings[0]), alone(model, long_prompt, settings[1])]
+    for mixed in (True, False):
+        batch = RunningBatch(model, 0, [], chunk_tokens=4)
+        assert batch.mixable  # GPT-2 runs sdpa through transformers' attention interface
+        batch.mixable = mixed  # False: chunks in passes of their own, alternating with decoding steps
+        running, joining = Sequence(running_prompt, settings[0]), Sequence(long_prompt, settings[1])
+        with torch.inference_mode():
+            batch.prefill([running])
+            batch.step()
+            batch.begin_filling([joining])
+            passes = 0
+            while batch.filling is not None:
+                before = len(running.token_ids)
+                batch.advance()
+                passes += 1
+                assert len(running.token_ids) == before + (1 if mixed or passes % 2 == 0 else 0)
+            assert joining.token_ids and batch.rows == 2
+            chunks = -(-len(long_prompt) // 4)
+            assert passes == (chunks if mixed else 2 * chunks - 1)  # mixed: the running row decoded in every one
+            while batch.rows:
+                batch.advance()
+                batch.remove_finished()
+        assert [running.token_ids, joining.token_ids] == expected, mixed
+
+
+def test_n_choices_share_one_chunked_prefill_and_equal_single_requests_seeded_s_and_s_plus_1(lm):
+    model, tokenizer = lm
+    running_prompt = tokenizer.encode("Once upon a time")
+    prompt = tokenizer.encode("The quick brown fox jumps over the lazy dog, again and again, all day long.")
+    settings = [SamplingSettings(12, temperature=0.9, seed=seed) for seed in (7, 8)]  # choice i: seed + i
+    expected = [alone(model, prompt, s) for s in settings]
+    assert expected[0] != expected[1]
+    chunks = -(-len(prompt) // 4)
+    for mixed in (True, False):
+        batch = RunningBatch(model, 0, [], chunk_tokens=4)
+        batch.mixable = mixed
+        choices = [Sequence(prompt, s) for s in settings]
+        with torch.inference_mode():
+            batch.prefill([Sequence(running_prompt, SamplingSettings(30))])
+            before = batch.computed_prompt_tokens
+            batch.begin_filling(choices)
+            passes = 0
+            while batch.filling is not None:
+                batch.advance()
+                passes += 1
+            # One row of 4 columns a pass: the prompt computed once (two rows would get 2 columns a pass), then
+            # copied to both choices.
+            assert batch.computed_prompt_tokens - before == len(prompt)
+            assert passes == (chunks if mixed else 2 * chunks - 1)
+            assert batch.rows == 3 and all(len(choice.token_ids) == 1 for choice in choices)
+            while batch.rows:
+                batch.advance()
+                batch.remove_finished()
+        assert [choice.token_ids for choice in choices] == expected, mixed
+
+
+def test_n_choices_of_a_chunked_request_are_the_request_seeded_s_and_s_plus_1(chunked, whole):
+    handler, context = chunked
+    frontend = ContinuousFrontend(handler, context)
+    body = {"prompt": "A model served tokens to many clients at once", "max_new_tokens": 10, "temperature": 1.1}
+    running = frontend.submit({**LONG, "max_new_tokens": 30, "stream": True})
+    frontend.step()
+    job = frontend.submit({**body, "seed": 21, "n": 2})
+    frontend.run()
+    assert job.status == 200 and running.status == 200
+    texts = [choice["text"] for choice in json.loads(job.body)["choices"]]
+    assert texts == [reference(whole, {**body, "seed": 21 + i})["text"] for i in range(2)]
+    assert received(running)[0] == reference(whole, {**LONG, "max_new_tokens": 30})["text"]
+
+
+def test_logprobs_in_a_mixed_pass_equal_those_of_the_unchunked_path(lm):
+    model, tokenizer = lm
+    running_prompt = tokenizer.encode("Once upon a time")
+    joining_prompt = tokenizer.encode("The quick brown fox jumps over the lazy dog, again and again.")
+    running_settings = SamplingSettings(24, temperature=0.9, seed=5, logprobs=3)
+    joining_settings = [SamplingSettings(8, temperature=0.8, seed=seed, logprobs=2) for seed in (1, 2)]
+    plain = SamplingSettings(24)  # a row that did not ask, beside them
+
+    def decoded(prompt, settings):
+        sequence = Sequence(list(prompt), settings)
+        with torch.inference_mode():
+            generate(model, [sequence], [], pad_token_id=0)
+        return sequence
+
+    expected = [decoded(running_prompt, running_settings)] + [decoded(joining_prompt, s) for s in joining_settings]
+    batch = RunningBatch(model, 0, [], chunk_tokens=4)
+    assert batch.mixable
+    running = [Sequence(running_prompt, running_settings), Sequence(running_prompt, plain)]
+    joining = [Sequence(joining_prompt, s) for s in joining_settings]
+    with torch.inference_mode():
+        batch.prefill(running)
+        batch.begin_filling(joining)
+        mixed_steps = 0
+        while batch.filling is not None:
+            batch.advance()
+            mixed_steps += 1
+        assert len(running[0].token_ids) == 1 + mixed_steps > 2  # the running rows decoded in every chunk's pass
+        while batch.rows:
+            batch.advance()
+            batch.remove_finished()
+    assert not running[1].logprobs
+    for got, want in zip([running[0], *joining], expected, strict=True):
+        assert got.token_ids == want.token_ids
+        assert len(got.logprobs) == len(got.token_ids)  # the joining rows' first token (from the chunk) included
+        for ours, theirs in zip(got.logprobs, want.logprobs, strict=True):
+            assert ours.token_id == theirs.token_id
+            assert ours.logprob == pytest.approx(
+                theirs.logprob, abs=1e-4
+            )  # fp32, shared products summed in another order
+            assert [i for i, _ in ours.top] == [i for i, _ in theirs.top]
+            assert [v for _, v in ours.top] == pytest.approx([v for _, v in theirs.top], abs=1e-4)
+
+
+def test_a_request_cancelled_while_its_prompt_is_computed_leaves_the_others_untouched(lm):
+    model, tokenizer = lm
+    prompts = [tokenizer.encode(text) for text in ("Once upon a time", "A model served tokens", "Hello there")]
+    settings = SamplingSettings(10)
+    batch = RunningBatch(model, 0, [], chunk_tokens=4)
+    running, leaving, staying = (Sequence(prompt, settings) for prompt in prompts)
+    with torch.inference_mode():
+        batch.prefill([running])
+        batch.begin_filling([leaving, staying])
+        batch.advance()  # 2 columns of each of the two joining prompts
+        batch.remove([leaving])
+        assert batch.filling is not None and batch.filling.sequences == [staying]
+        while batch.rows or batch.filling is not None:
+            batch.advance()
+            batch.remove_finished()
+    assert not leaving.token_ids
+    assert [running.token_ids, staying.token_ids] == [alone(model, prompt, settings) for prompt in prompts[::2]]
+
+
+def test_a_failed_pass_with_a_prompt_chunk_prefills_the_prompt_alone_and_keeps_the_tokens(
+    model_dir, whole, monkeypatch
+):
+    handler, context = load_handler(model_dir, "generator", {"prefill_chunk_tokens": 2}, continuous_batching=True)
+    frontend = ContinuousFrontend(handler, context)
+    first = frontend.submit({**LONG, "max_new_tokens": 12, "stream": True})
+    frontend.step()
+    import handlers.generation.mixed_pass as mixed_pass
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated failure of a mixed pass")
+
+    monkeypatch.setattr(mixed_pass, "forward", broken)
+    second = frontend.submit({"prompt": "Tell me a story about a model", "max_new_tokens": 6})
+    frontend.run()
+    for job, body in (
+        (first, {**LONG, "max_new_tokens": 12}),
+        (second, {"prompt": "Tell me a story about a model", "max_new_tokens": 6}),
+    ):
+        assert job.status == 200 and received(job)[0] == reference(whole, body)["text"]
+
+
+def test_the_running_cache_grows_in_place_and_a_failed_step_leaves_it_as_it_was(lm):
+    model, tokenizer = lm
+    batch = RunningBatch(model, 0, [])
+    with torch.inference_mode():
+        batch.prefill([Sequence(tokenizer.encode("Once upon a time"), SamplingSettings(40))])
+        batch.step()  # the prefill's cache gets spare columns here
+        layer = batch.cache.layers[0]
+        buffer = layer.key_buffer.data_ptr()
+        width = layer.keys.shape[-2]
+        for _ in range(5):
+            batch.step()
+        assert layer.key_buffer.data_ptr() == buffer and layer.keys.data_ptr() == buffer  # no copy per step
+        assert layer.keys.shape[-2] == width + 5 == batch.width
+        kept = layer.keys.clone()
+        import handlers.generation.running as running
+
+        real = running.model_step
+
+        def half_done(model, input_ids, mask, positions, cache):
+            real(model, input_ids, mask, positions, cache)  # writes its column, then fails
+            raise RuntimeError("simulated failure after the cache was written")
+
+        running.model_step = half_done
+        try:
+            with pytest.raises(RuntimeError):
+                batch.step()
+        finally:
+            running.model_step = real
+        assert torch.equal(layer.keys, kept) and batch.width == width + 5
+        batch.step()
+        assert layer.keys.data_ptr() == buffer and batch.width == width + 6
+
+
 @pytest.mark.parametrize(
     "overrides, message",
     [
+        ({"prefill_chunk_tokens": -1}, "handler.prefill_chunk_tokens: -1 is below the minimum"),
         ({"prefix_cache": {"max_bytes": -1}}, "handler.prefix_cache: max_bytes: -1 is outside"),
         ({"prefix_cache": {"block_tokens": 0}}, "block_tokens: 0 is outside"),
         ({"prefix_cache": {"blocks": 4}}, "unknown field(s) ['blocks']"),

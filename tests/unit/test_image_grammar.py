@@ -6,6 +6,7 @@ say."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
 
@@ -48,7 +49,11 @@ def test_valid_images_cover_every_format_and_mode_and_decode():
     assert {"P+t", "I;16", "CMYK", "LA", "1"} <= {mode for _, mode in seen}
 
 
-def test_two_thousand_damaged_images_fail_alone_and_within_the_limits():
+# 600 in `make test` (each outcome is reached well before that); TS_IMAGE_MUTATIONS=2000 for a longer campaign.
+MUTATIONS = int(os.environ.get("TS_IMAGE_MUTATIONS", "600"))
+
+
+def test_damaged_images_fail_alone_and_within_the_limits():
     """Every outcome is an RGB image within the limits or a RequestError with a 4xx: no other exception (which
     would fail a whole batch) and no image past the pixel limits. The slowest decode is printed, not asserted (a
     shared machine's timings are not a pass condition)."""
@@ -56,7 +61,7 @@ def test_two_thousand_damaged_images_fail_alone_and_within_the_limits():
     rng = random.Random("mutations")
     outcomes = {"decoded": 0, 400: 0, 413: 0, 415: 0}
     slowest = (0.0, "")
-    for index in range(2_000):
+    for index in range(MUTATIONS):
         data, described = mutated_image(rng)
         started = time.perf_counter()
         try:
