@@ -45,7 +45,7 @@ from handlers.core.errors import OPENAI, RequestError
 from handlers.core.http import RequestView, to_json
 from handlers.core.metrics import HandlerMetrics
 from handlers.core.routes import Route
-from handlers.generation import chat, kv_cache
+from handlers.generation import chat, kv_cache, structured
 from handlers.generation.answers import Outcome
 from handlers.generation.limits import AUTO, AutoOrInt
 from handlers.generation.loop import GenerationLoop
@@ -162,6 +162,7 @@ class GeneratorHandler(ServingHandler):
         self.loop = GenerationLoop(self.loaded, budget, self.prefix_cache, self.semantic, chunk_tokens)
         # What every route's parser needs to know about the served model.
         self.served = Served(self.model_name, self.loaded.info, self.loaded.limits, self.loaded.tokenizer)
+        structured.prepare_in_background(self.served)  # response_format's grammar vocabulary, off the first request
 
     def batch_token_budget(self) -> int:
         """handler.max_batch_tokens resolved: at least one request at its longest must fit."""

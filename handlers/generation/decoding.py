@@ -17,7 +17,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -44,6 +44,18 @@ class SamplingSettings:
         return self.temperature == 0
 
 
+class ConstraintFailed(ValueError):
+    """A row's output grammar can take no token (handlers.generation.structured): that row alone stops with it."""
+
+
+class TokenConstraint(Protocol):
+    """What decoding asks of a constrained row (handlers.generation.structured.Constraint)."""
+
+    def mask(self, logits: torch.Tensor, stop_token_ids: frozenset[int]) -> torch.Tensor: ...
+
+    def advance(self, token: int, more: bool) -> bool: ...
+
+
 @dataclass(eq=False)  # a sequence is one request's state: equal only to itself (and usable as a dict key)
 class Sequence:
     """One request's generation state; decoding appends to ``token_ids`` and sets ``finish_reason``."""
@@ -53,6 +65,7 @@ class Sequence:
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     error: str | None = None  # why it stopped when finish_reason is FINISH_ERROR
+    constraint: TokenConstraint | None = None  # its output grammar (response_format); None: free text
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per token, when settings.logprobs is set
     generator: torch.Generator = field(init=False, repr=False)
 
@@ -212,20 +225,35 @@ def append_tokens(logits: torch.Tensor, rows: list[Sequence], stop_token_ids: fr
     {sequence: token id} for the rows that got one (a row whose logits are unusable finishes with an error)."""
     new_tokens: dict[Sequence, int] = {}
     for row, sequence in enumerate(rows):
+        constraint = sequence.constraint  # only a constrained row pays for its grammar
         try:
-            token = choose_token(logits[row], sequence.settings, sequence.generator)
-        except NonFiniteLogits as error:  # this row stops with its own error; its batch-mates go on
+            row_logits = logits[row] if constraint is None else constraint.mask(logits[row], stop_token_ids)
+            token = choose_token(row_logits, sequence.settings, sequence.generator)
+        except (NonFiniteLogits, ConstraintFailed) as error:  # this row stops with its own error; the others go on
             sequence.finish_reason, sequence.error = FINISH_ERROR, str(error)
             continue
         sequence.token_ids.append(token)
         if sequence.settings.logprobs is not None:
             sequence.logprobs.append(token_logprob(logits[row], token, sequence.settings.logprobs))
         new_tokens[sequence] = token
+        more = len(sequence.token_ids) < sequence.settings.max_new_tokens
         if token in stop_token_ids:
             sequence.finish_reason = FINISH_STOP
-        elif len(sequence.token_ids) >= sequence.settings.max_new_tokens:
+        elif constraint is not None and grammar_complete(sequence, constraint, token, more):
+            sequence.finish_reason = FINISH_STOP  # the document is complete: nothing but its end could follow
+        elif not more and not sequence.finished:  # (a grammar error finished it already)
             sequence.finish_reason = FINISH_LENGTH
     return new_tokens
+
+
+def grammar_complete(sequence: Sequence, constraint: TokenConstraint, token: int, more: bool) -> bool:
+    """Advance a constrained row's grammar by its new token; whether the grammar is complete. A grammar that
+    refuses the token (it allowed it: a library bug) stops that row with an error."""
+    try:
+        return constraint.advance(token, more)
+    except ConstraintFailed as error:
+        sequence.finish_reason, sequence.error = FINISH_ERROR, str(error)
+        return False
 
 
 def stop_token_ids(generation_config: Any, tokenizer: Any) -> list[int]:

@@ -3,27 +3,30 @@
 Accepted body (JSON object; docs/generation.md)::
 
     {"prompt": str, "max_new_tokens": int?, "temperature": number?, "top_k": int?, "seed": int?, "stream": bool?,
-     "logprobs": int?, "n": int?}
+     "logprobs": int?, "n": int?, "response_format": object?}
 
 ``n`` (1..handler.max_n) decodes that many choices of the prompt (:mod:`handlers.generation.choices`; the answer is
 then ``{"choices": [...], ...counts}``). ``logprobs`` k (0..20) adds each generated token's log probability and its
 k likeliest alternatives' to the answer (and to each streamed line, for the tokens it carries):
 :mod:`handlers.generation.logprobs`.
 
-The checks of each field are the shared ones of :mod:`handlers.generation.requests`. Answers are one JSON object, or
-NDJSON lines when streamed (:class:`NativeAnswers`); refusals have the native error shape. gRPC's Predictions and
-StreamPredictions calls reach this same route (TorchServe sends no ``url_path`` for them): over gRPC only whether
-pieces are sent ahead of the answer differs, which the TorchServe adapter decides (handlers/generator.py).
+``response_format`` has OpenAI's shape and meaning (:mod:`handlers.generation.structured`). The checks of each
+field are the shared ones of :mod:`handlers.generation.requests`. Answers are one JSON object, or NDJSON lines when
+streamed (:class:`NativeAnswers`); refusals have the native error shape. gRPC's Predictions and StreamPredictions
+calls reach this same route (TorchServe sends no ``url_path`` for them): over gRPC only whether pieces are sent ahead
+of the answer differs, which the TorchServe adapter decides (handlers/generator.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 from handlers.core.errors import RequestError
 from handlers.core.http import RequestView, json_body
 from handlers.core.routes import Route
+from handlers.generation import structured
 from handlers.generation.answers import Outcome
 from handlers.generation.decoding import SamplingSettings
 from handlers.generation.logprobs import TokenLogprob, TokenText, native_logprobs, token_text
@@ -44,7 +47,18 @@ from handlers.generation.requests import (
 from handlers.generation.semantic_cache.options import REQUEST_FIELD
 from handlers.generation.streaming import STREAM_CONTENT_TYPE, ndjson
 
-FIELDS = ("prompt", "max_new_tokens", "temperature", "top_k", "seed", "stream", "logprobs", "n", REQUEST_FIELD)
+FIELDS = (
+    "prompt",
+    "max_new_tokens",
+    "temperature",
+    "top_k",
+    "seed",
+    "stream",
+    "logprobs",
+    "n",
+    REQUEST_FIELD,
+    structured.FIELD,
+)
 
 
 class NativeAnswers:
@@ -159,9 +173,13 @@ def parse(body: Any, request: RequestView, served: Served) -> GenerationRequest:
     """The route's parser: one body as TorchServe handed it."""
     if body is None:
         raise RequestError("body must be a JSON object with a 'prompt' field, got null")
-    return parse_generation_request(
-        json_body(body, request), served.limits, served.tokenizer.encode, token_text(served.tokenizer)
-    )
+    body = json_body(body, request)
+    generation = parse_generation_request(body, served.limits, served.tokenizer.encode, token_text(served.tokenizer))
+    response_format = structured.checked_response_format(body, served)  # compiled for the served tokenizer
+    if response_format is None:
+        return generation
+    lookup = structured.uncached_lookup(generation.lookup, response_format)
+    return dataclasses.replace(generation, structured=response_format, lookup=lookup)
 
 
 ROUTE = Route("", parse, NativeAnswers, api="native")

@@ -11,12 +11,13 @@ Served at ``/predictions/<model>/<version>/v1/completions`` and ``.../v1/chat/co
   ``stream_options.include_usage``, ``model`` (optional; when given it must name the served model, else 404
   ``model_not_found`` as OpenAI answers), ``logprobs`` (completions: 0..5 alternatives;
   chat: true/false with ``top_logprobs`` 0..20; :mod:`handlers.generation.options`, shapes in
-  :mod:`handlers.generation.logprobs`);
+  :mod:`handlers.generation.logprobs`), ``response_format`` (JSON mode and JSON schemas, on completions too as vLLM:
+  :mod:`handlers.generation.structured`);
 - ignored, because they cannot change the answer: ``user`` (chat also ``metadata``, ``store``, ``service_tier``,
   ``safety_identifier``, ``prompt_cache_*``, ``parallel_tool_calls``), ``stream_options.include_obfuscation``;
 - refused with a 400 naming the field unless they have their neutral value: the fields in :data:`NEUTRAL` (echo,
-  best_of, penalties, logit_bias, suffix, tools, response_format, ...): we cannot honour them, and ignoring them would
-  answer something else than what was asked;
+  best_of, penalties, logit_bias, suffix, tools, ...): we cannot honour them, and ignoring them would answer something
+  else than what was asked;
 - anything else is an unknown field (400), as OpenAI answers. ``null`` means "not given" for every field but
   ``prompt`` and ``messages``.
 
@@ -40,7 +41,7 @@ from typing import Any
 from handlers.core.errors import OPENAI, RequestError, ShapedError, shown
 from handlers.core.http import RequestView, json_body
 from handlers.core.routes import Route
-from handlers.generation import chat, options
+from handlers.generation import chat, options, structured
 from handlers.generation.answers import Outcome
 from handlers.generation.decoding import SamplingSettings
 from handlers.generation.logprobs import TokenLogprob, TokenText, chat_logprobs, completion_logprobs, token_text
@@ -84,6 +85,7 @@ SAMPLING_FIELDS = (
     "stream",
     "stream_options",
     REQUEST_FIELD,
+    structured.FIELD,  # JSON mode and schemas (handlers/generation/structured.py); vLLM takes it on completions too
 )
 COMPLETION_FIELDS = ("prompt", "logprobs", *SAMPLING_FIELDS)
 CHAT_FIELDS = ("messages", "max_completion_tokens", "logprobs", "top_logprobs", *SAMPLING_FIELDS)
@@ -125,7 +127,6 @@ COMPLETION_NEUTRAL: Neutral = {
 }
 CHAT_NEUTRAL: Neutral = {
     **COMMON_NEUTRAL,
-    "response_format": (is_value({"type": "text"}), '{"type": "text"} or null'),
     "tools": (is_value([]), "[] or null"),
     "tool_choice": (is_value("none"), '"none" or null'),
     "functions": (is_value([]), "[] or null"),
@@ -272,7 +273,8 @@ def parse_completion(body: Any, served: Served) -> GenerationRequest:
     settings, stop = sampling(body, served, "max_tokens", options.completion_logprobs(body))
     n = check_n(body, served.limits)
     stream = checked_stream(body)
-    lookup = prompt_lookup(body, prompt)
+    response_format = structured.checked_response_format(body, served)
+    lookup = structured.uncached_lookup(prompt_lookup(body, prompt), response_format)
     answers = CompletionAnswers(
         f"cmpl-{secrets.token_hex(12)}",
         int(time.time()),
@@ -284,7 +286,15 @@ def parse_completion(body: Any, served: Served) -> GenerationRequest:
     )
     prompt_ids = prompt_tokens(served.tokenizer.encode(prompt), "'prompt'", served.limits)
     return GenerationRequest(
-        prompt_ids, settings, stream, seed_reported=False, stop=stop, answers=answers, lookup=lookup, n=n
+        prompt_ids,
+        settings,
+        stream,
+        seed_reported=False,
+        stop=stop,
+        answers=answers,
+        lookup=lookup,
+        structured=response_format,
+        n=n,
     )
 
 
@@ -307,7 +317,10 @@ def parse_chat(body: Any, served: Served) -> GenerationRequest:
     settings, stop = sampling(body, served, chat_tokens_key(body), options.chat_logprobs(body))
     n = check_n(body, served.limits)
     stream = checked_stream(body)
-    lookup = chat.chat_lookup(messages, "seed" in body, cache_request(body))
+    response_format = structured.checked_response_format(body, served)
+    lookup = structured.uncached_lookup(
+        chat.chat_lookup(messages, "seed" in body, cache_request(body)), response_format
+    )
     answers = ChatAnswers(
         f"chatcmpl-{secrets.token_hex(12)}",
         int(time.time()),
@@ -319,7 +332,15 @@ def parse_chat(body: Any, served: Served) -> GenerationRequest:
     )
     prompt_ids = chat.chat_prompt_ids(messages, served.tokenizer, served.limits)
     return GenerationRequest(
-        prompt_ids, settings, stream, seed_reported=False, stop=stop, answers=answers, lookup=lookup, n=n
+        prompt_ids,
+        settings,
+        stream,
+        seed_reported=False,
+        stop=stop,
+        answers=answers,
+        lookup=lookup,
+        structured=response_format,
+        n=n,
     )
 
 

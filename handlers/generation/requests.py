@@ -67,6 +67,9 @@ class GenerationRequest:
     send_pieces: bool = True
     # What the similarity cache compares and what must match exactly (None: the parser gave nothing to look up).
     lookup: PromptLookup | None = None
+    # Its compiled response_format (handlers.generation.structured.CompiledFormat): each of its sequences (each
+    # choice) decodes under a grammar state of its own. None: free text.
+    structured: Any = None
     # Choices: n rows decoding one prompt (prefilled once), choice i sampling with seed + i (handlers/generation/
     # choices.py); counted as n rows of the batch's room.
     n: int = 1
@@ -138,7 +141,12 @@ def start_generations(payloads: list[AcceptedGeneration], tokenizer: Any) -> Gen
             Generation(
                 idx=p.idx,
                 request=p.request,
-                sequence=Sequence(p.request.prompt_ids, choice_settings(p.request.settings, choice)),
+                sequence=Sequence(
+                    p.request.prompt_ids,
+                    choice_settings(p.request.settings, choice),
+                    # a grammar state per choice: the choices' documents advance apart
+                    constraint=p.request.structured.start() if p.request.structured is not None else None,
+                ),
                 text=AnswerText(tokenizer, p.request.prompt_ids, p.request.stop),
                 choice=choice,
             )

@@ -1215,6 +1215,49 @@ TINY_TEMPERATURES = [1e-40, 1e-300, 5e-324, 1.4e-45, Raw("1e-45"), 1e-30, 1e-8]
 MAX_SEED = 2**63 - 1
 
 
+GOOD_SCHEMA = {
+    "type": "json_schema",
+    "json_schema": {
+        "name": "point",
+        "schema": {
+            "type": "object",
+            "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 9}, "ok": {"type": "boolean"}},
+            "required": ["x", "ok"],
+            "additionalProperties": False,
+        },
+    },
+}
+BAD_RESPONSE_FORMATS = [
+    "json",
+    [],
+    {"type": "yaml"},
+    {"type": "json_schema"},
+    {"type": "json_object", "schema": {}},
+    {"type": "json_schema", "json_schema": {"name": "a b", "schema": {}}},
+    {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/$defs/nowhere"}}},
+    {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "tuple"}}},
+    {"type": "json_schema", "json_schema": {"name": "x", "schema": {"enum": ["v" * 60] * 2000}}},
+]
+
+
+def nested_schema(depth):
+    schema = {"type": "integer"}
+    for _ in range(depth):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
+HOSTILE_SCHEMAS = [
+    {"$defs": {"n": {"type": "object", "properties": {"next": {"$ref": "#/$defs/n"}}}}, "$ref": "#/$defs/n"},
+    {"enum": [f"value-{i}" for i in range(4000)]},
+    {"type": "string", "pattern": "^(a+)+(b|c|d+)*[x-z]{2,40}$"},
+    {"type": "string", "pattern": "^(x{1,1000}){1,1000}$"},
+    nested_schema(30),
+    nested_schema(200),
+    {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(1000)}},
+]
+
+
 class GeneratorProductions:
     """The generator's productions: sampling settings at and past their limits, prompt lengths, bad fields."""
 
@@ -1236,6 +1279,8 @@ class GeneratorProductions:
         body["stream"] = rng.choice([None, True, False])
         # The similarity cache's option is valid with or without a cache in the archive (docs/semantic-cache.md).
         body["semantic_cache"] = rng.choice([None, None, None, False, True, {"min_similarity": 1}, {"partition": "t"}])
+        # Structured outputs (docs/generation.md): mostly free text, sometimes JSON mode or a small schema.
+        body["response_format"] = rng.choice([None] * 6 + [{"type": "text"}, {"type": "json_object"}, GOOD_SCHEMA])
         body["logprobs"] = rng.choice([None] * 8 + [0, 3, 20])
         return {k: v for k, v in body.items() if v is not None}
 
@@ -1300,10 +1345,17 @@ class GeneratorProductions:
                     ),
                 ),
                 ("prompt", rng.choice([None, 5, ["a", "b"], {"text": "a"}, "", True])),
+                ("response_format", rng.choice(BAD_RESPONSE_FORMATS)),
             ]
         )
         body[name] = value
         return (*json_case(rng, body), ERROR)
+
+    def hostile_schema(self, rng):  # compiled within the grammar library's limits, or refused: never a crash
+        schema = rng.choice(HOSTILE_SCHEMAS)
+        body = {"prompt": "hi", "max_new_tokens": rng.choice([1, 8]), "seed": 1, "temperature": 1}
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "h", "schema": schema}}
+        return (*json_case(rng, body), EITHER)
 
     def unknown_field(self, rng):
         body = {"prompt": "hi"}
@@ -1355,6 +1407,7 @@ class GeneratorProductions:
             (self.lone_surrogate, 2),
             (self.odd_prompt, 2),
             (self.duplicate_keys, 2),
+            (self.hostile_schema, 1),
             (self.over_max_body, 0.1),
         ]
 

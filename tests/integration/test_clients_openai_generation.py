@@ -5,7 +5,9 @@ request sent over plain HTTP. The demo model's weights are random: texts are com
 """
 
 import json
+from typing import Literal
 
+import pydantic
 import pytest
 import requests
 
@@ -16,6 +18,8 @@ SEEDED = {"max_tokens": 24, "temperature": 0.9, "top_p": 0.95, "seed": 1234}
 MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say something."}]
 
 openai = pytest.importorskip("openai")
+FORMAT = "response_format"
+UNCOMPILABLE = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/$defs/nowhere"}}}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -120,6 +124,9 @@ def test_stop_sequences_end_the_text_with_finish_reason_stop(client):
         ("chat", {"messages": MESSAGES, "stop": ["a"] * 5}, 400, "BadRequestError", "stop"),
         ("chat", {"messages": MESSAGES, "stream": True, "top_p": 2}, 400, "BadRequestError", "top_p"),
         ("chat", {"messages": MESSAGES, "model": "gpt-4o"}, 404, "NotFoundError", "model"),
+        ("chat", {"messages": MESSAGES, "response_format": {"type": "yaml"}}, 400, "BadRequestError", FORMAT),
+        ("chat", {"messages": MESSAGES, "response_format": {"type": "json_schema"}}, 400, "BadRequestError", FORMAT),
+        ("chat", {"messages": MESSAGES, "response_format": UNCOMPILABLE}, 400, "BadRequestError", FORMAT),
     ],
 )
 def test_a_bad_request_raises_the_client_error_of_the_http_status(
@@ -141,6 +148,78 @@ def test_the_native_api_still_answers_beside_the_openai_routes(predict, base_url
     assert native.status_code == 200 and native.json()["model"]["weights"] == "random (demo)"
     wrong_route = post(base_url, "embeddings", {"input": "x"})
     assert wrong_route.status_code == 404 and "v1/chat/completions" in wrong_route.json()["message"]
+
+
+# ------------------------------------------------------------------------------------------------ structured outputs
+class Tag(pydantic.BaseModel):
+    label: str = pydantic.Field(max_length=8)
+    weight: int = pydantic.Field(ge=0, le=9)
+
+
+class Card(pydantic.BaseModel):
+    """Bounded fields, so that the random weights close the document well within max_tokens."""
+
+    name: str = pydantic.Field(max_length=10)
+    kind: Literal["a", "b", "c"]
+    ok: bool
+    tags: list[Tag] = pydantic.Field(max_length=2)
+
+
+@pytest.mark.parametrize("api", ["chat.completions", "beta.chat.completions"])
+def test_parse_with_a_pydantic_model_works_unchanged(client, api):
+    """The client sends the model's strict JSON schema as response_format and parses the answer into the model
+    (it raises on a refusal, on finish_reason "length" and on an answer that does not validate)."""
+    completions = client.chat.completions if api == "chat.completions" else client.beta.chat.completions
+    for seed in range(3):
+        answer = completions.parse(
+            model=MODEL, messages=MESSAGES, response_format=Card, max_tokens=200, temperature=1.0, seed=seed
+        )
+        [choice] = answer.choices
+        assert choice.finish_reason == "stop" and isinstance(choice.message.parsed, Card)
+        assert Card.model_validate_json(choice.message.content) == choice.message.parsed
+
+
+def test_a_streamed_json_schema_answer_joins_to_a_valid_document(client, base_url):
+    schema = Card.model_json_schema()
+    response_format = {"type": "json_schema", "json_schema": {"name": "card", "schema": schema, "strict": True}}
+    body = {"messages": MESSAGES, "max_tokens": 200, "temperature": 1.0, "seed": 7, "response_format": response_format}
+    plain = post(base_url, "chat/completions", {"model": MODEL, **body}).json()
+    chunks = list(client.chat.completions.create(model=MODEL, stream=True, **body))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == plain["choices"][0]["message"]["content"] and chunks[-1].choices[0].finish_reason == "stop"
+    Card.model_validate_json(text)
+
+
+def test_parse_with_n_and_logprobs_gives_every_choice_its_own_document(client):
+    """Each choice decodes under its own grammar state: both parse into the model; their logprobs' bytes join to
+    their own text (the values are the model's before the grammar's mask: docs/generation.md)."""
+    answer = client.chat.completions.parse(
+        model=MODEL,
+        messages=MESSAGES,
+        response_format=Card,
+        max_tokens=200,
+        temperature=1.0,
+        seed=5,
+        n=2,
+        logprobs=True,
+        top_logprobs=2,
+    )
+    assert [choice.index for choice in answer.choices] == [0, 1]
+    for choice in answer.choices:
+        assert choice.finish_reason == "stop" and isinstance(choice.message.parsed, Card)
+        content = choice.logprobs.content
+        assert b"".join(bytes(entry.bytes) for entry in content).decode("utf-8", "replace") == choice.message.content
+        assert all(len(entry.top_logprobs) == 2 for entry in content)
+
+
+def test_json_mode_on_completions_answers_json_or_its_prefix(client):
+    completion = client.completions.create(
+        model=MODEL, prompt="JSON:", max_tokens=60, seed=3, extra_body={"response_format": {"type": "json_object"}}
+    )
+    [choice] = completion.choices
+    assert choice.text.startswith("{")
+    if choice.finish_reason == "stop":
+        assert isinstance(json.loads(choice.text), dict)
 
 
 # ------------------------------------------------------------------------------------------------ logprobs and n

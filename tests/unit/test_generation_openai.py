@@ -313,7 +313,7 @@ def test_bad_chat_gets_its_own_openai_error(generator, name):
     "change, param",
     [
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "xml"}}, "response_format"),
         ({"logprobs": 1}, "logprobs"),
         ({"top_logprobs": 2}, "top_logprobs"),
         ({"reasoning_effort": "high"}, "reasoning_effort"),
