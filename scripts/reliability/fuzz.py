@@ -16,7 +16,8 @@ many clients at once, so bad and good requests share batches. Every answer is ch
 - a valid request gets 200 and the same answer as the in-process reference for that request alone (the archived
   classifier weights; sentence-transformers for MiniLM; the generator's own handler, one request at a time, for
   greedy and seeded requests; for a user's text classifier or reranker its own handler in fp32, probabilities and
-  relevance scores within 0.02, labels and order wherever the reference's scores are further apart);
+  relevance scores within 0.02, labels and order wherever the reference's scores are further apart; for a user's
+  image model, whose damaged images may still decode, the shape its kind answers in: ImageOracle);
 - an invalid request gets its own 4xx with a JSON ``message``, never a 5xx and never a 200;
 - no worker restarts (worker PIDs from the management API before and after).
 
