@@ -147,6 +147,11 @@ class ImageModels:
         self.folders, self.store, self.server = folders, store, server
 
 
+# The image server's models (image_models), each with the scripts/tiny_image_models.py function that builds its folder;
+# docs/clients.md's image examples name them, and tests/integration/test_docs_examples.py runs those against it.
+IMAGE_MODELS = {"t-vit": "make_vit_classifier", "t-clip": "make_clip"}
+
+
 @pytest.fixture(scope="session")
 def image_models(start_ts_server, tmp_path_factory):
     """A tiny random ViT classifier (t-vit) and a tiny CLIP (t-clip) built offline (scripts/tiny_image_models.py), each
@@ -158,10 +163,7 @@ def image_models(start_ts_server, tmp_path_factory):
     from scripts import tiny_image_models
 
     root = tmp_path_factory.mktemp("image-folders")
-    folders = {
-        "t-vit": tiny_image_models.make_vit_classifier(root / "t-vit"),
-        "t-clip": tiny_image_models.make_clip(root / "t-clip"),
-    }
+    folders = {name: getattr(tiny_image_models, make)(root / name) for name, make in IMAGE_MODELS.items()}
     store = tmp_path_factory.mktemp("image-store")
     for name, folder in folders.items():
         template = subprocess.run(

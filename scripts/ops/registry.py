@@ -13,7 +13,8 @@ out of loadtests/ and scripts/.
 
 One vocabulary for kinds: the text kinds are the words packaging writes into text_model.json (handlers/text/kinds:
 embedding, classification, sparse, multi-vector); ``mlp`` is the classifier's network on rows of numbers
-(handlers/mlp), ``generator`` a causal language model (handlers/generation).
+(handlers/mlp), ``generator`` a causal language model (handlers/generation); the image kinds are the words image
+packaging writes into model_source.json (handlers/image/kinds: image-classification, image-text).
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ class Kind:
 
     name: str
     entry: str  # the entry module that serves a model of this kind packaged from a template (handlers/<entry>)
-    inputs: str  # what one request carries: "rows" of numbers, "texts" or "prompts" (payload builders branch on it)
+    # What one request carries: "rows" of numbers, "texts", "prompts" or "images" (payload builders branch on it).
+    inputs: str
     # Comparison systems besides ours, ours-eager, inprocess and ideal (loadtests/baselines/systems.py) for a model of
     # this kind, and the targets its comparison reports.
     baselines: tuple[str, ...] = ()
@@ -69,11 +71,20 @@ KINDS: dict[str, Kind] = {
     "sparse": Kind("sparse", "handlers/text_model.py", "texts"),
     "multi-vector": Kind("multi-vector", "handlers/text_model.py", "texts"),
     "generator": Kind("generator", "handlers/generator.py", "prompts"),
+    "image-classification": Kind("image-classification", "handlers/image_model.py", "images"),
+    "image-text": Kind("image-text", "handlers/image_model.py", "images"),
 }
 TEXT_KINDS = ("embedding", "classification", "sparse", "multi-vector")
-# An archive's entry module says its kind, except handlers/text_model.py, which serves every text kind (its
-# text_model.json says which).
-ENTRY_KINDS = {Path(kind.entry).name: kind.name for kind in KINDS.values() if kind.entry != "handlers/text_model.py"}
+IMAGE_KINDS = ("image-classification", "image-text")
+# An archive's entry module says its kind, except an entry that serves several kinds (handlers/text_model.py every
+# text kind, handlers/image_model.py every image kind): then the records packaging wrote say which.
+_ENTRIES = [Path(kind.entry).name for kind in KINDS.values()]
+ENTRY_KINDS = {
+    Path(kind.entry).name: kind.name for kind in KINDS.values() if _ENTRIES.count(Path(kind.entry).name) == 1
+}
+# The records packaging writes beside a model, each naming its kind (text_model.json for a text model,
+# image_model.json for an image model, model_source.json for both): the first that names one wins.
+KIND_RECORDS = ("text_model.json", "image_model.json", "model_source.json")
 
 
 @dataclass(frozen=True)
@@ -183,16 +194,17 @@ def spec_model(name: str) -> Model | None:
 
 
 def archive_model(archive: str | Path, name: str | None = None) -> Model:
-    """What an archive says it is: its kind from the entry module its manifest names (handlers/text_model.py serves
-    every text kind: then from its text_model.json, else model_source.json); the tooling of the spec it was packaged
-    from when one of that name exists, else its kind's. An archive built from the same PyPI package a spec's
-    reference names gets that spec's oracle and reference (a copy of minilm under another name is fuzzed as minilm)."""
+    """What an archive says it is: its kind from the entry module its manifest names (handlers/text_model.py and
+    handlers/image_model.py serve several kinds: then from the records packaging wrote, KIND_RECORDS); the tooling
+    of the spec it was packaged from when one of that name exists, else its kind's. An archive built from the same
+    PyPI package a spec's reference names gets that spec's oracle and reference (a copy of minilm under another name
+    is fuzzed as minilm)."""
     archive = Path(archive)
     with zipfile.ZipFile(archive) as mar:
         names = set(mar.namelist())
         manifest = json.loads(mar.read("MAR-INF/MANIFEST.json")) if "MAR-INF/MANIFEST.json" in names else {}
         recorded: dict[str, Any] = {}
-        for record in ("text_model.json", "model_source.json"):
+        for record in KIND_RECORDS:
             if record in names:
                 recorded = {**json.loads(mar.read(record)), **recorded}
     model_name = name or str((manifest.get("model") or {}).get("modelName") or archive.stem)

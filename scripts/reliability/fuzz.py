@@ -16,7 +16,8 @@ many clients at once, so bad and good requests share batches. Every answer is ch
 - a valid request gets 200 and the same answer as the in-process reference for that request alone (the archived
   classifier weights; sentence-transformers for MiniLM; the generator's own handler, one request at a time, for
   greedy and seeded requests; for a user's text classifier or reranker its own handler in fp32, probabilities and
-  relevance scores within 0.02, labels and order wherever the reference's scores are further apart);
+  relevance scores within 0.02, labels and order wherever the reference's scores are further apart; for a user's
+  image model, whose damaged images may still decode, the shape its kind answers in: ImageOracle);
 - an invalid request gets its own 4xx with a JSON ``message``, never a 5xx and never a 200;
 - no worker restarts (worker PIDs from the management API before and after).
 
@@ -912,6 +913,102 @@ def rerank_problem(results, keys, relevance, documents):
     return None
 
 
+class ImageOracle:
+    """A user's image model (scripts/ops/registry.py IMAGE_KINDS): what a 200 must look like, from what packaging
+    recorded in the archive (model_source.json: a classifier's labels and activation, an image-text model's dimension
+    and whether its vectors are unit length) and the images the body carries. A damaged image may still decode (a
+    flipped pixel byte), so it is not compared with a reference: whatever is answered 200 must have this shape, one
+    answer per image sent, in the order sent.
+
+    - image-classification: per image a list of {label, score}, best first, ``top_k`` of them (default 5, at most the
+      number of labels), each label one of the model's, probabilities in [0, 1] (a softmax's summing to at most 1);
+    - image-text: one image (a raw body, ``{"image"}``) {"embedding": vector}, ``{"images"}`` {"image_embeddings":
+      [vector, ...]}; each vector finite numbers of the model's dimension (unit length where the model normalizes)."""
+
+    DEFAULT_TOP_K = 5  # handlers/image/kinds/classification.py
+
+    def __init__(self, archive, max_request_size, kind):
+        self.kind = kind
+        self.limits = handler_limits(archive, max_request_size)
+        with zipfile.ZipFile(archive) as mar:
+            self.source = json.loads(mar.read("model_source.json"))
+        self.expected = {}  # case index -> (images sent, single, top_k)
+
+    @staticmethod
+    def carried(case):
+        """(images, single, top_k) a body carries as its sender meant it, or None where no image can be read."""
+        kind = media_type(case.content_type)
+        if kind.startswith("image/") or kind == "application/octet-stream":
+            return (1, True, None) if case.body else None
+        body = meant_json(case)
+        if not isinstance(body, dict):
+            return None
+        top_k = body.get("top_k")
+        if "image" in body:
+            return 1, True, top_k
+        images = body.get("images")
+        return (len(images), False, top_k) if isinstance(images, list) and images else None
+
+    def prepare(self, cases):
+        for case in cases:
+            if case.expect == ERROR:
+                continue
+            carried = self.carried(case)
+            if carried is not None:
+                self.expected[case.index] = carried
+
+    def check(self, case, answer):
+        if case.index not in self.expected:
+            return "no image could be read from this body, yet it was answered 200"
+        count, single, top_k = self.expected[case.index]
+        if self.kind == "image-text":
+            field = "embedding" if single else "image_embeddings"
+            if not isinstance(answer, dict) or set(answer) != {field}:
+                return f"expected {{{field!r}}}, got {str(answer)[:160]}"
+            answers = [answer[field]] if single else answer[field]
+        else:
+            answers = [answer] if single else answer
+        if not isinstance(answers, list) or len(answers) != count:
+            return f"{count} image(s) sent, {len(answers) if isinstance(answers, list) else 'no list of'} answered"
+        problems = (self.image_problem(one, top_k) for one in answers)
+        return next((f"image {index}: {p}" for index, p in enumerate(problems) if p), None)
+
+    def image_problem(self, value, top_k):
+        if self.kind == "image-text":
+            return self.vector_problem(value)
+        labels = self.source["labels"]
+        want = min(top_k if type(top_k) is int and top_k > 0 else self.DEFAULT_TOP_K, len(labels))
+        if not isinstance(value, list) or len(value) != want:
+            return f"{want} {{label, score}} expected, got {str(value)[:160]}"
+        if not all(isinstance(s, dict) and set(s) == {"label", "score"} for s in value):
+            return f"not {{label, score}} objects: {str(value)[:160]}"
+        named = [s["label"] for s in value]
+        if len(set(named)) != len(named) or not set(named) <= set(labels):
+            return f"labels {named} are not distinct labels of the model ({labels})"
+        scores = [s["score"] for s in value]
+        if not all(type(x) in (int, float) and math.isfinite(x) for x in scores):
+            return f"scores {scores} are not finite numbers"
+        bounded = self.source.get("activation") in ("softmax", "sigmoid")  # a regression head's are not probabilities
+        if bounded and not all(0.0 <= x <= 1.0 for x in scores):
+            return f"scores {scores} are not in [0, 1]"
+        if scores != sorted(scores, reverse=True):
+            return f"scores {scores} are not best first"
+        if self.source.get("activation") == "softmax" and sum(scores) > 1.0 + 1e-4:
+            return f"softmax scores {scores} sum to {sum(scores):.6f} > 1"
+        return None
+
+    def vector_problem(self, vector):
+        dimension = self.source["dimension"]
+        if not isinstance(vector, list) or len(vector) != dimension:
+            return f"a vector of {dimension} numbers expected, got {str(vector)[:120]}"
+        if not all(type(v) in (int, float) and math.isfinite(v) for v in vector):
+            return f"not finite numbers: {str(vector)[:120]}"
+        norm = math.sqrt(sum(v * v for v in vector))
+        if self.source.get("normalized") and abs(norm - 1.0) > 1e-2:  # bf16 moves a unit vector's length ~1e-3
+            return f"length {norm:.4f}, but the model's vectors are unit length"
+        return None
+
+
 # Per oracle (scripts/ops/registry.py Model.oracle: a kind's own, or one a spec names): what checks the answers.
 ORACLES = {
     "mlp": ClassifierOracle,
@@ -921,6 +1018,8 @@ ORACLES = {
     "embedding": lambda archive, size: TextModelOracle(archive, size, "embedding"),
     "sparse": lambda archive, size: TextModelOracle(archive, size, "sparse"),
     "multi-vector": lambda archive, size: TextModelOracle(archive, size, "multi-vector"),
+    "image-classification": lambda archive, size: ImageOracle(archive, size, "image-classification"),
+    "image-text": lambda archive, size: ImageOracle(archive, size, "image-text"),
 }
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scripts.ops import payloads, registry
+from scripts.reliability.image_grammar import ImageProductions
 
 OK, ERROR, EITHER = "ok", "error", "either"
 FLT_MAX = 3.4028234663852886e38  # the largest finite float32
@@ -1442,6 +1443,8 @@ PRODUCTIONS = {
     "embedding": EmbeddingProductions,
     "sparse": SparseProductions,
     "multi-vector": MultiVectorProductions,
+    "image-classification": ImageProductions,
+    "image-text": ImageProductions,
 }
 
 

@@ -1,9 +1,10 @@
 """The docs' copy-paste examples, run against the session's server: every `$ curl ...` line with its output shown in
 README.md, docs/clients.md, docs/embeddings.md, docs/generation.md and docs/serving.md (for the models the server
-loads), and the Python snippets of docs/clients.md whose output is shown. What comes back must have the shape the
-docs show: the same keys, types and list lengths (a list shown with `...` elided: its elements' type), the same error
-codes and messages, the same token counts; floats may differ in their last digits (another CPU) and generated text in
-its characters (random weights).
+loads), and the Python snippets of docs/clients.md whose output is shown; those of the image models
+(tests/conftest.py IMAGE_MODELS) against the session's image server, in a folder holding the photo they post
+(``cat.jpg``). What comes back must have the shape the docs show: the same keys, types and list lengths (a list shown
+with `...` elided: its elements' type), the same error codes and messages, the same token counts; floats may differ
+in their last digits (another CPU) and generated text in its characters (random weights).
 """
 
 import json
@@ -14,6 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import IMAGE_MODELS
 
 REPO = Path(__file__).resolve().parents[2]
 CURL_PAGES = ("README.md", "docs/clients.md", "docs/embeddings.md", "docs/generation.md", "docs/serving.md")
@@ -147,17 +150,43 @@ def served_models(ts_server):
     return {Path(archive).stem for archive in ts_server.props.get("load_models", "").split(",") if archive}
 
 
+def docs_photo(folder):
+    """The `cat.jpg` the image examples post: a 64x48 JPEG (a gradient with a disc, so it is no flat colour)."""
+    import numpy as np
+    from PIL import Image
+
+    y, x = np.mgrid[0:48, 0:64]
+    disc = ((x - 40) ** 2 + (y - 20) ** 2 < 150) * 120
+    pixels = np.stack([x * 4, y * 5, (x + y + disc) % 256], axis=-1).astype(np.uint8)
+    Image.fromarray(pixels, "RGB").save(folder / "cat.jpg", "JPEG", quality=90)
+
+
+@pytest.fixture
+def example_server(request, tmp_path):
+    """for_model(model) -> (server, folder to run in): the image server for the image models, the session's server
+    for its models (each started on first use), skipped for another model."""
+
+    def for_model(model):
+        if model in IMAGE_MODELS:
+            docs_photo(tmp_path)
+            return request.getfixturevalue("image_models").server, tmp_path
+        if model in request.getfixturevalue("served_models"):
+            return request.getfixturevalue("ts_server"), REPO
+        pytest.skip(f"{model} is not a model of the session's server or the image server")
+
+    return for_model
+
+
 CURL_EXAMPLES = [example for page in CURL_PAGES for example in curl_examples(page)]
 
 
 @pytest.mark.parametrize(("where", "command", "shown"), CURL_EXAMPLES, ids=[e[0] for e in CURL_EXAMPLES])
-def test_a_curl_example_answers_as_shown(ts_server, served_models, where, command, shown):
-    if model_of(command) not in served_models:
-        pytest.skip(f"{model_of(command)} is not a model of the session's server")
+def test_a_curl_example_answers_as_shown(example_server, where, command, shown):
     if re.search(r"curl -s?N\b", command):
         pytest.skip("a stream: its pieces depend on the generated text (tests/integration/test_generator_api.py)")
-    command = DOC_HOST.sub(ts_server.inference_url, command).replace("python3 -c", f"{sys.executable} -c")
-    result = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60, cwd=REPO)
+    server, folder = example_server(model_of(command))
+    command = DOC_HOST.sub(server.inference_url, command).replace("python3 -c", f"{sys.executable} -c")
+    result = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60, cwd=folder)
     assert result.returncode == 0, f"{where}: {command}\n{result.stderr}"
     served, status = result.stdout.strip(), None
     if match := STATUS.search(shown):
@@ -175,14 +204,13 @@ QUOTED = re.compile(r"'[^'\n]*'")
 
 @pytest.mark.cpu_kind  # what a snippet prints must hold on every kind of CPU (make test runs it as avx2 too)
 @pytest.mark.parametrize(("where", "code", "shown"), SNIPPETS, ids=[s[0] for s in SNIPPETS])
-def test_a_python_snippet_prints_what_is_shown(ts_server, served_models, where, code, shown):
-    if model_of(code) not in served_models:
-        pytest.skip(f"{model_of(code)} is not a model of the session's server")
-    code = DOC_HOST.sub(ts_server.inference_url, code)
+def test_a_python_snippet_prints_what_is_shown(example_server, where, code, shown):
+    server, folder = example_server(model_of(code))
+    code = DOC_HOST.sub(server.inference_url, code)
     # As a user runs it: the tests' offline switches would make huggingface_hub refuse even a local URL.
     env = {key: value for key, value in os.environ.items() if key not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     argv = [sys.executable, "-c", code]
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=folder, env=env)
     assert result.returncode == 0, f"{where}:\n{code}\n{result.stderr}"
     assert prints_as_shown(result.stdout, shown), f"{where}: printed\n{result.stdout}\nthe docs show\n{shown}"
 

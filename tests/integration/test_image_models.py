@@ -160,3 +160,23 @@ def test_the_bad_image_corpus_gets_its_4xx_each_and_no_worker_restarts(server):
     cases, failures, pids_before, pids_after = correctness.run_bad_input(server, FineImage(MODEL))
     assert cases and not failures, "\n".join(failures)
     assert pids_after == pids_before
+
+
+def test_a_short_image_fuzz_campaign_gets_no_5xx_no_restarts_and_only_well_shaped_answers(server, store):
+    """The fuzzer's image grammar (scripts/reliability/image_grammar.py) against t-vit, by the same campaign the
+    text models get (tests/integration/test_fuzz_server.py): 150 seeded cases from 8 clients at once, so damaged and
+    good images share batches. The kind, grammar and oracle come from the archive (scripts/ops/registry.py)."""
+    from scripts.reliability import fuzz
+
+    requests_sent = 150
+    row = fuzz.campaign(server, MODEL, store, requests=requests_sent, seed=34, clients=8)
+    print(row.figure)
+    details = row.details
+    assert row.passed, f"{row.figure}\n{json.dumps(details['examples'], indent=1)[:6000]}"
+    assert details["worker_restarts"] == 0
+    statuses = {int(status): n for status, n in details["statuses"].items()}
+    assert sum(statuses.values()) == requests_sent and not any(s >= 500 for s in statuses)
+    # Valid, invalid and either-way images were all sent, and every valid one was answered.
+    assert all(details["expected"].get(e, 0) > 0 for e in ("ok", "error", "either")), details["expected"]
+    assert statuses.get(200, 0) >= details["expected"]["ok"]
+    assert any(400 <= s < 500 for s in statuses)

@@ -186,3 +186,54 @@ def test_a_text_models_answer_is_judged_by_its_structure_and_by_cosine_for_its_n
     assert same_answer({"embeddings": [[0.6, 0.8]]}, {"embeddings": [[0.6, 0.8]]}, "a", 0.99) is None
     assert "cosine" in same_answer({"embeddings": [[0.8, -0.6]]}, {"embeddings": [[0.6, 0.8]]}, "a", 0.99)
     assert "not finite" in same_answer({"embedding": "x"}, {"embedding": [0.6, 0.8]}, "a", 0.99)
+
+
+def image_archive(path, kind, **recorded):
+    """An image archive's identity and records only (no weights): what the image oracle reads."""
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as mar:
+        mar.writestr(
+            "MAR-INF/MANIFEST.json", json.dumps({"model": {"modelName": path.stem, "handler": "image_model.py"}})
+        )
+        mar.writestr("model-config.yaml", "handler:\n  max_images: 4\n")
+        mar.writestr("model_source.json", json.dumps({"kind": kind, **recorded}))
+    return path
+
+
+def image_case(body, content_type="application/json", index=0):
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return Case("t-img", 0, index, "test", raw, content_type, OK)
+
+
+def test_the_image_oracle_checks_the_shape_of_every_answer(tmp_path):
+    labels = ["cat", "dog", "bird"]
+    oracle = fuzz.ORACLES["image-classification"](
+        image_archive(tmp_path / "vit.mar", "image-classification", labels=labels, activation="softmax"), 6_553_500
+    )
+    assert oracle.limits.handler["max_images"] == 4
+    raw, listed = image_case(b"\x89PNG", "image/png", 0), image_case({"images": ["a", "b"]}, index=1)
+    top1 = image_case({"image": "a", "top_k": 1}, index=2)
+    unreadable = image_case({"pictures": ["a"]}, index=3)
+    oracle.prepare([raw, listed, top1, unreadable])
+    good = [{"label": "dog", "score": 0.5}, {"label": "cat", "score": 0.3}, {"label": "bird", "score": 0.2}]
+    assert oracle.check(raw, good) is None
+    assert oracle.check(listed, [good, good]) is None
+    assert oracle.check(top1, good[:1]) is None
+    assert "3 {label, score} expected" in oracle.check(raw, good[:2])
+    assert "2 image(s) sent, 1 answered" in oracle.check(listed, [good])
+    assert "not best first" in oracle.check(raw, [good[1], good[0], good[2]])
+    assert "not in [0, 1]" in oracle.check(raw, [{"label": "dog", "score": 1.5}, *good[1:]])
+    assert "sum to" in oracle.check(raw, [{"label": "dog", "score": 0.9}, {"label": "cat", "score": 0.8}, good[2]])
+    assert "not distinct labels" in oracle.check(raw, [{"label": "cow", "score": 0.5}, *good[1:]])
+    assert "no image could be read" in oracle.check(unreadable, good)
+
+    clip = fuzz.ORACLES["image-text"](
+        image_archive(tmp_path / "clip.mar", "image-text", dimension=2, normalized=True), 6_553_500
+    )
+    clip.prepare([raw, listed])
+    assert clip.check(raw, {"embedding": [0.6, 0.8]}) is None
+    assert clip.check(listed, {"image_embeddings": [[0.6, 0.8], [1.0, 0.0]]}) is None
+    assert "expected {'embedding'}" in clip.check(raw, [0.6, 0.8])
+    assert "a vector of 2 numbers" in clip.check(raw, {"embedding": [0.6, 0.8, 0.0]})
+    assert "unit length" in clip.check(listed, {"image_embeddings": [[0.6, 0.8], [2.0, 0.0]]})

@@ -116,11 +116,10 @@ def as_torchserve_hands_it(body: bytes, content_type: str):
 
 
 @pytest.fixture
-def image_kind(monkeypatch):
-    """The grammar's productions under the image classifier's kind name. fuzz_grammar.PRODUCTIONS lists them once
-    the registry has that kind and fuzz.ORACLES its oracle (tests/unit/test_model_registry.py keeps the three
-    tables equal)."""
-    monkeypatch.setitem(fuzz_grammar.PRODUCTIONS, "image-classification", ImageProductions)
+def image_kind():
+    """The image classifier's kind: fuzz_grammar.PRODUCTIONS fuzzes it with these productions (with fuzz.ORACLES'
+    oracle for it; tests/unit/test_model_registry.py keeps the three tables equal)."""
+    assert fuzz_grammar.PRODUCTIONS["image-classification"] is ImageProductions
     return "image-classification"
 
 

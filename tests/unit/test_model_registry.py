@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from handlers.image.kinds import KINDS as SERVED_IMAGE_KINDS
 from handlers.text.kinds import KINDS as SERVED_TEXT_KINDS
 from loadtests import payloads
 from loadtests.baselines import systems
@@ -25,6 +26,13 @@ def test_the_text_kinds_are_the_words_packaging_writes():
     assert set(registry.TEXT_KINDS) == set(SERVED_TEXT_KINDS)
     assert set(registry.TEXT_KINDS) <= set(registry.KINDS)
     assert "text-classifier" not in registry.KINDS  # the template's name, not a kind
+
+
+def test_the_image_kinds_are_the_words_image_packaging_writes():
+    assert set(registry.IMAGE_KINDS) == set(SERVED_IMAGE_KINDS) <= set(registry.KINDS)
+    assert {registry.KINDS[kind].inputs for kind in registry.IMAGE_KINDS} == {"images"}
+    # handlers/image_model.py serves both image kinds: its name alone says neither.
+    assert "image_model.py" not in registry.ENTRY_KINDS and "text_model.py" not in registry.ENTRY_KINDS
 
 
 def test_every_spec_says_its_kind_and_its_handler_is_the_one_it_names():
@@ -79,6 +87,23 @@ def test_a_users_archive_is_known_by_what_it_says_not_its_name(tmp_path):
         fake_archive(tmp_path / "mine.mar", "embeddings.py", model_source={"kind": "embedding", "folder": "/x"})
     )
     assert (own.oracle, own.reference, own.baselines) == ("embedding", None, ("infinity",))
+
+    # A user's image archive: its kind from what image packaging recorded (image_model.json, model_source.json).
+    for kind in registry.IMAGE_KINDS:
+        image = registry.archive_model(
+            fake_archive(tmp_path / f"my-{kind}.mar", "image_model.py", image_model={"kind": kind})
+        )
+        assert (image.kind, image.oracle, image.handler, image.inputs) == (
+            kind,
+            kind,
+            "handlers/image_model.py",
+            "images",
+        )
+        assert image.handler_class is registry.entry_class("handlers/image_model.py")
+    vit = registry.archive_model(
+        fake_archive(tmp_path / "vit.mar", "image_model.py", model_source={"kind": "image-classification"})
+    )
+    assert vit.kind == "image-classification"
 
     with pytest.raises(ValueError, match=r"served by 'custom.py'"):
         registry.archive_model(fake_archive(tmp_path / "odd.mar", "custom.py"))
