@@ -18,6 +18,7 @@ accuracy gate and ranking from the archive's backends/ (handlers/text/backends.p
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -196,6 +197,14 @@ TEXT_MODEL_OPTIONS: dict[str, Option] = {
         minimum=0,
         help="borrow idle cores only for a batch of at least this many padded tokens; below it the own share",
     ),
+    "borrow_min_forward_ms": Option(
+        int,
+        0,
+        minimum=0,
+        help="keep borrowing only if one row at the longest length bucket takes at least this many ms on the "
+        "worker's own share (timed at load, best of 2): a small model's forward pass is too short to pay for taking "
+        "a core other workers' short requests need (docs/performance.md); 0 = always borrow",
+    ),
     "reference_sentences": Option(str, "reference_sentences.json", help="accuracy-gate sentences in the archive"),
     "dimensions": Option(
         object,
@@ -303,6 +312,15 @@ class TextEngine(Engine):
 
     def start(self) -> None:
         super().start()
+        # Whether this model's forward passes are long enough to borrow cores for, timed here on this CPU.
+        self.longest_row_ms: float | None = None
+        if self.core_lease is not None and self.config["borrow_min_forward_ms"]:
+            self.longest_row_ms = self.time_longest_row()
+            if self.longest_row_ms < self.config["borrow_min_forward_ms"]:
+                # An OpenVINO backend has already compiled its wider model (it is loaded before it can be timed): it
+                # stays unused.
+                self.core_lease = None
+                self.widest_threads = None
         if self.widest_threads and self.config["warmup"]:
             # A widened forward pass may run another compiled model (OpenVINO's for more threads), whose first call
             # at each length would otherwise fall on a request.
@@ -375,6 +393,20 @@ class TextEngine(Engine):
             for (want, mask), (have, _) in zip(expected, got, strict=True)
         )
 
+    def time_longest_row(self) -> float:
+        """ms of one forward pass of one row at the longest length bucket on this worker's own threads, best of 2."""
+        loaded = self.loaded
+        length = max(loaded.buckets)
+        token = warmup_token(loaded)
+        batch = model_inputs(loaded.info, [Encoded([token] * length, [0] * length)], [DEFAULT_OPTIONS], length)
+        best = float("inf")
+        with torch.inference_mode():
+            for _ in range(2):
+                started = time.perf_counter()
+                self.forward(loaded.model, batch)
+                best = min(best, (time.perf_counter() - started) * 1000)
+        return best
+
     def warmup_batches(self, loaded: LoadedTextModel) -> list[Tokens]:
         """What the serving backend needs run once before the first request, and no more (load time counts).
 
@@ -383,7 +415,7 @@ class TextEngine(Engine):
         proves a mixed load afterwards compiles nothing). aot / openvino: one row per bucket length (their first
         call at a new length prepares buffers for it). eager: one small pass warms the kernels.
         """
-        token = loaded.pad_id + 3 if loaded.pad_id + 3 < 100 else 5
+        token = warmup_token(loaded)
 
         def rows(real: list[int], length: int) -> Tokens:
             encodings = [Encoded([token] * n, [0] * n) for n in real]
@@ -483,6 +515,8 @@ class TextEngine(Engine):
                 "enabled": self.config["borrow_idle_cores"],
                 "lease_cores": self.core_lease.cores if self.core_lease is not None else None,
                 "min_tokens": self.config["borrow_min_tokens"],
+                "min_forward_ms": self.config["borrow_min_forward_ms"],
+                "longest_row_ms": round(self.longest_row_ms, 1) if self.longest_row_ms is not None else None,
             },
         }
 
@@ -595,3 +629,8 @@ class TextEngine(Engine):
         """Each row's token ids as the model would see them (cut at ``max_tokens``, 0 = the model's limit)."""
         encodings = encode_rows(self.loaded, rows, [RowOptions(max_tokens=max_tokens)] * len(rows))
         return [Tokenized(list(e.ids), bool(e.overflowing)) for e in encodings]
+
+
+def warmup_token(loaded: LoadedTextModel) -> int:
+    """A token id every vocabulary has and that is not padding, for the load-time passes."""
+    return loaded.pad_id + 3 if loaded.pad_id + 3 < 100 else 5

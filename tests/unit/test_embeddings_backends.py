@@ -111,7 +111,13 @@ def test_under_a_core_lease_openvino_compiles_for_every_core_and_a_widened_batch
     handler, context = load(model_dir, backend="openvino", precision="fp32", threads=1, borrow_idle_cores=True)
     cores = available_cores()
     assert sorted(handler.model.requests) == sorted({1, cores})
-    assert handler.describe()["borrow_idle_cores"] == {"enabled": True, "lease_cores": cores, "min_tokens": 0}
+    assert handler.describe()["borrow_idle_cores"] == {
+        "enabled": True,
+        "lease_cores": cores,
+        "min_tokens": 0,
+        "min_forward_ms": 0,
+        "longest_row_ms": None,
+    }
     widened = embed(handler, context)  # alone: it holds every core of the lease
 
     monkeypatch.delenv(LEASE_DIR_ENV)
@@ -123,7 +129,26 @@ def test_under_a_core_lease_openvino_compiles_for_every_core_and_a_widened_batch
     monkeypatch.setenv(LEASE_DIR_ENV, str(tmp_path / "lease"))
     default, _ = load(model_dir, backend="openvino", precision="fp32", threads=1)  # the option is off by default
     assert sorted(default.model.requests) == [1]
-    assert default.describe()["borrow_idle_cores"] == {"enabled": False, "lease_cores": None, "min_tokens": 0}
+    assert default.describe()["borrow_idle_cores"] == {
+        "enabled": False,
+        "lease_cores": None,
+        "min_tokens": 0,
+        "min_forward_ms": 0,
+        "longest_row_ms": None,
+    }
+
+
+def test_a_model_whose_longest_row_is_faster_than_borrow_min_forward_ms_gives_the_lease_up(
+    model_dir, tmp_path, monkeypatch
+):
+    """borrow_min_forward_ms: the longest row is timed at load on the worker's own share; below the bound the worker
+    computes on its own share only, and describe says how long the row took (at or above the bound the lease is kept:
+    the test above, bound 0)."""
+    monkeypatch.setenv(LEASE_DIR_ENV, str(tmp_path / "lease"))
+    small, _ = load(model_dir, precision="fp32", threads=1, borrow_idle_cores=True, borrow_min_forward_ms=100_000)
+    described = small.describe()["borrow_idle_cores"]
+    assert described["lease_cores"] is None and described["min_forward_ms"] == 100_000
+    assert 0 < described["longest_row_ms"] < 100_000
 
 
 def test_describe_splits_the_load_time_into_phases_that_add_up_to_it(write_ir, model_dir):
