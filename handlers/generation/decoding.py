@@ -45,7 +45,13 @@ class SamplingSettings:
 
 
 class ConstraintFailed(ValueError):
-    """A row's output grammar can take no token (handlers.generation.structured): that row alone stops with it."""
+    """A row's output grammar can take no token (handlers.generation.structured): that row alone stops with it.
+    ``status`` 400 when the request's own grammar caused it (its schema outgrew the grammar engine's limits while
+    decoding), 500 when it should not have happened."""
+
+    def __init__(self, message: str, status: int = 500) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class TokenConstraint(Protocol):
@@ -65,6 +71,7 @@ class Sequence:
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     error: str | None = None  # why it stopped when finish_reason is FINISH_ERROR
+    error_status: int = 500  # 400: the request's own doing (its grammar), answered as a client error
     constraint: TokenConstraint | None = None  # its output grammar (response_format); None: free text
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per token, when settings.logprobs is set
     generator: torch.Generator = field(init=False, repr=False)
@@ -231,6 +238,7 @@ def append_tokens(logits: torch.Tensor, rows: list[Sequence], stop_token_ids: fr
             token = choose_token(row_logits, sequence.settings, sequence.generator)
         except (NonFiniteLogits, ConstraintFailed) as error:  # this row stops with its own error; the others go on
             sequence.finish_reason, sequence.error = FINISH_ERROR, str(error)
+            sequence.error_status = getattr(error, "status", 500)
             continue
         sequence.token_ids.append(token)
         if sequence.settings.logprobs is not None:
@@ -253,6 +261,7 @@ def grammar_complete(sequence: Sequence, constraint: TokenConstraint, token: int
         return constraint.advance(token, more)
     except ConstraintFailed as error:
         sequence.finish_reason, sequence.error = FINISH_ERROR, str(error)
+        sequence.error_status = error.status
         return False
 
 

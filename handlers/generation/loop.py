@@ -289,7 +289,10 @@ class GenerationLoop:
         """The answer of a finished generation (or the error that stopped it)."""
         sequence, request = generation.sequence, generation.request
         if sequence.finish_reason == FINISH_ERROR:
-            return ServerError(f"generation stopped after {len(sequence.token_ids)} token(s): {sequence.error}")
+            stopped = f"generation stopped after {len(sequence.token_ids)} token(s): {sequence.error}"
+            if sequence.error_status < 500:  # the request's own doing (its grammar): a client error, one type for all
+                return ServerError(stopped, code=sequence.error_status, error_type="InvalidRequest")
+            return ServerError(stopped)
         generation.text.finish()
         if generation.text.stopped:  # a stop sequence completed by the text held back until the end
             sequence.stop()

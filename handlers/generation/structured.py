@@ -301,7 +301,7 @@ class Constraint:
         pending, self.pending = self.pending, None
         allowed = pending.result() if pending is not None else self.allowed_tokens()
         if self.matcher.is_error():
-            raise ConstraintFailed(f"the output grammar failed: {self.matcher.get_error()}"[:300])
+            raise grammar_failure("the output grammar failed", self.matcher.get_error())
         accepting = self.matcher.is_accepting()
         for token in stop_token_ids:
             if token < allowed.numel():
@@ -316,9 +316,21 @@ class Constraint:
         """Consume the chosen token; ``more``: the sequence may take another (its next mask is computed now, beside
         the next forward pass). Returns True when the grammar is complete (nothing but its end may follow)."""
         if not self.matcher.consume_token(token):
-            raise ConstraintFailed(f"the output grammar refused token {token}: {self.matcher.get_error()}"[:300])
+            raise grammar_failure(f"the output grammar refused token {token}", self.matcher.get_error())
         if self.matcher.is_stopped():
             return True
         if more:
             self.prefetch()
         return False
+
+
+# llguidance's parser stops a grammar that outgrows its limits while decoding ("... has 4007 items; max is 2000"):
+# the schema's doing, found only once the text reached that point, so the request's error, not the server's.
+PARSER_LIMIT = re.compile(r"\bmax is \d+")
+
+
+def grammar_failure(what: str, detail: str) -> ConstraintFailed:
+    if PARSER_LIMIT.search(detail or ""):
+        message = f"response_format: the schema is too complex for the output grammar at this point ({detail})"
+        return ConstraintFailed(message[:300], status=400)
+    return ConstraintFailed(f"{what}: {detail}"[:300])

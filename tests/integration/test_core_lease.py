@@ -59,7 +59,7 @@ def test_a_served_model_with_the_lease_answers_exactly_as_without_it(with_lease,
     assert forward_cores(without_lease) == len(TEXTS) * max(1, available_cores() // 2)  # its share of 2 workers
 
     leased = with_lease.management(timeout=60).handler_choices(MODEL)["borrow_idle_cores"]
-    assert leased == {"enabled": True, "lease_cores": available_cores(), "min_tokens": 0}
+    assert leased == {"enabled": True, "lease_cores": available_cores(), "min_tokens": 0, "min_forward_ms": 0}
     bare = without_lease.management(timeout=60).handler_choices(MODEL)["borrow_idle_cores"]
     assert bare["enabled"] is True and bare.get("lease_cores") is None  # configured, but no lease to borrow from
 

@@ -415,3 +415,31 @@ def test_any_response_format_is_free_text_a_format_or_a_field_error(value):
         assert error.field == "response_format" and error.code == 400 and error.message
         return
     assert parsed is None or parsed.kind in ("json_object", "json_schema")
+
+
+def test_a_grammar_that_outgrows_the_parsers_limits_while_decoding_fails_its_request_with_a_400_alone():
+    """A schema can compile and still outgrow llguidance's parser limits once the text reaches some point (the
+    fuzzer found one: "Current row has 4007 items; max is 2000"): that is the request's doing, so a 400 naming
+    response_format for that row alone, while another row of the same step goes on; any other grammar failure
+    stays a server error."""
+    from handlers.generation.decoding import ConstraintFailed, SamplingSettings, Sequence, append_tokens
+
+    limit = structured.grammar_failure(
+        "the output grammar refused token 91", "Parser Error: row has 4007 items; max is 2000"
+    )
+    assert limit.status == 400 and str(limit).startswith("response_format: the schema is too complex")
+    assert structured.grammar_failure("the output grammar failed", "unexpected state").status == 500
+
+    class Outgrown:
+        def mask(self, logits, stop_token_ids):
+            raise limit
+
+        def advance(self, token, more):
+            raise AssertionError("never reached")
+
+    constrained = Sequence([1, 2], SamplingSettings(max_new_tokens=4), constraint=Outgrown())
+    free = Sequence([1, 2], SamplingSettings(max_new_tokens=4))
+    chosen = append_tokens(torch.zeros(2, 8), [constrained, free], frozenset())
+    assert free in chosen and constrained not in chosen
+    assert constrained.error_status == 400 and "response_format" in (constrained.error or "")
+    assert isinstance(limit, ConstraintFailed)
