@@ -391,7 +391,9 @@ def measure_steps(log, threads=1, row_counts=(1, 4, 8, 16), compile_decode="fals
                     pairs.append((compiled_s, timed(batch.step, 1)))
                     compiled.install(model)
                 results[f"decode_step_{rows}_rows_eager_s"] = round(statistics.median(e for _, e in pairs), 4)
-            results[f"decode_step_{rows}_rows_s"] = timed(batch.step, 10)
+                results[f"decode_step_{rows}_rows_s"] = round(statistics.median(c for c, _ in pairs), 4)
+            else:
+                results[f"decode_step_{rows}_rows_s"] = timed(batch.step, 10)
             cases = [("", prompt, 5)] + ([("long_", long_prompt, 3)] if rows == 16 else [])
             for label, ids, repeats in cases:
                 for name, join in (("whole", join_whole), ("chunked", join_chunked)):
