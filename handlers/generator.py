@@ -45,7 +45,7 @@ from handlers.core.errors import OPENAI, RequestError
 from handlers.core.http import RequestView, to_json
 from handlers.core.metrics import HandlerMetrics
 from handlers.core.routes import Route
-from handlers.generation import chat, kv_cache, structured
+from handlers.generation import chat, compiled, kv_cache, structured
 from handlers.generation.answers import Outcome
 from handlers.generation.limits import AUTO, AutoOrInt
 from handlers.generation.loop import GenerationLoop
@@ -105,6 +105,14 @@ class GeneratorHandler(ServingHandler):
             "decoding pass (chunked prefill: a long prompt does not stall the streams); 0 = whole prompts in a "
             "step of their own",
         ),
+        "compile_decode": compiled.CompileOption(
+            str,
+            "false",
+            compiled.SETTINGS,
+            help="torch.compile the decoding passes' MLPs: true = compile, kept only if greedy fp32 tokens equal "
+            "eager's on a few prompts; auto = that and only if a step of 1 row and of batchSize rows is faster; "
+            "false = eager (the default: it did not pay, docs/generation.md)",
+        ),
         "max_n": Option(
             int,
             8,
@@ -144,6 +152,10 @@ class GeneratorHandler(ServingHandler):
             logger.warning("prefix reuse is off: the model's cache has %s layers", ", ".join(unsupported))
             self.prefix_cache = None
         budget = self.batch_token_budget()
+        # Before the loop exists: the gate decodes with the model alone, and whichever form it leaves is served.
+        self.compiled = compiled.compile_decode(
+            self.loaded.model, self.config["compile_decode"], self.loaded.pad_token_id, self.max_batch_requests
+        )
         model = {
             "name": self.model_name,
             "version": self.model_version,
@@ -238,6 +250,7 @@ class GeneratorHandler(ServingHandler):
                 "decode_steps": self.loop.scheduler.decode_steps,
                 "prefills": self.loop.scheduler.prefills,
             },
+            "compile_decode": self.compiled.describe(),
             "prefix_cache": self.prefix_cache.describe() if self.prefix_cache is not None else None,
             "semantic_cache": self.semantic.describe() if self.semantic is not None else None,
         }

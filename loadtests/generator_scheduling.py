@@ -24,7 +24,10 @@ steps   in-process, no server: the median time of a decoding step of the measure
         running rows (about 150 columns wide); for a 9-token prompt joining such a batch (and a 200-token one
         joining 16 rows), its first token and the running rows' longest wait between two tokens, prefilled whole
         in a pass of its own and with chunked prefill (the archive's handler.prefill_chunk_tokens); one prefill
-        alone. --threads N: torch threads (default 1, as the archive's worker).
+        alone. --threads N: torch threads (default 1, as the archive's worker). --rows 1,16: those batch sizes
+        only. --compile-decode true: the handler loads with handler.compile_decode true (its MLPs compiled if the
+        gate passes) and each decoding step is timed compiled and, alternately on the same batch, eager (so a busy
+        machine's drift hits both); the graphs torch.compile made over the whole run are reported.
 
 Each writes loadtests/reports/generator-<name>-<time>.json and prints its figures. Exit codes: 0 measured, 1 a
 server failed, 2 bad arguments.
@@ -342,7 +345,7 @@ def join_chunked(batch, ids):
     return first, longest
 
 
-def measure_steps(log, threads=1):
+def measure_steps(log, threads=1, row_counts=(1, 4, 8, 16), compile_decode="false"):
     """In-process (no server): what a decoding step of the measurement model costs by batch size, and what a prompt
     joining such a batch costs the running rows and itself, prefilled whole in a pass of its own (the generator
     before chunked prefill) or riding in the running rows' decoding passes (chunked prefill, as shipped)."""
@@ -351,6 +354,7 @@ def measure_steps(log, threads=1):
 
     import torch
 
+    from handlers.generation import compiled
     from handlers.generation.decoding import SamplingSettings, Sequence
     from handlers.generation.running import RunningBatch
     from scripts.ops.handler_loader import load_handler
@@ -363,8 +367,9 @@ def measure_steps(log, threads=1):
     ):
         with zipfile.ZipFile(archive) as unpacked:
             unpacked.extractall(folder)
-    handler, _ = load_handler(folder, systems.MODEL, continuous_batching=True)
-    torch.set_num_threads(threads)
+    torch.set_num_threads(threads)  # before load: compile_decode's gate and timing run at this count too
+    overrides = {"compile_decode": compile_decode}
+    handler, _ = load_handler(folder, systems.MODEL, overrides, continuous_batching=True)
     model, tokenizer, pad = handler.loaded.model, handler.loaded.tokenizer, handler.loaded.pad_token_id
     chunk = handler.loop.scheduler.batch.chunk_tokens
     rng = random.Random(0)
@@ -373,10 +378,22 @@ def measure_steps(log, threads=1):
     long_prompt = (sentence * (LONG_PROMPT_TOKENS // len(sentence) + 1))[:LONG_PROMPT_TOKENS]
     results = {"prompt_tokens": len(prompt), "long_prompt_tokens": len(long_prompt), "threads": threads}
     results["prefill_chunk_tokens"] = chunk
+    results["compile_decode"] = handler.describe()["compile_decode"]
+    is_compiled = results["compile_decode"]["compiled"]
     with torch.inference_mode():
-        for rows in (1, 4, 8, 16):
+        for rows in row_counts:
             batch = running_batch(model, pad, chunk, prompt, rows, rng)
-            results[f"decode_step_{rows}_rows_s"] = timed(batch.step, 10)
+            if is_compiled:  # alternating, on the same batch: compiled, eager, compiled, ...
+                pairs = []
+                for _ in range(10):
+                    compiled_s = timed(batch.step, 1)
+                    compiled.uninstall(model)
+                    pairs.append((compiled_s, timed(batch.step, 1)))
+                    compiled.install(model)
+                results[f"decode_step_{rows}_rows_eager_s"] = round(statistics.median(e for _, e in pairs), 4)
+                results[f"decode_step_{rows}_rows_s"] = round(statistics.median(c for c, _ in pairs), 4)
+            else:
+                results[f"decode_step_{rows}_rows_s"] = timed(batch.step, 10)
             cases = [("", prompt, 5)] + ([("long_", long_prompt, 3)] if rows == 16 else [])
             for label, ids, repeats in cases:
                 for name, join in (("whole", join_whole), ("chunked", join_chunked)):
@@ -386,6 +403,7 @@ def measure_steps(log, threads=1):
                     results[f"join_{label}{name}_{rows}_rows_longest_wait_s"] = wait
         alone = RunningBatch(model, pad, [])
         results["prefill_1_alone_s"] = timed(lambda: alone.prefill([Sequence(prompt, SamplingSettings(1))]), 5)
+    results["compile_graphs_total"] = compiled.compile_counts()  # the gate's and this run's: no per-shape growth
     log(f"steps: {json.dumps(results)}")
     return results
 
@@ -407,16 +425,32 @@ def main(argv=None):
     )
     parser.add_argument("measurement", choices=[*MEASUREMENTS, "all"])
     parser.add_argument("--threads", type=int, default=1, help="steps: torch threads (default 1, as the worker)")
+    parser.add_argument("--rows", default="1,4,8,16", help="steps: running rows, comma-separated (default 1,4,8,16)")
+    parser.add_argument(
+        "--compile-decode",
+        choices=("false", "true"),
+        default="false",
+        help="steps: load with handler.compile_decode (true: compiled and eager steps timed alternately)",
+    )
     args = parser.parse_args(argv)
     if args.threads < 1:
         parser.error("--threads must be at least 1")
+    try:
+        row_counts = tuple(int(rows) for rows in args.rows.split(","))
+    except ValueError:
+        parser.error(f"--rows: expected integers, got {args.rows!r}")
+    if not row_counts or min(row_counts) < 1:
+        parser.error("--rows: each at least 1")
     exit_on_sigterm()
     REPORTS.mkdir(parents=True, exist_ok=True)
     names = list(MEASUREMENTS) if args.measurement == "all" else [args.measurement]
     status = 0
     for name in names:
         try:
-            figures = measure_steps(print, args.threads) if name == "steps" else MEASUREMENTS[name](print)
+            if name == "steps":
+                figures = measure_steps(print, args.threads, row_counts, args.compile_decode)
+            else:
+                figures = MEASUREMENTS[name](print)
         except Exception as error:
             print(f"{name}: failed: {error}", file=sys.stderr)
             status = 1

@@ -55,6 +55,7 @@ class Endpoint:
     native_url: str | None = None  # ours: POST /predictions/<model> (the native API)
     metrics_url: str | None = None  # ours: TorchServe's Prometheus endpoint
     describe_url: str | None = None  # ours: the handler's description
+    response_format: bool = False  # enforces OpenAI's response_format (transformers serve ignores it)
 
     @property
     def completions_url(self) -> str:
@@ -100,6 +101,7 @@ def torchserve(name, store, log=print, log_dir=None):
             native_url=f"{server.inference_url}/predictions/{MODEL}",
             metrics_url=server.metrics_url,
             describe_url=f"{server.inference_url}{version_path}/describe",
+            response_format=True,
         )
         warm_up(endpoint, log)
         yield endpoint

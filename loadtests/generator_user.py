@@ -15,9 +15,13 @@ and ``generator stream: total`` (to the end); a plain one as ``generator plain``
 framing, the last piece, the token count) and a wrong one is a failure. With ``$GENERATOR_SAMPLES`` set to a file,
 each finished request also appends one JSON line there: its exact times (first token, every gap between two pieces,
 total), its token count and whether it succeeded; the comparison computes its percentiles from these, not from
-Locust's rounded buckets. Importing this module registers nothing: settings are class attributes (subclass to change
-them). Against a server with token authorization set ``$TS_INFERENCE_TOKEN`` to the inference key: every request
-then carries ``Authorization: Bearer <key>``.
+Locust's rounded buckets. With ``$GENERATOR_SCHEMA_SHARE`` set (0 ... 1, e.g. 0.2) that share of the requests asks
+for a JSON document by ``response_format`` (loadtests/generator_schema.py: a bounded schema, ``max_tokens`` 256 to
+close it); each such answer is parsed and validated against the schema with ``jsonschema``, and its sample says
+whether it was valid (an invalid one is counted, not a Locust failure, so the report can say valid / total).
+Importing this module registers nothing: settings are class attributes (subclass to change them). Against a server
+with token authorization set ``$TS_INFERENCE_TOKEN`` to the inference key: every request then carries
+``Authorization: Bearer <key>``.
 """
 
 import json
@@ -28,6 +32,7 @@ import time
 import requests
 from locust import HttpUser, constant, task
 
+from loadtests.generator_schema import CONSTRAINED_MAX_TOKENS, REVIEW_FORMAT, schema_error
 from scripts.ops import auth
 
 FIRST_TOKEN = "generator stream: first token"
@@ -35,22 +40,28 @@ TOTAL = "generator stream: total"
 PLAIN = "generator plain"
 SAMPLES_ENV = "GENERATOR_SAMPLES"
 MAX_NEW_TOKENS = (8, 16, 32, 64, 128, 256)  # drawn uniformly: half the requests are short, a third long
+SCHEMA_SHARE_ENV = "GENERATOR_SCHEMA_SHARE"
 
 
 class Generation:
     """What one request received: pieces of text with their arrival times, the end, the token count."""
 
-    def __init__(self, started, stream, max_new_tokens):
+    def __init__(self, started, stream, max_new_tokens, constrained=False):
         self.started = started
         self.stream = stream
         self.max_new_tokens = max_new_tokens
+        self.constrained = constrained  # asked for REVIEW_FORMAT
         self.piece_times = []
+        self.pieces = []  # the text, kept only when it is to be validated
+        self.text = None  # a plain answer's text
         self.tokens = None
         self.bytes = 0
 
     def piece(self, text):
         if text:
             self.piece_times.append(time.perf_counter())
+            if self.constrained:
+                self.pieces.append(text)
 
     def sample(self, ended, error):
         times = self.piece_times
@@ -64,7 +75,13 @@ class Generation:
             "gaps_s": [times[i + 1] - times[i] for i in range(len(times) - 1)] if self.stream else [],
             "total_s": ended - self.started,
             "error": None if error is None else str(error)[:300],
+            "constrained": self.constrained,
+            # a constrained answer that arrived: None when valid against the schema, else why not
+            "schema_error": schema_error(self.text_received()) if self.constrained and error is None else None,
         }
+
+    def text_received(self):
+        return "".join(self.pieces) if self.stream else (self.text or "")
 
 
 class GenerationUser(HttpUser):
@@ -79,6 +96,7 @@ class GenerationUser(HttpUser):
         "What is the answer? It is",
     )
     max_new_tokens_choices = MAX_NEW_TOKENS
+    schema_share = float(os.environ.get(SCHEMA_SHARE_ENV) or 0.0)  # share of requests with REVIEW_FORMAT
     temperature = 0.8
     top_k = 50
 
@@ -110,9 +128,15 @@ class GenerationUser(HttpUser):
             with open(self.samples_path, "a", encoding="utf-8") as samples:
                 samples.write(json.dumps(generation.sample(time.perf_counter(), error)) + "\n")
 
+    def new_generation(self, stream):
+        """The next request's plan: constrained (REVIEW_FORMAT, room to close it) for schema_share of them."""
+        if self.rng.random() < self.schema_share:
+            return Generation(time.perf_counter(), stream, CONSTRAINED_MAX_TOKENS, constrained=True)
+        return Generation(time.perf_counter(), stream, self.rng.choice(self.max_new_tokens_choices))
+
     @task(3)
     def streamed(self):
-        generation = Generation(time.perf_counter(), True, self.rng.choice(self.max_new_tokens_choices))
+        generation = self.new_generation(True)
         first_reported, error = False, None
         try:
             with self.stream_session.post(
@@ -138,7 +162,7 @@ class GenerationUser(HttpUser):
 
     @task(1)
     def plain(self):
-        generation = Generation(time.perf_counter(), False, self.rng.choice(self.max_new_tokens_choices))
+        generation = self.new_generation(False)
         error = None
         with self.client.post(self.path, json=self.body(generation), name=PLAIN, catch_response=True) as response:
             try:
@@ -170,6 +194,7 @@ class GeneratorUser(GenerationUser):
             "top_k": self.top_k,
             "seed": self.rng.randrange(2**31),
             "stream": generation.stream,
+            **({"response_format": REVIEW_FORMAT} if generation.constrained else {}),
         }
 
     def read_line(self, line, generation):
@@ -192,6 +217,7 @@ class GeneratorUser(GenerationUser):
     def read_answer(self, answer, generation):
         if not isinstance(answer.get("text"), str):
             raise ValueError(f"no text in the answer: {str(answer)[:200]}")
+        generation.text = answer["text"]
         generation.tokens = answer["completion_tokens"]
 
 
@@ -215,6 +241,8 @@ class CompletionsUser(GenerationUser):
         }
         if generation.stream:
             body["stream_options"] = {"include_usage": True}
+        if generation.constrained:
+            body["response_format"] = REVIEW_FORMAT
         return body
 
     def read_line(self, line, generation):
@@ -245,4 +273,5 @@ class CompletionsUser(GenerationUser):
         choices = answer.get("choices") or []
         if not choices or not isinstance(choices[0].get("text"), str):
             raise ValueError(f"no choices[0].text in the answer: {str(answer)[:200]}")
+        generation.text = choices[0]["text"]
         generation.tokens = (answer.get("usage") or {}).get("completion_tokens")
