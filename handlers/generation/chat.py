@@ -189,7 +189,7 @@ def chat_prompt_ids(
     from jinja2 import TemplateError
 
     template = None if has_chat_template(tokenizer) else PLAIN_TEMPLATE
-    if tools and template is None and not template_takes_tools(tokenizer.get_chat_template(None, tools)):
+    if tools and not takes_tools(tokenizer, tools):
         raise FieldError(
             "tools",
             "this model's chat template has no tools support (it never uses 'tools'), so they cannot be shown to "
@@ -208,6 +208,14 @@ def chat_prompt_ids(
     except TemplateError as error:  # e.g. raise_exception('Conversation roles must alternate user/assistant/...')
         raise refuse(f"the model's chat template refused 'messages': {error}"[:500]) from None
     return prompt_tokens(list(ids), "'messages'", limits)
+
+
+def takes_tools(tokenizer: Any, tools: list[dict[str, Any]] | None = None) -> bool:
+    """Whether the chat template that renders a request with tools can show them (the plain template can)."""
+    if not has_chat_template(tokenizer):
+        return True
+    # With tools transformers picks a folder's "tool_use" template where it has several.
+    return template_takes_tools(tokenizer.get_chat_template(None, tools or [{"type": "function"}]))
 
 
 @functools.lru_cache(maxsize=8)

@@ -580,14 +580,17 @@ def test_a_model_chat_template_is_rendered_as_transformers_does(prepared_model_d
         parse_openai(CHAT_ROUTE, {"messages": messages}, with_template)
 
 
-def test_describe_names_the_openai_routes_and_the_template(generator):
+def test_describe_names_the_openai_routes_the_template_and_the_choices_limit(generator):
     handler, context = generator
     set_requests(context, [{"describe": "True"}])
     [described] = handler.handle([{"body": b""}], context)
-    assert json.loads(described)["openai"] == {
+    described = json.loads(described)
+    assert described["openai"] == {
         "routes": ["/predictions/generator/1.0/v1/completions", "/predictions/generator/1.0/v1/chat/completions"],
         "chat_template": "plain",
+        "tools": True,  # the plain template shows tools
     }
+    assert described["limits"]["max_n"] == handler.loaded.limits.max_n > 1
 
 
 # ------------------------------------------------------------------------------------------------------ fuzzing
