@@ -268,3 +268,22 @@ def test_a_template_without_tools_is_refused_naming_it(served):  # noqa: F811
         tokenizer.chat_template = saved
     assert refused.value.field == "tools" and "no tools support" in str(refused.value)
     assert chat.template_takes_tools("{% if tools %}{{ tools | tojson }}{% endif %}")
+
+
+def test_the_fuzzers_chat_oracle_flags_arguments_off_the_parameters():
+    """scripts/reliability's tools productions are judged by this check: it must see a call that breaks its schema."""
+    from scripts.reliability.fuzz import GeneratorShapes
+    from scripts.reliability.fuzz_grammar import CLOCK_TOOL
+
+    body = {"messages": ASK, "tools": [CLOCK_TOOL], "tool_choice": "required"}
+
+    def answer_with(arguments, finish_reason="tool_calls"):
+        call = {"id": "call_1", "type": "function", "function": {"name": "clock", "arguments": arguments}}
+        message = {"role": "assistant", "content": None, "tool_calls": [call]}
+        return {"choices": [{"index": 0, "message": message, "finish_reason": finish_reason}]}
+
+    shapes = GeneratorShapes()
+    assert shapes.chat_problem(body, answer_with('{"zone": "utc", "hour": 3}')) is None
+    assert "do not follow its parameters" in shapes.chat_problem(body, answer_with('{"zone": "utc", "hour": 30}'))
+    assert "do not follow its parameters" in shapes.chat_problem(body, answer_with('{"zone": '))
+    assert "finish_reason 'stop'" in shapes.chat_problem(body, answer_with('{"zone": "cet", "hour": 1}', "stop"))
