@@ -91,6 +91,16 @@ def test_required_and_named_choices_answer_calls_that_validate_through_the_step_
         assert_valid_calls(choice["message"], ("weather",) if kind == "named" else tuple(PARAMETERS))
 
 
+def test_n_choices_each_get_their_own_calls(whole):
+    handler, context = whole
+    codes, [item] = answer(handler, context, body(2, tool_choice="required", parallel_tool_calls=False, n=2))
+    assert codes == [200]
+    assert [choice["index"] for choice in item["choices"]] == [0, 1]
+    for choice in item["choices"]:
+        assert choice["finish_reason"] == "tool_calls" and len(choice["message"]["tool_calls"]) == 1
+        assert_valid_calls(choice["message"])
+
+
 def test_parallel_calls_are_each_valid_and_a_cut_one_stays_text(whole):
     handler, context = whole
     codes, answers = answer(handler, context, *(body(seed, tool_choice="required", max_tokens=80) for seed in range(4)))
