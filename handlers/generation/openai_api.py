@@ -328,7 +328,8 @@ def parse_chat(body: Any, served: Served) -> GenerationRequest:
     lookup = chat.chat_lookup(messages, "seed" in body, cache_request(body))
     if calling is not None:  # the cache compares messages, not tools: an answer without them is not this one's
         lookup = replace(lookup, text=None, skip=tools.FIELD)
-    lookup = structured.uncached_lookup(lookup, output_format)
+    else:
+        lookup = structured.uncached_lookup(lookup, output_format)
     answers = ChatAnswers(
         f"chatcmpl-{secrets.token_hex(12)}",
         int(time.time()),

@@ -115,32 +115,33 @@ def field_error(field: str, message: str) -> FieldError:
 
 
 def checked_function(tool: Any, index: int) -> Tool:
-    where = f"'{FIELD}[{index}]'"
+    where = f"{FIELD}[{index}]"
     if not isinstance(tool, dict) or tool.get("type") != "function" or set(tool) - {"type", "function"}:
-        raise field_error(FIELD, f'{where} must be {{"type": "function", "function": {{...}}}}, got {shown(tool)}')
+        shape = '{"type": "function", "function": {...}}'
+        raise field_error(FIELD, f"'{where}' must be {shape}, got {shown(tool)}")
     function = tool.get("function")
     if not isinstance(function, dict):
-        raise field_error(FIELD, f"{where}.function must be an object with a 'name', got {shown(function)}")
+        raise field_error(FIELD, f"'{where}.function' must be an object with a 'name', got {shown(function)}")
     unknown = sorted(set(function) - FUNCTION_KEYS)
     if unknown:
-        raise field_error(FIELD, f"{where}.function has unknown field(s) {unknown}")
+        raise field_error(FIELD, f"'{where}.function' has unknown field(s) {unknown}")
     name = function.get("name")
     if not isinstance(name, str) or not structured.NAME_PATTERN.fullmatch(name):
         raise field_error(
-            FIELD, f"{where}.function.name is {shown(name)}; it must be 1 to 64 letters, digits, _ or - characters"
+            FIELD, f"'{where}.function.name' is {shown(name)}; it must be 1 to 64 letters, digits, _ or - characters"
         )
     for key, kinds, wanted in (("description", (str,), "a string"), ("strict", (bool,), "true or false")):
         if function.get(key) is not None and not isinstance(function[key], kinds):
-            raise field_error(FIELD, f"{where}.function.{key} must be {wanted}, got {shown(function[key])}")
+            raise field_error(FIELD, f"'{where}.function.{key}' must be {wanted}, got {shown(function[key])}")
     parameters = function.get("parameters")
     if parameters is None:
         parameters = EMPTY_PARAMETERS  # OpenAI: no parameters is an empty parameter list
     elif not isinstance(parameters, dict):
-        raise field_error(FIELD, f"{where}.function.parameters must be a JSON schema object, got {shown(parameters)}")
+        raise field_error(FIELD, f"'{where}.function.parameters' must be a JSON schema object, got {shown(parameters)}")
     elif structured.nesting(parameters) > structured.MAX_SCHEMA_DEPTH:
         raise field_error(
             FIELD,
-            f"{where}.function.parameters nests objects and arrays more than {structured.MAX_SCHEMA_DEPTH} levels "
+            f"'{where}.function.parameters' nests objects and arrays more than {structured.MAX_SCHEMA_DEPTH} levels "
             f"deep; at most {structured.MAX_SCHEMA_DEPTH} are allowed",
         )
     return Tool(name, parameters, tool)

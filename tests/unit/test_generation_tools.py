@@ -297,3 +297,13 @@ def test_the_fuzzers_chat_oracle_flags_arguments_off_the_parameters():
     assert "do not follow its parameters" in shapes.chat_problem(body, answer_with('{"zone": "utc", "hour": 30}'))
     assert "do not follow its parameters" in shapes.chat_problem(body, answer_with('{"zone": '))
     assert "finish_reason 'stop'" in shapes.chat_problem(body, answer_with('{"zone": "cet", "hour": 1}', "stop"))
+
+
+def test_a_request_with_tools_skips_the_similarity_cache(served):  # noqa: F811
+    """The cache compares messages only: a stored answer to the same question without tools is not this one's."""
+    from tests.unit.test_generation_openai import parse_openai
+
+    for choice in ("none", "required"):
+        request = parse_openai(CHAT_ROUTE, {"messages": ASK, "tools": TOOLS, "tool_choice": choice}, served)
+        assert request.lookup.text is None and request.lookup.skip == "tools"
+    assert parse_openai(CHAT_ROUTE, {"messages": ASK}, served).lookup.text == ASK[0]["content"]
