@@ -227,6 +227,7 @@ class GeneratorHandler(ServingHandler):
                 "max_new_tokens": limits.max_new_tokens,
                 "default_max_new_tokens": limits.default_max_new_tokens,
                 "max_temperature": limits.max_temperature,
+                "max_n": limits.max_n,  # choices per OpenAI request (handler.max_n)
                 "top_k_max": limits.vocab_size,
                 "positions": limits.positions,  # the model's longest sequence (prompt + output), from its config
                 "auto": list(limits.auto),  # the limits resolved from the positions (handler.<key>: auto)
@@ -239,6 +240,7 @@ class GeneratorHandler(ServingHandler):
                     if route.error_shape == OPENAI
                 ],
                 "chat_template": "the model's" if chat.has_chat_template(self.loaded.tokenizer) else "plain",
+                "tools": chat.takes_tools(self.loaded.tokenizer),  # chat's tools: the template can show them
             },
             "scheduling": {
                 "per_step": self.per_step,  # continuousBatching: true in model-config.yaml

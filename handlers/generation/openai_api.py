@@ -12,12 +12,13 @@ Served at ``/predictions/<model>/<version>/v1/completions`` and ``.../v1/chat/co
   ``model_not_found`` as OpenAI answers), ``logprobs`` (completions: 0..5 alternatives;
   chat: true/false with ``top_logprobs`` 0..20; :mod:`handlers.generation.options`, shapes in
   :mod:`handlers.generation.logprobs`), ``response_format`` (JSON mode and JSON schemas, on completions too as vLLM:
-  :mod:`handlers.generation.structured`);
+  :mod:`handlers.generation.structured`), chat's ``tools``, ``tool_choice`` and ``parallel_tool_calls``
+  (:mod:`handlers.generation.tools`);
 - ignored, because they cannot change the answer: ``user`` (chat also ``metadata``, ``store``, ``service_tier``,
-  ``safety_identifier``, ``prompt_cache_*``, ``parallel_tool_calls``), ``stream_options.include_obfuscation``;
+  ``safety_identifier``, ``prompt_cache_*``), ``stream_options.include_obfuscation``;
 - refused with a 400 naming the field unless they have their neutral value: the fields in :data:`NEUTRAL` (echo,
-  best_of, penalties, logit_bias, suffix, tools, ...): we cannot honour them, and ignoring them would answer something
-  else than what was asked;
+  best_of, penalties, logit_bias, suffix, functions, ...): we cannot honour them, and ignoring them would answer
+  something else than what was asked;
 - anything else is an unknown field (400), as OpenAI answers. ``null`` means "not given" for every field but
   ``prompt`` and ``messages``.
 
@@ -35,13 +36,13 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from handlers.core.errors import OPENAI, RequestError, ShapedError, shown
 from handlers.core.http import RequestView, json_body
 from handlers.core.routes import Route
-from handlers.generation import chat, options, structured
+from handlers.generation import chat, options, structured, tools
 from handlers.generation.answers import Outcome
 from handlers.generation.decoding import SamplingSettings
 from handlers.generation.logprobs import TokenLogprob, TokenText, chat_logprobs, completion_logprobs, token_text
@@ -88,7 +89,16 @@ SAMPLING_FIELDS = (
     structured.FIELD,  # JSON mode and schemas (handlers/generation/structured.py); vLLM takes it on completions too
 )
 COMPLETION_FIELDS = ("prompt", "logprobs", *SAMPLING_FIELDS)
-CHAT_FIELDS = ("messages", "max_completion_tokens", "logprobs", "top_logprobs", *SAMPLING_FIELDS)
+CHAT_FIELDS = (
+    "messages",
+    "max_completion_tokens",
+    "logprobs",
+    "top_logprobs",
+    tools.FIELD,  # tools, tool_choice, parallel_tool_calls: handlers/generation/tools.py
+    tools.CHOICE_FIELD,
+    tools.PARALLEL_FIELD,
+    *SAMPLING_FIELDS,
+)
 COMPLETION_IGNORED = ("user",)
 CHAT_IGNORED = (
     "user",
@@ -99,7 +109,6 @@ CHAT_IGNORED = (
     "prompt_cache_key",
     "prompt_cache_retention",
     "prompt_cache_options",
-    "parallel_tool_calls",
 )
 
 
@@ -127,8 +136,6 @@ COMPLETION_NEUTRAL: Neutral = {
 }
 CHAT_NEUTRAL: Neutral = {
     **COMMON_NEUTRAL,
-    "tools": (is_value([]), "[] or null"),
-    "tool_choice": (is_value("none"), '"none" or null'),
     "functions": (is_value([]), "[] or null"),
     "function_call": (is_value("none"), '"none" or null'),
     "modalities": (is_value(["text"]), '["text"] or null'),
@@ -317,10 +324,12 @@ def parse_chat(body: Any, served: Served) -> GenerationRequest:
     settings, stop = sampling(body, served, chat_tokens_key(body), options.chat_logprobs(body))
     n = check_n(body, served.limits)
     stream = checked_stream(body)
-    response_format = structured.checked_response_format(body, served)
-    lookup = structured.uncached_lookup(
-        chat.chat_lookup(messages, "seed" in body, cache_request(body)), response_format
-    )
+    calling, output_format = tools.checked_tools(body, served, structured.checked_response_format(body, served))
+    lookup = chat.chat_lookup(messages, "seed" in body, cache_request(body))
+    if calling is not None:  # the cache compares messages, not tools: an answer without them is not this one's
+        lookup = replace(lookup, text=None, skip=tools.FIELD)
+    else:
+        lookup = structured.uncached_lookup(lookup, output_format)
     answers = ChatAnswers(
         f"chatcmpl-{secrets.token_hex(12)}",
         int(time.time()),
@@ -329,8 +338,10 @@ def parse_chat(body: Any, served: Served) -> GenerationRequest:
         include_usage(body, stream),
         settings.logprobs,
         token_text(served.tokenizer),
+        calls=calling is not None and calling.constrained,
     )
-    prompt_ids = chat.chat_prompt_ids(messages, served.tokenizer, served.limits)
+    specs = calling.specs if calling is not None else None
+    prompt_ids = chat.chat_prompt_ids(messages, served.tokenizer, served.limits, specs)
     return GenerationRequest(
         prompt_ids,
         settings,
@@ -339,7 +350,7 @@ def parse_chat(body: Any, served: Served) -> GenerationRequest:
         stop=stop,
         answers=answers,
         lookup=lookup,
-        structured=response_format,
+        structured=output_format,
         n=n,
     )
 
@@ -450,9 +461,15 @@ class CompletionAnswers(OpenAIAnswers):
         return {"text": text, "index": index, "logprobs": shown, "finish_reason": finish_reason}
 
 
+@dataclass
 class ChatAnswers(OpenAIAnswers):
     """``chat.completion`` objects, streamed as ``chat.completion.chunk`` deltas (each choice's first one carries the
-    role)."""
+    role). With ``calls`` (tools whose tool_choice constrains the answer) each choice's text is read back into
+    ``tool_calls`` (:class:`handlers.generation.tools.ToolCallReader`; streamed: one ``delta.tool_calls`` entry per
+    call once it is complete)."""
+
+    calls: bool = False
+    readers: dict[int, tools.ToolCallReader] = field(default_factory=dict)
 
     object_name = "chat.completion"
     chunk_object_name = "chat.completion.chunk"
@@ -468,12 +485,26 @@ class ChatAnswers(OpenAIAnswers):
         shown = None
         if logprobs is not None and self.top_logprobs is not None and self.token_text is not None:
             shown = chat_logprobs(list(logprobs), self.top_logprobs, self.token_text)
+        calls: list[dict[str, Any]] = []
+        first_call = 0
+        if self.calls:
+            reader = self.readers.setdefault(index, tools.ToolCallReader()) if streamed else tools.ToolCallReader()
+            first_call = reader.calls
+            text, calls = reader.feed(text)
+            if finish_reason is not None:
+                text += reader.finish()
+            if reader.calls and finish_reason == "stop":
+                finish_reason = "tool_calls"  # as OpenAI: the answer ended with its calls
         if not streamed:
-            message = {"role": "assistant", "content": text}
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if calls:
+                message["content"], message["tool_calls"] = text or None, calls
             return {"index": index, "message": message, "logprobs": shown, "finish_reason": finish_reason}
-        delta = {} if index in self.role_sent else {"role": "assistant"}
+        delta: dict[str, Any] = {} if index in self.role_sent else {"role": "assistant"}
         if text or index not in self.role_sent:
-            delta["content"] = text
+            delta["content"] = text if text or not self.calls else None
+        if calls:
+            delta["tool_calls"] = [{"index": first_call + number, **call} for number, call in enumerate(calls)]
         self.role_sent.add(index)
         return {"index": index, "delta": delta, "logprobs": shown, "finish_reason": finish_reason}
 

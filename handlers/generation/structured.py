@@ -194,19 +194,25 @@ class Grammars:
             )
         except ValueError as error:
             raise FieldError(FIELD, f"'{FIELD}' schema cannot be compiled: {error}"[:500]) from None
+        return CompiledFormat(response_format, self.matcher(grammar, FIELD, "schema"), self.vocab_size)
+
+    def matcher(self, grammar: str, field: str, what: str) -> Any:
+        """A compiled llguidance grammar at its start (shared: never advanced itself), from the cache when the same
+        grammar came recently; a FieldError naming ``field`` when the library refuses it (``what``: the thing in the
+        request it was built from). response_format and tools (handlers/generation/tools.py) both compile here."""
         with self.lock:
             matcher = self.compiled.get(grammar)
             if matcher is not None:
                 self.compiled.move_to_end(grammar)
-                return CompiledFormat(response_format, matcher, self.vocab_size)
+                return matcher
         matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0, limits=self.limits)
         if matcher.is_error():
-            raise FieldError(FIELD, f"'{FIELD}' schema cannot be compiled: {matcher.get_error()}"[:500])
+            raise FieldError(field, f"'{field}' {what} cannot be compiled: {matcher.get_error()}"[:500])
         with self.lock:
             self.compiled[grammar] = matcher
             while len(self.compiled) > COMPILED_CACHE:
                 self.compiled.popitem(last=False)
-        return CompiledFormat(response_format, matcher, self.vocab_size)
+        return matcher
 
 
 _GRAMMARS: dict[int, tuple[Any, Grammars]] = {}  # by id(tokenizer): a worker serves one tokenizer
@@ -265,20 +271,22 @@ BACKGROUND_MASKS = True  # False: each mask is computed when its row's token is 
 class CompiledFormat:
     """A request's compiled format: every sequence decoding for it starts from a copy of ``matcher``."""
 
-    response_format: ResponseFormat
+    response_format: ResponseFormat | None  # None: a grammar of tool calls (handlers/generation/tools.py)
     matcher: Any  # llguidance.LLMatcher at the grammar's start (never advanced itself)
     vocab_size: int
+    field: str = FIELD  # the request field a runtime grammar failure names ("tools" for tool calls)
 
     def start(self) -> Constraint:
-        return Constraint(self.matcher.deep_copy(), self.vocab_size)
+        return Constraint(self.matcher.deep_copy(), self.vocab_size, self.field)
 
 
 class Constraint:
     """One sequence's grammar state (:class:`handlers.generation.decoding.TokenConstraint`)."""
 
-    def __init__(self, matcher: Any, vocab_size: int) -> None:
+    def __init__(self, matcher: Any, vocab_size: int, field: str = FIELD) -> None:
         self.matcher = matcher
         self.vocab_size = vocab_size
+        self.field = field
         self.pending: Future[torch.Tensor] | None = None
         self.prefetch()  # the first mask overlaps the prompt's prefill
 
@@ -301,7 +309,7 @@ class Constraint:
         pending, self.pending = self.pending, None
         allowed = pending.result() if pending is not None else self.allowed_tokens()
         if self.matcher.is_error():
-            raise grammar_failure("the output grammar failed", self.matcher.get_error())
+            raise grammar_failure("the output grammar failed", self.matcher.get_error(), self.field)
         accepting = self.matcher.is_accepting()
         for token in stop_token_ids:
             if token < allowed.numel():
@@ -316,7 +324,7 @@ class Constraint:
         """Consume the chosen token; ``more``: the sequence may take another (its next mask is computed now, beside
         the next forward pass). Returns True when the grammar is complete (nothing but its end may follow)."""
         if not self.matcher.consume_token(token):
-            raise grammar_failure(f"the output grammar refused token {token}", self.matcher.get_error())
+            raise grammar_failure(f"the output grammar refused token {token}", self.matcher.get_error(), self.field)
         if self.matcher.is_stopped():
             return True
         if more:
@@ -329,8 +337,8 @@ class Constraint:
 PARSER_LIMIT = re.compile(r"\bmax is \d+")
 
 
-def grammar_failure(what: str, detail: str) -> ConstraintFailed:
+def grammar_failure(what: str, detail: str, field: str = FIELD) -> ConstraintFailed:
     if PARSER_LIMIT.search(detail or ""):
-        message = f"response_format: the schema is too complex for the output grammar at this point ({detail})"
+        message = f"{field}: the schema is too complex for the output grammar at this point ({detail})"
         return ConstraintFailed(message[:300], status=400)
     return ConstraintFailed(f"{what}: {detail}"[:300])

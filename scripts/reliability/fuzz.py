@@ -447,6 +447,34 @@ class GeneratorShapes:
             return f"a sampled answer without its seed: {str(answer)[:160]}"
         return None
 
+    def chat_problem(self, body, answer):
+        """A chat answer (the tools productions): each choice a message whose tool calls name a tool of the request
+        and whose arguments validate against its parameters, whatever the weights wrote."""
+        import jsonschema
+
+        choices = answer.get("choices") if isinstance(answer, dict) else None
+        if not isinstance(choices, list) or len(choices) != body.get("n", 1):
+            return f"no chat choices in {str(answer)[:160]}"
+        tools = {tool["function"]["name"]: tool["function"].get("parameters") for tool in body.get("tools", [])}
+        for choice in choices:
+            message = choice.get("message") if isinstance(choice, dict) else None
+            if not isinstance(message, dict) or choice.get("finish_reason") not in ("stop", "length", "tool_calls"):
+                return f"malformed chat choice: {str(choice)[:160]}"
+            calls = message.get("tool_calls") or []
+            if (choice["finish_reason"] == "tool_calls") != bool(calls) and choice["finish_reason"] != "length":
+                return f"finish_reason {choice['finish_reason']!r} with {len(calls)} tool calls"
+            if calls and body.get("tool_choice") == "none":
+                return f"tool calls answered to tool_choice none: {str(calls)[:160]}"
+            for call in calls:
+                name = call.get("function", {}).get("name")
+                if name not in tools:
+                    return f"a call of {name!r}, which is not in the request's tools"
+                try:
+                    jsonschema.validate(json.loads(call["function"]["arguments"]), tools[name] or {})
+                except (ValueError, jsonschema.ValidationError) as error:
+                    return f"the arguments of a {name} call do not follow its parameters: {str(error)[:160]}"
+        return None
+
 
 class GeneratorOracle(GeneratorShapes):
     """The generator's own handler in-process, one request at a time: deterministic requests (greedy, or seeded)
@@ -495,6 +523,9 @@ class GeneratorOracle(GeneratorShapes):
             if not isinstance(body, dict):
                 continue
             self.requests[case.index] = body
+            if case.path:  # a chat request (tools): its answer's shape and calls are checked, not its text
+                self.expected[case.index] = None
+                continue
             sampling = body.get("temperature", 0) != 0
             if sampling and "seed" not in body:
                 self.expected[case.index] = None
@@ -511,6 +542,8 @@ class GeneratorOracle(GeneratorShapes):
         if case.index not in self.expected:
             return "no valid request could be read from this body, yet it was answered 200"
         body = self.requests[case.index]
+        if case.path:
+            return self.chat_problem(body, answer)
         problem = self.shape_problem(body, answer)
         if problem:
             return problem

@@ -1259,6 +1259,39 @@ HOSTILE_SCHEMAS = [
 ]
 
 
+CHAT_PATH = "v1/chat/completions"
+# Tools on chat (docs/generation.md, "Tools"): one small tool (the demo's prompt limit holds it and a question).
+CLOCK_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "clock",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"enum": ["utc", "cet"]}, "hour": {"type": "integer", "minimum": 0, "maximum": 23}},
+            "required": ["zone", "hour"],
+            "additionalProperties": False,
+        },
+    },
+}
+TOOL_CHOICES = ["auto", "none", "required", {"type": "function", "function": {"name": "clock"}}]
+BAD_TOOLS = [
+    {"tools": {"type": "function"}},
+    {"tools": [{"type": "function", "function": {"name": "get weather"}}]},
+    {"tools": [{"type": "function", "function": {"name": "f" * 65}}]},
+    {"tools": [CLOCK_TOOL, CLOCK_TOOL]},
+    {"tools": [{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)]},
+    {"tools": [{"type": "function", "function": {"name": "f", "parameters": nested_schema(40)}}]},
+    {"tools": [{"type": "function", "function": {"name": "f", "parameters": "object"}}]},
+    {"tools": [{"type": "retrieval"}]},
+    {"tools": [CLOCK_TOOL], "tool_choice": "always"},
+    {"tools": [CLOCK_TOOL], "tool_choice": {"type": "function", "function": {"name": "other"}}},
+    {"tool_choice": "required"},
+    {"tools": [CLOCK_TOOL], "parallel_tool_calls": "yes"},
+    {"tools": [CLOCK_TOOL], "response_format": {"type": "json_object"}},
+    {"messages": [{"role": "user", "content": "hi"}, {"role": "tool", "content": "12"}]},
+]
+
+
 class GeneratorProductions:
     """The generator's productions: sampling settings at and past their limits, prompt lengths, bad fields."""
 
@@ -1358,6 +1391,31 @@ class GeneratorProductions:
         body["response_format"] = {"type": "json_schema", "json_schema": {"name": "h", "schema": schema}}
         return (*json_case(rng, body), EITHER)
 
+    def chat(self, rng, **fields):
+        return {"messages": [{"role": "user", "content": rng.choice(["Time?", "hi", "日本"])}], **fields}
+
+    def tool_calls(self, rng):  # the oracle validates every call's arguments against the tool's parameters
+        body = self.chat(rng, tools=[CLOCK_TOOL], tool_choice=rng.choice(TOOL_CHOICES), seed=rng.randrange(1000))
+        body["max_tokens"] = rng.choice([1, 8, 150])
+        body["temperature"] = rng.choice([0, 1])
+        if rng.random() < 0.5:
+            body["parallel_tool_calls"] = rng.choice([True, False])
+        return (*json_case(rng, body), OK, CHAT_PATH)
+
+    def bad_tools(self, rng):
+        body = {**self.chat(rng, max_tokens=4), **rng.choice(BAD_TOOLS)}
+        return (*json_case(rng, body), ERROR, CHAT_PATH)
+
+    def hostile_tools(self, rng):  # compiled within the grammar library's limits, or refused: never a crash
+        tools = [{"type": "function", "function": {"name": "h", "parameters": rng.choice(HOSTILE_SCHEMAS)}}]
+        if rng.random() < 0.3:  # the most tools allowed, each with a schema of its own
+            tools = [
+                {"type": "function", "function": {"name": f"t{i}", "parameters": nested_schema(i % 8)}}
+                for i in range(128)
+            ]
+        body = self.chat(rng, tools=tools, tool_choice=rng.choice(["required", "auto"]), max_tokens=8, seed=1)
+        return (*json_case(rng, body), EITHER, CHAT_PATH)
+
     def unknown_field(self, rng):
         body = {"prompt": "hi"}
         body[rng.choice(["max_tokens", "best_of", "stop", "top_p", "Prompt", ""])] = wrong_values(rng)
@@ -1409,6 +1467,9 @@ class GeneratorProductions:
             (self.odd_prompt, 2),
             (self.duplicate_keys, 2),
             (self.hostile_schema, 1),
+            (self.tool_calls, 4),
+            (self.bad_tools, 3),
+            (self.hostile_tools, 1),
             (self.over_max_body, 0.1),
         ]
 

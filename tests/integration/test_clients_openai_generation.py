@@ -7,6 +7,7 @@ request sent over plain HTTP. The demo model's weights are random: texts are com
 import json
 from typing import Literal
 
+import jsonschema
 import pydantic
 import pytest
 import requests
@@ -280,3 +281,76 @@ def test_bad_logprobs_and_n_are_refused_naming_the_field(client, call, body, par
     with pytest.raises(openai.BadRequestError) as raised:
         create(model=MODEL, **body)
     assert raised.value.status_code == 400 and raised.value.param == param
+
+
+# A tool small enough for the demo's 256-token prompt limit (the tools are part of the prompt; the demo tokenizer
+# spends about a token per character of JSON); strict, as the client's parse helpers ask of tools.
+CLOCK = {
+    "type": "object",
+    "properties": {"zone": {"enum": ["utc", "cet"]}, "hour": {"type": "integer", "minimum": 0, "maximum": 23}},
+    "required": ["zone", "hour"],
+    "additionalProperties": False,
+}
+CLOCK_TOOL = {"type": "function", "function": {"name": "clock", "parameters": CLOCK, "strict": True}}
+ASK_TIME = [{"role": "user", "content": "Time?"}]
+ONE_CALL = {"max_tokens": 150, "temperature": 1.0, "parallel_tool_calls": False}
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "clock"}}])
+def test_required_and_named_tool_choice_give_calls_whose_arguments_validate(client, tool_choice):
+    """Through the client's parse helper (it parses a strict tool's arguments): arguments the random weights write are
+    valid only because the grammar holds them to the parameters' schema."""
+    for seed in range(3):
+        answer = client.chat.completions.parse(
+            model=MODEL, messages=ASK_TIME, tools=[CLOCK_TOOL], tool_choice=tool_choice, seed=seed, **ONE_CALL
+        )
+        [choice] = answer.choices
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None
+        [call] = choice.message.tool_calls
+        assert call.type == "function" and call.id.startswith("call_") and call.function.name == "clock"
+        assert json.loads(call.function.arguments) == call.function.parsed_arguments
+        jsonschema.validate(call.function.parsed_arguments, CLOCK)
+
+
+def test_streamed_tool_calls_accumulate_to_the_plain_answer(client):
+    body = {"model": MODEL, "messages": ASK_TIME, "tools": [CLOCK_TOOL], "tool_choice": "required", "seed": 11}
+    plain = client.chat.completions.create(**body, **ONE_CALL)
+    with client.chat.completions.stream(**body, **ONE_CALL) as stream:
+        final = stream.get_final_completion()
+    [choice], [plain_choice] = final.choices, plain.choices
+    assert choice.finish_reason == plain_choice.finish_reason == "tool_calls"
+    streamed = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls]
+    assert streamed == [(c.function.name, c.function.arguments) for c in plain_choice.message.tool_calls]
+    jsonschema.validate(json.loads(streamed[0][1]), CLOCK)
+
+
+def test_a_follow_up_turn_with_the_tool_result_is_answered(client):
+    first = client.chat.completions.create(
+        model=MODEL, messages=ASK_TIME, tools=[CLOCK_TOOL], tool_choice="required", seed=3, **ONE_CALL
+    )
+    message = first.choices[0].message
+    [call] = message.tool_calls
+    history = [
+        *ASK_TIME,
+        message.model_dump(exclude_none=True),  # the assistant's call as the client holds it
+        {"role": "tool", "tool_call_id": call.id, "content": "12:00"},
+    ]
+    # Without the tools this time: the demo's 256-token prompt limit cannot hold them and the history together.
+    answer = client.chat.completions.create(model=MODEL, messages=history, max_tokens=8, seed=3)
+    [choice] = answer.choices
+    assert choice.message.tool_calls is None and isinstance(choice.message.content, str)
+    assert choice.finish_reason in ("length", "stop") and answer.usage.prompt_tokens > 0
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"tools": [CLOCK_TOOL], "tool_choice": {"type": "function", "function": {"name": "other"}}}, "tool_choice"),
+        ({"tools": [CLOCK_TOOL, CLOCK_TOOL]}, "tools"),
+        ({"tools": [CLOCK_TOOL], "response_format": {"type": "json_object"}}, FORMAT),
+    ],
+)
+def test_bad_tools_are_refused_naming_the_field(client, body, param):
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=MODEL, messages=ASK_TIME, max_tokens=4, **body)
+    assert refused.value.status_code == 400 and refused.value.param == param

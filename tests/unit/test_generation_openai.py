@@ -277,7 +277,8 @@ BAD_CHATS = {
     "messages empty": ([], 400, "'messages' is empty"),
     "too many messages": ([{"role": "user", "content": ""}] * 300, 400, "'messages' has 300 messages"),
     "message not an object": (["Hi"], 400, "'messages[0]' must be an object"),
-    "tool role": ([{"role": "tool", "content": "x", "tool_call_id": "1"}], 400, "'messages[0]' has ['tool_call_id']"),
+    "tool without call id": ([{"role": "tool", "content": "x"}], 400, "its 'tool_call_id' must name the call"),
+    "call id on a user": ([{"role": "user", "content": "x", "tool_call_id": "1"}], 400, "only a message of role tool"),
     "unknown role": ([{"role": "robot", "content": "x"}], 400, "'messages[0].role' is 'robot'"),
     "no content": ([{"role": "user"}], 400, "'messages[0]' has no 'content'"),
     "null content": ([{"role": "user", "content": None}], 400, "'messages[0].content' must be a string"),
@@ -289,7 +290,7 @@ BAD_CHATS = {
     "tool calls": (
         [{"role": "assistant", "content": "", "tool_calls": [{"id": "1"}]}],
         400,
-        "tool calls, tool results and audio are not served",
+        "'messages[0].tool_calls[0]' must be",
     ),
     "far too long": ([{"role": "user", "content": "x" * 1_000_000}], 400, "handler.max_prompt_tokens"),
     "too many tokens": ([{"role": "user", "content": "\x01" * 300}], 400, "'messages' has 3"),
@@ -312,7 +313,8 @@ def test_bad_chat_gets_its_own_openai_error(generator, name):
 @pytest.mark.parametrize(
     "change, param",
     [
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({"tools": [{"type": "function", "function": {"name": "f g"}}]}, "tools"),
+        ({"tool_choice": "required"}, "tool_choice"),
         ({"response_format": {"type": "xml"}}, "response_format"),
         ({"logprobs": 1}, "logprobs"),
         ({"top_logprobs": 2}, "top_logprobs"),
@@ -578,14 +580,17 @@ def test_a_model_chat_template_is_rendered_as_transformers_does(prepared_model_d
         parse_openai(CHAT_ROUTE, {"messages": messages}, with_template)
 
 
-def test_describe_names_the_openai_routes_and_the_template(generator):
+def test_describe_names_the_openai_routes_the_template_and_the_choices_limit(generator):
     handler, context = generator
     set_requests(context, [{"describe": "True"}])
     [described] = handler.handle([{"body": b""}], context)
-    assert json.loads(described)["openai"] == {
+    described = json.loads(described)
+    assert described["openai"] == {
         "routes": ["/predictions/generator/1.0/v1/completions", "/predictions/generator/1.0/v1/chat/completions"],
         "chat_template": "plain",
+        "tools": True,  # the plain template shows tools
     }
+    assert described["limits"]["max_n"] == handler.loaded.limits.max_n > 1
 
 
 # ------------------------------------------------------------------------------------------------------ fuzzing
@@ -623,6 +628,8 @@ FIELDS = [
     "best_of",
     "max_completion_tokens",
     "tools",
+    "tool_choice",
+    "parallel_tool_calls",
 ]
 near_valid = st.fixed_dictionaries(
     {},
