@@ -69,16 +69,33 @@ def check_files(folder: Path) -> None:
         raise FolderError("model.safetensors", "is missing", "save the model with save_pretrained(folder)")
 
 
-def copy_folder(source: Path, out: Path) -> list[str]:
+def copy_folder(source: Path, out: Path, module_dir: str = "", other_modules: tuple[str, ...] = ()) -> list[str]:
+    """Copy what serving reads: the folder's files, and those of ``module_dir``, the subfolder where an older
+    sentence-transformers save keeps its CLIP model (``0_CLIPModel/``; the worker reads it there, as
+    sentence-transformers does). ``other_modules``: the later modules' folders (an older save's empty
+    ``1_Normalize/``), made so that sentence-transformers loads the staged copy for the parity check."""
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
     copied = []
-    for path in sorted(source.iterdir()):
-        if path.is_file() and path.suffix in COPIED_SUFFIXES and not path.name.startswith(LEFT_BEHIND):
-            shutil.copy2(path, out / path.name)
-            copied.append(path.name)
+    for relative in dict.fromkeys(("", module_dir)):
+        (out / relative).mkdir(parents=True, exist_ok=True)
+        for path in sorted((source / relative).iterdir()):
+            if path.is_file() and path.suffix in COPIED_SUFFIXES and not path.name.startswith(LEFT_BEHIND):
+                shutil.copy2(path, out / relative / path.name)
+                copied.append(f"{relative}/{path.name}" if relative else path.name)
+    for relative in other_modules:
+        (out / relative).mkdir(parents=True, exist_ok=True)
     return copied
+
+
+def sentence_transformers_module_dirs(folder: Path, module_dir: str) -> tuple[str, ...]:
+    """The folders modules.json names after the model's own (``module_dir``): an older save's ``1_Normalize``."""
+    if not module_dir:
+        return ()
+    modules = json.loads((folder / "modules.json").read_text(encoding="utf-8"))
+    paths = [str(module.get("path", "")).strip("/") for module in modules if isinstance(module, dict)]
+    return tuple(path for path in paths if path and path != module_dir and "/" not in path and ".." not in path)
 
 
 def check_weights_load(out: Path, body_class: str) -> None:
@@ -134,8 +151,10 @@ def stage(source: str, out: Path, kind_name: str | None, min_parity: float | Non
     folder, origin = resolve_source(source)
     info = inspect_folder(folder, kind_name)
     kind = kind_named(info.kind)
-    check_files(folder)
-    copied = copy_folder(folder, out)
+    # An image-text folder saved by sentence-transformers before version 6 keeps the model in a module subfolder.
+    module_dir = str(info.extra.get("image_text", {}).get("model_dir", ""))
+    check_files(folder / module_dir)
+    copied = copy_folder(folder, out, module_dir, sentence_transformers_module_dirs(folder, module_dir))
     reference = kind.load_reference(out, info)
     try:
         preprocessing = Preprocessing.from_processor(reference.processor)
@@ -145,7 +164,7 @@ def stage(source: str, out: Path, kind_name: str | None, min_parity: float | Non
         ) from None
     body_class = type(reference.body).__name__ if hasattr(reference, "body") else info.body_class
     info = replace(info, preprocessing=preprocessing, body_class=body_class)
-    check_weights_load(out, body_class)
+    check_weights_load(out / module_dir, body_class)
     write_served(out, info)
     info = inspect_folder(out, kind.name)  # the staged copy is what the worker reads: check it too
     agreement, pixel_difference = parity(out, kind, info, reference)
