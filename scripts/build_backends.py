@@ -254,12 +254,12 @@ def build_aot(
         model = copy.deepcopy(model)  # the caller's fp32 encoder stays on the CPU (the gate's reference)
     model = model.to(device)
     batch = torch.export.Dim("batch", min=1, max=max_batch)
-    tokens = torch.export.Dim("tokens", min=2, max=max_tokens)
     with torch.inference_mode():
         # Every input is [rows, tokens] but a prompt-length column, [rows]. dynamic_shapes follows the forward's own
         # signature: a TextModule (handlers/text/model.py) takes its inputs after the first two as *extra (one nested
         # tuple); a plain encoder names each.
         if input_dims is None:
+            tokens = torch.export.Dim("tokens", min=2, max=max_tokens)
             shapes = [{0: batch, 1: tokens} if tensor.dim() == 2 else {0: batch} for tensor in example]
         else:
             sides = {2: torch.export.Dim("height", min=2, max=8192), 3: torch.export.Dim("width", min=2, max=8192)}
