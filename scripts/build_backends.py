@@ -54,7 +54,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +77,9 @@ CODE_INPUTS = (
     "handlers/text",  # the module, its kinds, the gate's measures and the backends' loader
     "scripts/ops/payloads.py",  # the ranking's payload mix
 )
+# An image model's besides (the loader of its backends is the text side's): its module, its kinds' gate measures,
+# the preprocessing and the generated reference images.
+IMAGE_CODE_INPUTS = (*CODE_INPUTS, "handlers/image")
 # CPU flags that decide which vector code a compiled artifact may contain (recorded; the load side compares).
 ISA_FLAG_PREFIXES = ("avx", "amx", "fma", "f16c", "sse4")
 
@@ -130,7 +133,14 @@ def versions() -> dict[str, str]:
     return found
 
 
-def build_key(model_dir: Path, backends: list[str], precisions: list[str], device: str, options: dict) -> str:
+def build_key(
+    model_dir: Path,
+    backends: list[str],
+    precisions: list[str],
+    device: str,
+    options: dict,
+    code_inputs: tuple[str, ...] = CODE_INPUTS,
+) -> str:
     """Hash of everything an artifact depends on: same key, same artifacts (the incremental rebuild skips)."""
     hasher = hashlib.sha256()
     staged = sorted(
@@ -139,7 +149,7 @@ def build_key(model_dir: Path, backends: list[str], precisions: list[str], devic
     for path in staged:  # weights, configs, tokenizer, reference sentences
         hasher.update(str(path.relative_to(model_dir)).encode())
         hasher.update(hashlib.sha256(path.read_bytes()).digest())
-    for relative in CODE_INPUTS:
+    for relative in code_inputs:
         path = REPO / relative
         files = sorted(p for p in path.rglob("*.py") if "__pycache__" not in p.parts) if path.is_dir() else [path]
         for file in files:
@@ -196,8 +206,7 @@ def gate_min_cosine(candidate: Encoder, reference: Reference) -> float:
                     f"output shape {tuple(got.shape)} for input {tuple(inputs[0].shape)}, expected "
                     f"{tuple(expected.shape)}"
                 )
-            similarity = reference.kind.similarity(reference.files.info, expected, got.cpu(), inputs[1])
-            worst = min(worst, similarity)
+            worst = min(worst, reference.similarity(expected, got.cpu(), inputs))
     return worst
 
 
@@ -205,9 +214,9 @@ def gate_min_cosine(candidate: Encoder, reference: Reference) -> float:
 
 
 def example_inputs(reference: Reference) -> tuple[Any, ...]:
-    """Export example: 4 rows x 16 tokens (both dims >= 2, or export would specialise a dimension of size 1)."""
-    tokens = min(16, reference.files.info.max_tokens)
-    return tuple(tensor.to(reference.device) for tensor in padded_batch(reference.files, reference.rows[:4], tokens))
+    """Export example: text 4 rows x 16 tokens, images 4 of the served shape (every dynamic dim >= 2, or export would
+    specialise a dimension of size 1)."""
+    return tuple(tensor.to(reference.device) for tensor in reference.example)
 
 
 def forward_shapes(model: Any, shapes: list[dict]) -> tuple:
@@ -231,9 +240,11 @@ def build_aot(
     device: str,
     max_batch: int,
     max_tokens: int,
+    input_dims: list[list[int | None]] | None = None,
 ) -> dict:
     """AOTInductor package of the model in ``precision``, dynamic batch (1..max_batch) and length (2..max_tokens,
-    the model's own limit)."""
+    the model's own limit). ``input_dims``: per input its dims, None where dynamic (an image model: the batch, and
+    height and width only where its processor serves several shapes); default the text model's."""
     import torch
 
     from handlers.core import runtime
@@ -243,19 +254,27 @@ def build_aot(
         model = copy.deepcopy(model)  # the caller's fp32 encoder stays on the CPU (the gate's reference)
     model = model.to(device)
     batch = torch.export.Dim("batch", min=1, max=max_batch)
-    tokens = torch.export.Dim("tokens", min=2, max=max_tokens)
     with torch.inference_mode():
         # Every input is [rows, tokens] but a prompt-length column, [rows]. dynamic_shapes follows the forward's own
         # signature: a TextModule (handlers/text/model.py) takes its inputs after the first two as *extra (one nested
         # tuple); a plain encoder names each.
-        shapes = [{0: batch, 1: tokens} if tensor.dim() == 2 else {0: batch} for tensor in example]
+        if input_dims is None:
+            tokens = torch.export.Dim("tokens", min=2, max=max_tokens)
+            shapes = [{0: batch, 1: tokens} if tensor.dim() == 2 else {0: batch} for tensor in example]
+        else:
+            sides = {2: torch.export.Dim("height", min=2, max=8192), 3: torch.export.Dim("width", min=2, max=8192)}
+            shapes = [
+                {axis: batch if axis == 0 else sides[axis] for axis, size in enumerate(dims) if size is None}
+                for dims in input_dims
+            ]
         exported = torch.export.export(model, example, dynamic_shapes=forward_shapes(model, shapes))
     relative = f"{BACKENDS_DIR}/aot-{precision}.pt2"
     package = model_dir / relative
     package.unlink(missing_ok=True)
     # Inductor writes the thread count in force now into the package's kernels: the caller set the served one.
     torch._inductor.aoti_compile_and_package(exported, package_path=str(package))
-    return {"files": [relative], "max_batch": max_batch, "max_tokens": max_tokens}
+    limits = {"max_batch": max_batch} if input_dims is not None else {"max_batch": max_batch, "max_tokens": max_tokens}
+    return {"files": [relative], **limits}
 
 
 def build_openvino(
@@ -266,8 +285,10 @@ def build_openvino(
     device: str,
     max_batch: int,
     max_tokens: int,
+    input_dims: list[list[int | None]] | None = None,
 ) -> dict:
-    """OpenVINO IR of the fp32 encoder with dynamic [batch, tokens] inputs. Precision is chosen at load
+    """OpenVINO IR of the fp32 encoder with dynamic [batch, tokens] inputs (``input_dims``: per input its dims, None
+    where dynamic; an image model's pixels are float32 [batch, 3, height, width]). Precision is chosen at load
     (INFERENCE_PRECISION_HINT). Weights are stored as fp16 (OpenVINO's default, half the archive's bytes) and widened
     at load: the gate measures what that costs (min cosine 0.999999 to eager fp32 on the AMX-BF16 Xeon)."""
     import openvino
@@ -281,7 +302,14 @@ def build_openvino(
         return {"files": relative}  # one IR for every precision: built once per run
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    dynamic = [(openvino.PartialShape([-1] * tensor.dim()), openvino.Type.i64) for tensor in example]
+    dims = input_dims or [[None] * tensor.dim() for tensor in example]
+    dynamic = [
+        (
+            openvino.PartialShape([-1 if size is None else size for size in sizes]),
+            openvino.Type.f32 if tensor.is_floating_point() else openvino.Type.i64,
+        )
+        for sizes, tensor in zip(dims, example, strict=True)
+    ]
     # convert_model traces the module; transformers' mask code warns that two Python conditions become constants. Both
     # are constant for an encoder with a mask (no KV cache, never causal), and the gate checks every shape family.
     with torch.inference_mode(), warnings.catch_warnings():
@@ -329,19 +357,15 @@ def bucket_shares(tokenizer: Any, buckets: tuple[int, ...] = RANK_BUCKETS, count
 
 
 def rank(
-    runners: dict[tuple[str, str], Encoder], files: Any, sentences: list[str], seconds: float, device: str
-) -> tuple[dict[tuple[str, str], float], dict]:
-    """ms per text of each runner on the README mix, one row per call (the served mean batch is ~1).
+    runners: dict[tuple[str, str], Encoder], bucket_inputs: dict[int, tuple[Any, ...]], seconds: float, device: str
+) -> tuple[dict[tuple[str, str], dict[int, float]], dict]:
+    """ms per item of each runner at each ranking bucket, one item per call (the served mean batch is ~1).
 
     Round-robin over the runners, one call per bucket each round, until ``seconds`` are spent (at least 3 rounds),
     so machine noise hits every runner alike; a runner's time per bucket is the median of its calls."""
     import torch
 
-    buckets = rank_buckets(files.info.max_tokens)
-    shares = bucket_shares(files.tokenizer, buckets)
-    inputs = {}
-    for bucket in buckets:
-        inputs[bucket] = tuple(tensor.to(device) for tensor in padded_batch(files, [" ".join(sentences)], bucket))
+    inputs = {bucket: tuple(tensor.to(device) for tensor in tensors) for bucket, tensors in bucket_inputs.items()}
     samples: dict[tuple[tuple[str, str], int], list[float]] = {}
     started = time.perf_counter()  # the budget covers the warm-up too
     rounds = 0
@@ -357,14 +381,10 @@ def rank(
                     samples.setdefault((key, bucket), []).append(time.perf_counter() - begun)
             rounds += 1
     ms_per_bucket = {
-        key: {bucket: round(1000 * statistics.median(samples[(key, bucket)]), 3) for bucket in buckets}
+        key: {bucket: round(1000 * statistics.median(samples[(key, bucket)]), 3) for bucket in inputs}
         for key in runners
     }
-    info = {
-        "seconds": round(time.perf_counter() - started, 1),
-        "rounds": rounds,
-        "bucket_shares": {str(bucket): round(share, 4) for bucket, share in shares.items()},
-    }
+    info = {"seconds": round(time.perf_counter() - started, 1), "rounds": rounds}
     return ms_per_bucket, info
 
 
@@ -402,23 +422,33 @@ def up_to_date(model_dir: Path, key: str) -> bool:
 
 @dataclass
 class Reference:
-    """What every candidate is judged against: eager fp32 on the gate inputs, and the runners ranked alongside."""
+    """What every candidate is judged against: eager fp32 on the gate inputs, and what the ranking times.
+
+    A text model and an image model differ only in what fills it (:func:`load_text_reference`,
+    :func:`load_image_reference`): the inputs (token ids, or pixels), the kind's gate measure, the export example
+    and which of its dims are dynamic, the ranking's per-bucket inputs and their shares, and what one item is."""
 
     model_dir: Path
     fp32_model: Any
-    files: Any  # handlers.text.model.ModelFiles: what the folder says, and its tokenizer
-    kind: Any  # handlers.text.kinds.base.TextKind: its gate measure
-    sentences: list[str]
-    rows: list[Any]  # the gate's rows: the kind's reference cases (a classifier: and pairs of them)
-    inputs: list[tuple[Any, ...]]
-    outputs: list[Any]
+    inputs: list[tuple[Any, ...]]  # the gate's batches
+    outputs: list[Any]  # eager fp32 on each
+    similarity: Callable[[Any, Any, tuple[Any, ...]], float]  # the kind's measure (expected, got, the batch)
+    gate_measure: str
+    gate_shapes: list[list[int]]  # what the manifest records of the gate's batches
+    example: tuple[Any, ...]  # the export example (every dynamic dim >= 2)
+    rank_inputs: dict[int, tuple[Any, ...]]  # per ranking bucket, one item's forward pass
+    bucket_shares: dict[int, float]  # how often the served mix lands in each bucket
+    payload_mix: str  # what the ranking stands for, in the manifest
     device: str
     threads: int
     max_batch: int
     min_cosine: float
+    unit: str = "text"  # what one item is: ranked as ms_per_<unit>
+    max_tokens: int = 0  # a text model's token limit (AOT's length bound); 0 for images
+    builder_options: dict[str, Any] = field(default_factory=dict)  # an image model's input_dims
 
 
-def load_reference(model_dir: Path, device: str, threads: int, max_batch: int, min_cosine: float) -> Reference:
+def load_text_reference(model_dir: Path, device: str, threads: int, max_batch: int, min_cosine: float) -> Reference:
     import dataclasses
 
     import torch
@@ -436,8 +466,76 @@ def load_reference(model_dir: Path, device: str, threads: int, max_batch: int, m
     inputs = gate_inputs(files, rows)
     with torch.inference_mode():
         outputs = [fp32_model(*tensors) for tensors in inputs]
+    buckets = rank_buckets(files.info.max_tokens)
     return Reference(
-        model_dir, fp32_model, files, kind, sentences, rows, inputs, outputs, device, threads, max_batch, min_cosine
+        model_dir,
+        fp32_model,
+        inputs,
+        outputs,
+        similarity=lambda expected, got, batch: kind.similarity(files.info, expected, got, batch[1]),
+        gate_measure=kind.gate_measure,
+        gate_shapes=[list(shape) for shape in gate_shapes(files.info.max_tokens)],
+        example=padded_batch(files, rows[:4], min(16, files.info.max_tokens)),
+        rank_inputs={bucket: padded_batch(files, [" ".join(sentences)], bucket) for bucket in buckets},
+        bucket_shares=bucket_shares(files.tokenizer, buckets),
+        payload_mix="README minilm mix (loadtests/payloads.py), one row per call padded to its length bucket",
+        device=device,
+        threads=threads,
+        max_batch=max_batch,
+        min_cosine=min_cosine,
+        max_tokens=files.info.max_tokens,
+    )
+
+
+# An image model's gate batches beyond the reference images' own groups: the first shape at one image and at many
+# (a compiled graph's dynamic batch dim is checked at both ends of what a worker sends).
+IMAGE_GATE_ROWS = (1, 16)
+
+
+def load_image_reference(model_dir: Path, device: str, threads: int, max_batch: int, min_cosine: float) -> Reference:
+    """The image engine's own view of the folder: the kind's module (a classifier's logits, or the image-text kind's
+    vision tower with its projection), the generated reference images preprocessed as served and grouped by shape,
+    and the kind's gate measure. Ranked at one image per call at the served shape (a worker's mean batch is ~1)."""
+    import torch
+
+    from handlers.image.kinds import inspect_folder, kind_named
+    from handlers.image.preprocess import group_by_shape
+    from handlers.image.reference import reference_images
+
+    info = inspect_folder(model_dir)
+    kind = kind_named(info.kind)
+    assert info.preprocessing is not None  # inspect_folder of a staged folder reads the recorded steps
+    preprocessing = info.preprocessing
+    fp32_model = kind.build_module(model_dir, info)
+    pixels = [preprocessing.pixels(image) for image in reference_images()]
+    groups = [preprocessing.tensor([pixels[i] for i in group]) for group in group_by_shape(pixels)]
+    first = groups[0]
+    inputs = [(group,) for group in groups]
+    inputs += [(first[[i % len(first) for i in range(rows)]],) for rows in IMAGE_GATE_ROWS]
+    with torch.inference_mode():
+        outputs = [fp32_model(*tensors) for tensors in inputs]
+    # One served shape (a processor that crops or resizes to height x width): only the batch is dynamic; several
+    # (shortest-edge resize, no crop): height and width too, and the gate's groups cover them.
+    fixed = len(groups) == 1
+    input_dims: list[list[int | None]] = [[None, 3, *first.shape[2:]] if fixed else [None, 3, None, None]]
+    return Reference(
+        model_dir,
+        fp32_model,
+        inputs,
+        outputs,
+        similarity=lambda expected, got, _batch: kind.similarity(info, expected, got),
+        gate_measure=kind.gate_measure,
+        gate_shapes=[list(tensors[0].shape) for tensors in inputs],
+        example=(first[[i % len(first) for i in range(4)]],),
+        rank_inputs={0: (first[:1],)},
+        bucket_shares={0: 1.0},
+        payload_mix="one image per call at the served shape (the reference images' first)",
+        device=device,
+        threads=threads,
+        max_batch=max_batch,
+        min_cosine=min_cosine,
+        unit="image",
+        builder_options={"input_dims": input_dims},
     )
 
 
@@ -464,7 +562,8 @@ def build_candidate(reference: Reference, backend: str, precision: str) -> tuple
             precision,
             reference.device,
             reference.max_batch,
-            reference.files.info.max_tokens,
+            reference.max_tokens,
+            **reference.builder_options,
         )
         built_seconds = time.perf_counter() - started
         runner = load_candidate(
@@ -503,6 +602,39 @@ def eager_runners(reference: Reference, precisions: list[str]) -> dict[tuple[str
     return runners
 
 
+def staged_kind(model_dir: Path) -> tuple[str, float, Callable[..., Reference]]:
+    """(the staged folder's kind, its gate bound, how its reference loads): an image model's folder (its
+    image_model.json, scripts/prepare_image_model.py) or a text model's (text_model.json and the reference
+    sentences, scripts/prepare_text_model.py); BuildError for a folder not staged."""
+    from handlers.image.folder import SERVED_FILE as IMAGE_SERVED_FILE
+    from handlers.text.folder import SERVED_FILE, FolderError
+
+    if (model_dir / IMAGE_SERVED_FILE).is_file():
+        from handlers.image.kinds import inspect_folder as inspect_image_folder
+        from handlers.image.kinds import kind_named as image_kind_named
+
+        try:
+            kind = inspect_image_folder(model_dir).kind
+        except FolderError as error:
+            raise BuildError(f"{model_dir}: {error} (stage it first: python -m scripts.prepare_image_model)") from None
+        return kind, image_kind_named(kind).default_min_cosine, load_image_reference
+
+    from handlers.text.kinds import inspect_folder, kind_named
+
+    staged = [name for name in (SERVED_FILE, "reference_sentences.json") if not (model_dir / name).is_file()]
+    if staged:
+        raise BuildError(
+            f"{model_dir} lacks {' and '.join(staged)}: stage the model first with python -m scripts.prepare_text_model"
+        )
+    try:
+        kind = inspect_folder(model_dir).kind
+    except FolderError as error:
+        raise BuildError(
+            f"{model_dir}: {error} (stage the model first: python -m scripts.prepare_text_model)"
+        ) from None
+    return kind, kind_named(kind).default_min_cosine, load_text_reference
+
+
 def build(
     model_dir: Path,
     backends: list[str] | None = None,
@@ -518,22 +650,9 @@ def build(
     """Build, gate and rank the backends of ``model_dir``; returns the manifest (also written to backends/)."""
     import torch
 
-    from handlers.text.folder import SERVED_FILE, FolderError
-    from handlers.text.kinds import inspect_folder, kind_named
-
     model_dir = Path(model_dir)
-    staged = [name for name in (SERVED_FILE, "reference_sentences.json") if not (model_dir / name).is_file()]
-    if staged:
-        raise BuildError(
-            f"{model_dir} lacks {' and '.join(staged)}: stage the model first with python -m scripts.prepare_text_model"
-        )
-    try:
-        kind = inspect_folder(model_dir).kind
-        min_cosine = min_cosine or kind_named(kind).default_min_cosine
-    except FolderError as error:
-        raise BuildError(
-            f"{model_dir}: {error} (stage the model first: python -m scripts.prepare_text_model)"
-        ) from None
+    kind, default_min_cosine, load_reference = staged_kind(model_dir)
+    min_cosine = min_cosine or default_min_cosine
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     backends = default_backends(device) if backends is None else list(backends)
     precisions = list(precisions or machine_precisions(device))
@@ -544,7 +663,8 @@ def build(
         "beat_eager": beat_eager,
         "kind": kind,
     }
-    key = build_key(model_dir, backends, precisions, device, options)
+    code = IMAGE_CODE_INPUTS if load_reference is load_image_reference else CODE_INPUTS
+    key = build_key(model_dir, backends, precisions, device, options, code)
     if not force and up_to_date(model_dir, key):
         log(f"{model_dir / BACKENDS_DIR} up to date (same weights, code, versions, CPU flags and options)")
         return {**(read_manifest(model_dir) or {}), "rebuilt": False}
@@ -559,6 +679,7 @@ def build(
         return {**manifest, "rebuilt": True}
 
     reference = load_reference(model_dir, device, threads, max_batch, min_cosine)
+    unit = f"ms_per_{reference.unit}"
     # The served thread count from here on: AOTInductor bakes it into its kernels, and the ranking runs at it.
     torch.set_num_threads(threads)
     candidates, refused, runners = [], [], {}
@@ -572,8 +693,9 @@ def build(
                 runners[(backend, precision)] = runner
 
     runners |= eager_runners(reference, precisions)
-    ms_per_bucket, rank_info = rank(runners, reference.files, reference.sentences, rank_seconds, device)
-    shares = rank_info["bucket_shares"]
+    ms_per_bucket, rank_info = rank(runners, reference.rank_inputs, rank_seconds, device)
+    shares = {str(bucket): round(share, 4) for bucket, share in reference.bucket_shares.items()}
+    rank_info["bucket_shares"] = shares
     for candidate in candidates:
         own = ms_per_bucket[(candidate["backend"], candidate["precision"])]
         eager = ms_per_bucket.get(("eager", candidate["precision"]))
@@ -581,11 +703,11 @@ def build(
         # The worker sends these lengths to eager at the same precision (handlers/text/backends.LengthRouted).
         candidate["eager_buckets"] = [bucket for bucket in routed if routed[bucket] != own[bucket]]
         candidate["ms_per_bucket"] = {str(bucket): ms for bucket, ms in own.items()}
-        candidate["ms_per_text"] = weighted_ms(routed, shares)
+        candidate[unit] = weighted_ms(routed, shares)
     eager_ms = {
         precision: weighted_ms(ms, shares) for (backend, precision), ms in ms_per_bucket.items() if backend == "eager"
     }
-    candidates, slower = order_candidates(candidates, eager_ms if beat_eager else {})
+    candidates, slower = order_candidates(candidates, eager_ms if beat_eager else {}, reference.unit)
     for entry in slower:
         log(f"{entry['backend']}/{entry['precision']}: refused: {entry['reason']}")
     remove_unpacked_files(model_dir, candidates)
@@ -593,15 +715,15 @@ def build(
     manifest.update(
         gate={
             "min_cosine_bound": min_cosine,
-            "measure": reference.kind.gate_measure,
+            "measure": reference.gate_measure,
             "reference": "eager fp32",
-            "shapes": [list(s) for s in gate_shapes(reference.files.info.max_tokens)],
+            "shapes": reference.gate_shapes,
         },
         ranking_benchmark={
-            "payload_mix": "README minilm mix (loadtests/payloads.py), one row per call padded to its length bucket",
+            "payload_mix": reference.payload_mix,
             "threads": threads,
             **rank_info,
-            "eager_ms_per_text": eager_ms,
+            f"eager_{unit}": eager_ms,
             "eager_ms_per_bucket": {
                 precision: {str(bucket): ms for bucket, ms in ms_per_bucket[("eager", precision)].items()}
                 for precision in eager_ms
@@ -611,18 +733,18 @@ def build(
         refused=refused + slower,
     )
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-    log_ranking(manifest)
+    log_ranking(manifest, reference.unit)
     return {**manifest, "rebuilt": True}
 
 
-def log_ranking(manifest: dict) -> None:
+def log_ranking(manifest: dict, unit: str = "text") -> None:
     for candidate in manifest["candidates"]:
         log(
             f"rank {candidate['rank']}: {candidate['backend']}/{candidate['precision']} "
-            f"{candidate['ms_per_text']} ms/text (gate {candidate['gate_min_cosine']})"
+            f"{candidate[f'ms_per_{unit}']} ms/{unit} (gate {candidate['gate_min_cosine']})"
         )
-    for precision, ms in manifest["ranking_benchmark"]["eager_ms_per_text"].items():
-        log(f"yardstick: eager/{precision} {ms} ms/text")
+    for precision, ms in manifest["ranking_benchmark"][f"eager_ms_per_{unit}"].items():
+        log(f"yardstick: eager/{precision} {ms} ms/{unit}")
 
 
 def built_on(device: str) -> dict[str, Any]:
@@ -634,18 +756,20 @@ def built_on(device: str) -> dict[str, Any]:
     return where
 
 
-def order_candidates(candidates: list[dict], eager_ms: dict[str, float]) -> tuple[list[dict], list[dict]]:
+def order_candidates(
+    candidates: list[dict], eager_ms: dict[str, float], unit: str = "text"
+) -> tuple[list[dict], list[dict]]:
     """Rank the gated candidates fastest first (rank 1 = best); one slower than eager at its own precision (where
     ``eager_ms`` has it) is refused instead: eager is the load side's last resort anyway, so packing it would only
     make `auto` serve something slower."""
     kept: list[dict] = []
     slower: list[dict] = []
-    for candidate in sorted(candidates, key=lambda candidate: candidate["ms_per_text"]):
+    key = f"ms_per_{unit}"
+    for candidate in sorted(candidates, key=lambda candidate: candidate[key]):
         eager = eager_ms.get(candidate["precision"])
-        if eager is not None and candidate["ms_per_text"] > eager:
+        if eager is not None and candidate[key] > eager:
             reason = (
-                f"ranking: {candidate['ms_per_text']} ms/text, slower than eager/{candidate['precision']} "
-                f"({eager} ms/text)"
+                f"ranking: {candidate[key]} ms/{unit}, slower than eager/{candidate['precision']} ({eager} ms/{unit})"
             )
             slower.append({k: candidate[k] for k in ("backend", "precision", "device")} | {"reason": reason})
         else:

@@ -18,9 +18,13 @@ The prepare step of the image-model template (models/image-model):
    measure: 1 - the largest score difference for a classifier) the folder is refused. A kind that computes more
    than image rows proves that too, against the same bound (an image-text model: its text vectors, and its
    zero-shot scores against transformers' zero-shot-image-classification pipeline).
+5. **Backends**: compiled candidates of the served module (a classifier's logits; an image-text model's vision
+   tower with its projection) built, gated against eager fp32 on the same generated images and ranked by ms/image,
+   by the text models' one build (scripts/build_backends.py); a candidate below the gate is not packed and the
+   output says why. Workers with ``backend: auto`` serve the best one that passes the gate again on their machine.
 
     python -m scripts.prepare_image_model --source /path/to/folder --out build/my-model/model
-Exit codes: 0 staged, 1 the folder was refused, 2 bad arguments.
+Exit codes: 0 staged, 1 the folder was refused or the backends could not be built, 2 bad arguments.
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from scripts.prepare_text_model import PARITY_BOUND, PrepareError, resolve_source
+from scripts import build_backends
+from scripts.prepare_text_model import PARITY_BOUND, PrepareError, parse_backends, resolve_source
 
 COPIED_SUFFIXES = (".json", ".safetensors", ".txt")
 LEFT_BEHIND = ("training_args", "trainer_state", "optimizer", "scheduler", "rng_state")
@@ -64,16 +69,33 @@ def check_files(folder: Path) -> None:
         raise FolderError("model.safetensors", "is missing", "save the model with save_pretrained(folder)")
 
 
-def copy_folder(source: Path, out: Path) -> list[str]:
+def copy_folder(source: Path, out: Path, module_dir: str = "", other_modules: tuple[str, ...] = ()) -> list[str]:
+    """Copy what serving reads: the folder's files, and those of ``module_dir``, the subfolder where an older
+    sentence-transformers save keeps its CLIP model (``0_CLIPModel/``; the worker reads it there, as
+    sentence-transformers does). ``other_modules``: the later modules' folders (an older save's empty
+    ``1_Normalize/``), made so that sentence-transformers loads the staged copy for the parity check."""
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
     copied = []
-    for path in sorted(source.iterdir()):
-        if path.is_file() and path.suffix in COPIED_SUFFIXES and not path.name.startswith(LEFT_BEHIND):
-            shutil.copy2(path, out / path.name)
-            copied.append(path.name)
+    for relative in dict.fromkeys(("", module_dir)):
+        (out / relative).mkdir(parents=True, exist_ok=True)
+        for path in sorted((source / relative).iterdir()):
+            if path.is_file() and path.suffix in COPIED_SUFFIXES and not path.name.startswith(LEFT_BEHIND):
+                shutil.copy2(path, out / relative / path.name)
+                copied.append(f"{relative}/{path.name}" if relative else path.name)
+    for relative in other_modules:
+        (out / relative).mkdir(parents=True, exist_ok=True)
     return copied
+
+
+def sentence_transformers_module_dirs(folder: Path, module_dir: str) -> tuple[str, ...]:
+    """The folders modules.json names after the model's own (``module_dir``): an older save's ``1_Normalize``."""
+    if not module_dir:
+        return ()
+    modules = json.loads((folder / "modules.json").read_text(encoding="utf-8"))
+    paths = [str(module.get("path", "")).strip("/") for module in modules if isinstance(module, dict)]
+    return tuple(path for path in paths if path and path != module_dir and "/" not in path and ".." not in path)
 
 
 def check_weights_load(out: Path, body_class: str) -> None:
@@ -129,8 +151,10 @@ def stage(source: str, out: Path, kind_name: str | None, min_parity: float | Non
     folder, origin = resolve_source(source)
     info = inspect_folder(folder, kind_name)
     kind = kind_named(info.kind)
-    check_files(folder)
-    copied = copy_folder(folder, out)
+    # An image-text folder saved by sentence-transformers before version 6 keeps the model in a module subfolder.
+    module_dir = str(info.extra.get("image_text", {}).get("model_dir", ""))
+    check_files(folder / module_dir)
+    copied = copy_folder(folder, out, module_dir, sentence_transformers_module_dirs(folder, module_dir))
     reference = kind.load_reference(out, info)
     try:
         preprocessing = Preprocessing.from_processor(reference.processor)
@@ -140,7 +164,7 @@ def stage(source: str, out: Path, kind_name: str | None, min_parity: float | Non
         ) from None
     body_class = type(reference.body).__name__ if hasattr(reference, "body") else info.body_class
     info = replace(info, preprocessing=preprocessing, body_class=body_class)
-    check_weights_load(out, body_class)
+    check_weights_load(out / module_dir, body_class)
     write_served(out, info)
     info = inspect_folder(out, kind.name)  # the staged copy is what the worker reads: check it too
     agreement, pixel_difference = parity(out, kind, info, reference)
@@ -195,16 +219,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--source", required=True, help="the model folder")
     parser.add_argument("--out", type=Path, required=True, help="folder to stage the archive's model files in")
     parser.add_argument("--min-parity", type=float, help=f"fp32 agreement with the reference library ({PARITY_BOUND})")
+    parser.add_argument(
+        "--backends",
+        default="default",
+        help=f"compiled backends to build: default (what pays off on this machine), all, none, or a list of "
+        f"{', '.join(build_backends.ALL_BACKENDS)} (scripts/build_backends.py)",
+    )
+    parser.add_argument("--rank-seconds", type=float, default=30.0, help="backend ranking budget (default 30 s)")
+    parser.add_argument(
+        "--min-cosine", type=float, help="the backends' gate bound to eager fp32 (default: the kind's, 0.999 or 0.99)"
+    )
     args = parser.parse_args(argv)
+    backends = parse_backends(parser, args.backends)
+    if args.rank_seconds <= 0 or (args.min_cosine is not None and not 0 < args.min_cosine <= 1):
+        parser.error("--rank-seconds must be positive and --min-cosine in (0, 1]")
     from handlers.text.folder import FolderError
 
     try:
         stage(args.source, args.out, None if args.kind == "auto" else args.kind, args.min_parity)
+        build_backends.build(args.out, backends, min_cosine=args.min_cosine, rank_seconds=args.rank_seconds)
     except FolderError as error:
         print(f"error: {args.source}: {error}", file=sys.stderr)
         shutil.rmtree(args.out, ignore_errors=True)
         return 1
-    except PrepareError as error:
+    except (PrepareError, build_backends.BuildError) as error:
         print(f"error: {error}", file=sys.stderr)
         shutil.rmtree(args.out, ignore_errors=True)
         return 1

@@ -18,7 +18,9 @@ of the real thing (a tokenizer built from scripts/tiny_text_models.py's word lis
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import shutil
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -245,12 +247,32 @@ def make_sentence_transformers_clip(folder: Path, source: Path | None = None) ->
     return folder
 
 
+def make_old_sentence_transformers_clip(folder: Path, source: Path | None = None) -> Path:
+    """A sentence-transformers CLIP folder in the layout saves before version 6 wrote (most hub copies): the CLIP
+    model's transformers files in a ``0_CLIPModel/`` module folder, then an (empty) ``1_Normalize/``, named by
+    modules.json with the old module type names; from the tiny CLIP folder (SOURCE, else one built in a scratch
+    folder)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        clip_folder = source if source is not None else make_clip(Path(scratch) / "clip")
+        shutil.copytree(clip_folder, folder / "0_CLIPModel")
+    (folder / "1_Normalize").mkdir()
+    modules = [
+        {"idx": 0, "name": "0", "path": "0_CLIPModel", "type": "sentence_transformers.models.CLIPModel"},
+        {"idx": 1, "name": "1", "path": "1_Normalize", "type": "sentence_transformers.models.Normalize"},
+    ]
+    (folder / "modules.json").write_text(json.dumps(modules, indent=2))
+    versions = {"__version__": {"sentence_transformers": "2.2.2", "transformers": "4.30.2", "pytorch": "2.0.1"}}
+    (folder / "config_sentence_transformers.json").write_text(json.dumps(versions, indent=2))
+    return folder
+
+
 BUILDERS = {
     "vit": make_vit_classifier,
     "convnext": make_convnext_classifier,
     "clip": make_clip,
     "siglip": make_siglip,
     "st-clip": make_sentence_transformers_clip,
+    "st-clip-old": make_old_sentence_transformers_clip,
 }
 
 

@@ -10,8 +10,14 @@ rest of the batch goes on), make each image's pixels as the folder's image proce
 (handlers/image/preprocess.py), stack same-shaped images into one tensor and run one forward pass per shape (at most
 ``max_forward_images`` rows each). What differs between kinds is the kind's (handlers/image/kinds/).
 
-Backends: eager, or torch.compile (``backend: jit``); reduced precision (bf16) behind the accuracy gate. No compiled
-backend (OpenVINO, AOTInductor) is built for image models yet.
+Backends: as for text models (handlers/text/backends.py), ``backend: auto`` walks the compiled candidates the packaging
+step built, gated and ranked by ms/image into ``backends/`` (scripts/build_backends.py: OpenVINO fp32/bf16 and
+AOTInductor of the kind's module: a classifier's logits, or the image-text kind's vision tower with its projection),
+each gated again here on the reference images, then eager; or eager, torch.compile (``jit``), ``openvino``, ``aot``.
+Reduced precision (bf16) serves behind the accuracy gate.
+
+Cache: the worker's LRU, then the shared tier where ``shared_cache`` names one (the text models' Valkey/Redis tier,
+handlers/text/shared_cache.py, docs/cache.md), both keyed by the image bytes' digest and the model's identity.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import numpy as np
 import torch
 
 from handlers.core.config import COMMON_OPTIONS, ConfigError, Option
-from handlers.core.engine import Engine, EngineSettings, Loaded
+from handlers.core.engine import Candidate, Engine, EngineSettings, Loaded
 from handlers.core.errors import RequestError
 from handlers.image.decode import LIMIT_OPTIONS, decode_image, image_digest, image_limits
 from handlers.image.folder import FolderError, ImageModelFolder, read_served
@@ -36,12 +42,17 @@ from handlers.image.kinds import inspect_folder, kind_named
 from handlers.image.kinds.base import ImageKind
 from handlers.image.preprocess import Preprocessing, group_by_shape
 from handlers.image.reference import reference_images
+from handlers.text import backends
+from handlers.text.batch import ask_shared_tier
 from handlers.text.cache import CachedRow, CacheKey, RowCache
+from handlers.text.shared_cache import SHARED_CACHE_OPTION, Namespace, SharedCache, open_shared_cache
 
 logger = logging.getLogger(__name__)
 
 IMAGE_MODEL_OPTIONS: dict[str, Option] = {
     **COMMON_OPTIONS,
+    "backend": backends.BACKEND_OPTION,
+    "shared_cache": SHARED_CACHE_OPTION,
     **LIMIT_OPTIONS,
     **SOURCE_OPTIONS,
     "max_forward_images": Option(
@@ -74,6 +85,11 @@ def served_kind(model_dir: str, pinned: str | None = None, pinned_by: str = "") 
     if pinned is not None and name != pinned:
         raise ConfigError(f"model folder: the archive holds a {name} model, which {pinned_by} does not serve")
     return kind_named(name)
+
+
+# What an image row counts as in the shared tier's value format (handlers/text/shared_cache.py), which checks a
+# stored row's token count against its namespace's limit: one image.
+IMAGE_ROW_TOKENS = 1
 
 
 def image_cache_key(digest: str, identity: str, version: str, precision: str) -> CacheKey:
@@ -112,6 +128,7 @@ class ImagePass:
 class ImageStats:
     rows: int  # images of accepted requests (cached or computed)
     hits: int  # distinct images answered from the worker's cache
+    shared_hits: int  # distinct images answered from the shared tier (not counted in hits)
     misses: int  # distinct images computed
     decode_seconds: float
     preprocess_seconds: float
@@ -181,6 +198,22 @@ class ImageEngine(Engine):
     def start(self) -> None:
         super().start()
         self.cache = RowCache(self.config["cache_size"])
+        info = self.loaded.info
+        # As for text (handlers/text/engine.py): the shared tier's keys name everything that decides a row, the
+        # model's content (identity) included, so another version or re-packaged model never reads these entries.
+        # An image is one row of output_size floats, its "tokens" 1 (IMAGE_ROW_TOKENS).
+        namespace = Namespace(
+            self.model_name,
+            self.model_version,
+            self.backend,
+            self.precision,
+            IMAGE_ROW_TOKENS,
+            info.output_size,
+            identity=self.identity,
+        )
+        self.shared_cache: SharedCache | None = open_shared_cache(
+            self.config["shared_cache"], namespace, lambda value: self.kind.check_value(info, value)
+        )
 
     # ----------------------------------------------------------------------------------------------- load time
     def load_model(self, model_dir: str) -> LoadedImageModel:
@@ -222,12 +255,34 @@ class ImageEngine(Engine):
     def forward(self, model: Any, batch: torch.Tensor) -> torch.Tensor:
         return model(batch.to(self.device))
 
+    def backend_candidates(self, loaded: LoadedImageModel, precision: str) -> list[Candidate]:
+        """auto: the archive's prebuilt candidates best first, then eager (as for text models)."""
+        if self.config["backend"] != "auto":
+            return super().backend_candidates(loaded, precision)
+        return backends.auto_candidates(self.model_dir, precision)
+
+    def load_backend(self, backend: str, precision: str, fp32_model: torch.nn.Module, loaded: LoadedImageModel) -> Any:
+        if backend not in ("aot", "openvino"):
+            return super().load_backend(backend, precision, fp32_model, loaded)
+        if self.config["backend"] == "auto":
+            backends.check_prebuilt(precision, self.device, self.config["precision"])
+        return backends.load_backend(
+            backend,
+            precision,
+            self.model_dir,
+            fp32_model,
+            self.threads,
+            self.device,
+            max_rows=self.config["max_forward_images"],
+        )
+
     def describe(self) -> dict[str, Any]:
         return {
             **super().describe(),
             "model": self.kind.describe(self.loaded.info),
             "cache_size": self.config["cache_size"],
             "cached": len(self.cache),
+            "shared_cache": self.shared_cache.describe() if self.shared_cache is not None else None,
             "dimension": self.loaded.info.output_size,
             "limits": {key: self.config[key] for key in (*LIMIT_OPTIONS, *SOURCE_OPTIONS)},
         }
@@ -255,6 +310,10 @@ class ImageEngine(Engine):
                 else:
                     misses[key] = (data, name)
         hits = len(batch.known)
+        if self.shared_cache is not None and misses:
+            # One round trip for the LRU's misses; what it finds joins the LRU and is neither decoded nor computed.
+            for key in ask_shared_tier(self.shared_cache, self.cache, batch.known, list(misses)):
+                del misses[key]
         started = time.perf_counter()
         decoded = self.decode_misses(batch, misses)
         decode_seconds = time.perf_counter() - started
@@ -272,6 +331,7 @@ class ImageEngine(Engine):
         batch.stats = ImageStats(
             rows=sum(len(keys) for keys, error in zip(batch.keys, batch.errors, strict=True) if error is None),
             hits=hits,
+            shared_hits=len(batch.known) - hits,
             misses=len(batch.compute_keys),
             decode_seconds=decode_seconds,
             preprocess_seconds=time.perf_counter() - started,
@@ -317,13 +377,15 @@ class ImageEngine(Engine):
         batch = computed.batch
         known = dict(batch.known)
         for key, value in zip(batch.compute_keys, computed.values, strict=True):
-            known[key] = CachedRow(value, tokens=0, truncated=False)
+            known[key] = CachedRow(value, tokens=IMAGE_ROW_TOKENS, truncated=False)
         results = [
             error if error is not None else format_answer(request, [known[key] for key in keys])
             for request, keys, error in zip(requests, batch.keys, batch.errors, strict=True)
         ]
         for key in batch.compute_keys:
             self.cache.put(key, known[key])
+        if self.shared_cache is not None and batch.compute_keys:
+            self.shared_cache.put_many([(key, known[key]) for key in batch.compute_keys])
         return results
 
     def run(self, requests: Sequence[ImagesRequest], format_answer: Callable[[Any, list[CachedRow]], Any]) -> list[Any]:

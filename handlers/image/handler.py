@@ -28,6 +28,7 @@ from handlers.image.engine import (
     served_kind,
 )
 from handlers.image.requests import ImageRequestContext
+from handlers.text.shared_cache import record_shared_cache
 
 
 @dataclass(frozen=True)
@@ -113,4 +114,6 @@ class ImageModelHandler(ServingHandler):
             return
         metrics.record("CacheHits", stats.hits)
         metrics.record("CacheMisses", stats.misses)
+        if self.engine.shared_cache is not None:
+            record_shared_cache(self.engine.shared_cache, metrics)
         metrics.record("ForwardPasses", len(batch.passes))

@@ -27,11 +27,22 @@ from typing import Any
 import torch
 
 from handlers.core import runtime
+from handlers.core.config import Option
+from handlers.core.engine import Candidate
 from handlers.core.runtime import BackendUnavailable, machine_can_run
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BackendUnavailable", "Encode", "load_backend", "machine_can_run", "read_manifest"]
+__all__ = [
+    "BACKEND_OPTION",
+    "BackendUnavailable",
+    "Encode",
+    "auto_candidates",
+    "check_prebuilt",
+    "load_backend",
+    "machine_can_run",
+    "read_manifest",
+]
 
 Encode = Callable[..., torch.Tensor]  # (input_ids, attention_mask[, token_type_ids]) -> fp32 rows
 
@@ -90,6 +101,55 @@ def ranked_candidates(manifest: dict[str, Any]) -> list[dict[str, Any]]:
     ordered = list(enumerate(manifest["candidates"]))
     ordered.sort(key=lambda pair: (pair[1].get("rank", pair[0] + 1), pair[0]))
     return [candidate for _, candidate in ordered]
+
+
+# handler.backend of every model with prebuilt backends (text models and image models).
+BACKEND_OPTION = Option(
+    str,
+    "auto",
+    ("auto", "eager", "jit", "aot", "openvino"),
+    help="what runs the model: auto = the best prebuilt candidate in backends/manifest.json that this "
+    "machine runs and that passes the accuracy gate, else eager; eager = the torch module; jit = "
+    "torch.compile at load; aot = the archive's AOTInductor package; openvino = its OpenVINO IR",
+)
+
+
+def auto_candidates(model_dir: str | Path, precision: str) -> list[Candidate]:
+    """``backend: auto``'s walk: the archive's prebuilt candidates best first, then eager at the wanted precision,
+    then eager fp32 (each checked by the engine's accuracy gate before it serves)."""
+    manifest, problem = read_manifest(model_dir)
+    candidates = []
+    if manifest is None:
+        logger.info("backend auto: %s, so eager serves", problem)
+        last_resort = f"last resort: {problem}"
+    else:
+        ranked = ranked_candidates(manifest)
+        for place, entry in enumerate(ranked, start=1):
+            # ms_per_text for a text model, ms_per_image for an image model (scripts/build_backends.py)
+            unit = next((key for key in entry if key.startswith("ms_per_") and key != "ms_per_bucket"), None)
+            measured = f", {entry[unit]} {unit.replace('ms_per_', 'ms/')} at build" if unit else ""
+            why = f"rank {place} of {len(ranked)} in {MANIFEST}{measured}"
+            candidates.append(Candidate(entry["backend"], entry["precision"], why))
+        for refused in manifest.get("refused") or []:
+            logger.info("backend auto: refused when the archive was built: %s", refused)
+        not_built = f" ({manifest['not_built']})" if manifest.get("not_built") else ""
+        nothing_left = "every prebuilt candidate was refused" if ranked else f"{MANIFEST} lists none"
+        nothing_left += not_built
+        last_resort = f"last resort: {nothing_left}"
+    candidates.append(Candidate("eager", precision, last_resort))
+    if precision != "fp32":
+        candidates.append(Candidate("eager", "fp32", f"{last_resort}; {precision} refused"))
+    return candidates
+
+
+def check_prebuilt(precision: str, device: torch.device, requested_precision: str) -> None:
+    """Under ``backend: auto``, a prebuilt candidate serves only where it is what was asked for and what this machine
+    computes well; raises BackendUnavailable with the reason otherwise."""
+    reason = machine_can_run(precision, device)
+    if reason:
+        raise BackendUnavailable(reason)
+    if requested_precision != "auto" and precision != requested_precision:
+        raise BackendUnavailable(f"handler.precision is {requested_precision}")
 
 
 def load_backend(

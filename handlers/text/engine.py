@@ -129,14 +129,7 @@ def load_text_model(model_dir: str, config: dict[str, Any], kind: TextKind) -> L
 
 TEXT_MODEL_OPTIONS: dict[str, Option] = {
     **COMMON_OPTIONS,
-    "backend": Option(
-        str,
-        "auto",
-        ("auto", "eager", "jit", "aot", "openvino"),
-        help="what runs the model: auto = the best prebuilt candidate in backends/manifest.json that this "
-        "machine runs and that passes the accuracy gate, else eager; eager = the torch module; jit = "
-        "torch.compile at load; aot = the archive's AOTInductor package; openvino = its OpenVINO IR",
-    ),
+    "backend": backends.BACKEND_OPTION,
     "max_inputs": Option(int, 64, minimum=1, maximum=4096, help="texts one request may carry ('input' list)"),
     # Cost bounds per request (docs/reliability.md has the measured worst case at these values).
     "max_text_chars": Option(
@@ -441,37 +434,11 @@ class TextEngine(Engine):
         """auto: the archive's prebuilt candidates best first, then eager (at the wanted precision, then fp32)."""
         if self.config["backend"] != "auto":
             return super().backend_candidates(loaded, precision)
-        manifest, problem = backends.read_manifest(self.model_dir)
-        candidates = []
-        if manifest is None:
-            logger.info("backend auto: %s, so eager serves", problem)
-            last_resort = f"last resort: {problem}"
-        else:
-            ranked = backends.ranked_candidates(manifest)
-            for place, entry in enumerate(ranked, start=1):
-                measured = f", {entry['ms_per_text']} ms/text at build" if "ms_per_text" in entry else ""
-                why = f"rank {place} of {len(ranked)} in {backends.MANIFEST}{measured}"
-                candidates.append(Candidate(entry["backend"], entry["precision"], why))
-            for refused in manifest.get("refused") or []:
-                logger.info("backend auto: refused when the archive was built: %s", refused)
-            not_built = f" ({manifest['not_built']})" if manifest.get("not_built") else ""
-            nothing_left = "every prebuilt candidate was refused" if ranked else f"{backends.MANIFEST} lists none"
-            nothing_left += not_built
-            last_resort = f"last resort: {nothing_left}"
-        candidates.append(Candidate("eager", precision, last_resort))
-        if precision != "fp32":
-            candidates.append(Candidate("eager", "fp32", f"{last_resort}; {precision} refused"))
-        return candidates
+        return backends.auto_candidates(self.model_dir, precision)
 
     def load_backend(self, backend: str, precision: str, fp32_model: torch.nn.Module, loaded: LoadedTextModel) -> Any:
         if self.config["backend"] == "auto" and backend != "eager":
-            # A prebuilt candidate serves only where it is what was asked for and what this machine computes well.
-            reason = backends.machine_can_run(precision, self.device)
-            if reason:
-                raise backends.BackendUnavailable(reason)
-            requested = self.config["precision"]
-            if requested != "auto" and precision != requested:
-                raise backends.BackendUnavailable(f"handler.precision is {requested}")
+            backends.check_prebuilt(precision, self.device, self.config["precision"])
         model = backends.load_backend(
             backend,
             precision,

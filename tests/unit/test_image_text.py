@@ -316,3 +316,25 @@ def test_make_package_picks_the_image_template_and_describe_says_what_the_model_
     described = engines["siglip"].kind.describe(engines["siglip"].loaded.info)
     assert described["kind"] == "image-text" and described["zero_shot_scores"] == "sigmoid"
     assert engines["st-clip"].kind.describe(engines["st-clip"].loaded.info)["layout"] == "sentence-transformers"
+
+
+def test_an_older_sentence_transformers_layout_is_packaged_and_serves_encodes_vectors(folders, tmp_path):
+    # Saves before sentence-transformers 6 (most hub copies) keep the CLIP model in 0_CLIPModel/, then 1_Normalize/.
+    from sentence_transformers import SentenceTransformer
+
+    from handlers.image.engine import ImageEngine
+    from scripts.prepare_image_model import stage
+
+    folder = tiny_image_models.make_old_sentence_transformers_clip(tmp_path / "st-clip-old", folders["clip"])
+    record = stage(str(folder), tmp_path / "model", None, None)
+    assert record["parity"]["fp32_agreement"] >= BOUND and record["parity"]["text_vectors"] >= BOUND
+    assert "0_CLIPModel/model.safetensors" in record["files"]
+
+    engine = ImageEngine.load(tmp_path / "model", {"precision": "fp32"}, threads=1)
+    image = _images()[0]
+    buffer = io.BytesIO()
+    image.save(buffer, "PNG")
+    [row] = engine.encode([buffer.getvalue()])
+    expected = torch.as_tensor(SentenceTransformer(str(folder), device="cpu").encode([image]))[0]
+    assert float(_cosines(row.value, expected)) >= BOUND
+    assert abs(float(row.value.norm()) - 1.0) < 1e-5  # its Normalize module is served
