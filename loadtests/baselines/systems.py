@@ -48,8 +48,8 @@ ALL_SYSTEMS = (
 # naive, Flask, Ray and Infinity's ONNX engine serve minilm's own folder; Infinity's torch engine also an embedding
 # model packaged from its folder.
 FOR_SOME_MODELS = {"naive", "flask", "ray-fp32", "ray-same", "infinity", "infinity-onnx"}
-# Systems whose API differs from /predictions/<model>: they are sent the same texts in OpenAI's /embeddings shape
-# (loadtests/payloads.py, traffic "<model>-openai").
+# Systems whose API differs from /predictions/<model>: they are sent the same texts (or images, with Infinity's
+# `modality: image`) in OpenAI's /embeddings shape (loadtests/payloads.py, traffic "<model>-openai").
 OPENAI_SHAPED = {"infinity", "infinity-onnx"}
 
 
@@ -281,7 +281,8 @@ def model_files(model, model_store):
             mar.extractall(folder)
         classic_module_names(folder / "modules.json")
         (folder / ".unpacked").write_text(str(archive.stat().st_mtime))
-    return folder
+    # An image model's archive holds the transformers folder (model and processor files) under model/.
+    return folder / "model" if described.inputs == "images" else folder
 
 
 def classic_module_names(modules_json):
