@@ -281,8 +281,7 @@ def model_files(model, model_store):
             mar.extractall(folder)
         classic_module_names(folder / "modules.json")
         (folder / ".unpacked").write_text(str(archive.stat().st_mtime))
-    # An image model's archive holds the transformers folder (model and processor files) under model/.
-    return folder / "model" if described.inputs == "images" else folder
+    return folder
 
 
 def classic_module_names(modules_json):
