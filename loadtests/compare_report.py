@@ -129,7 +129,7 @@ def render_markdown(result):
         "The in-process ceiling has no HTTP, queue or batching delay and is not bound by the SLO; the ideal batcher "
         "replays the same open-loop schedules as the served systems' search against the handler in its configured "
         "workers with a perfect dispatcher (no HTTP, no frontend), so ours / ideal is what the serving stack costs at "
-        "the SLO. Infinity is sent the same texts as OpenAI-style /embeddings requests. The load generator "
+        "the SLO. Infinity is sent the same texts (or images) as OpenAI-style /embeddings requests. The load generator "
         "(Locust) runs on the same cores as the server, and its CPU share at capacity is listed per system.",
         "",
     ]

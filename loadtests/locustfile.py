@@ -28,7 +28,7 @@ from locust import FastHttpUser, constant, events, task
 from locust.runners import MasterRunner, WorkerRunner
 
 from loadtests.openloop import OpenLoopCounters, arrival_offsets
-from loadtests.payloads import MODELS, traffic
+from loadtests.payloads import MODELS, request_parts, traffic
 from loadtests.report import stats_snapshot
 from scripts.ops import auth
 
@@ -94,10 +94,11 @@ def size_connection_pool(environment, **_):
 
 def send_checked(client, model_traffic, body, options, rng):
     """POST one body; judge the answer; on 503 retry with backoff (each 503 is reported as a failure)."""
-    headers = auth.bearer(options.token)
+    sent, content_type = request_parts(body)  # JSON, or an image's raw bytes with its media type
+    headers = {**auth.bearer(options.token), "Content-Type": content_type}
     for attempt in range(options.max_retries + 1):
         with client.post(
-            model_traffic.path, json=body, name=model_traffic.name, headers=headers, catch_response=True
+            model_traffic.path, name=model_traffic.name, headers=headers, catch_response=True, **sent
         ) as response:
             if response.status_code == 503:
                 response.failure(QUEUE_FULL_MESSAGE)

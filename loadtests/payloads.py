@@ -3,7 +3,9 @@
 The payloads are seeded streams, so two runs (and the side-by-side systems) see the same mix:
 
 - ``classifier``: one random 128-d row per request (standard normal, the scale the model was trained on).
-- any other name: an embedding model packaged from a user's folder, sent the minilm mix (``embedding_traffic``).
+- any other name: an embedding model packaged from a user's folder, sent the minilm mix (``embedding_traffic``); an
+  image model (its archive says it is one, scripts/ops/registry.py) the image mix (loadtests/images.py,
+  ``image_traffic``).
 - ``minilm``: the README mix (scripts/ops/payloads.py ``ReadmeTextMix``): English-like sentences, mostly short with a
   tail of long ones (some longer than the model's 256-token window, which the server must truncate), and a share of
   requests repeating a small set of popular sentences, so that a response cache sees a realistic hit rate instead of
@@ -16,7 +18,10 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
+from loadtests.images import ImagePayloads, OpenAIImagePayloads, RawBody, RawImagePayloads
+from scripts.ops import registry
 from scripts.ops.payloads import MINILM_REPEAT_HEAVY_SHARE, ReadmeTextMix
 
 CLASSIFIER_FEATURES = 128
@@ -139,10 +144,86 @@ MODELS = {
 }
 
 
+def check_image_classification(body) -> str | None:
+    """Our image classifier's answer to one image: ``[{"label", "score"}, ...]``, best first, scores in [0, 1]."""
+    if not isinstance(body, list) or not body:
+        return f"expected a list of labels and scores, got {str(body)[:80]!r}"
+    for entry in body:
+        if not isinstance(entry, dict) or not isinstance(entry.get("label"), str):
+            return f"expected {{'label', 'score'}} entries, got {str(entry)[:80]!r}"
+        score = entry.get("score")
+        if type(score) not in (int, float) or not 0.0 <= score <= 1.0:
+            return f"'score' must be a number in [0, 1], got {score!r}"
+    return None
+
+
+def check_stock_classification(body) -> str | None:
+    """TorchServe's stock image_classifier's answer to one image: ``{label: probability, ...}`` (its top 5)."""
+    if not isinstance(body, dict) or not body:
+        return f"expected an object of labels to probabilities, got {str(body)[:80]!r}"
+    if not all(type(v) in (int, float) and 0.0 <= v <= 1.0 for v in body.values()):
+        return "every probability must be a number in [0, 1]"
+    return None
+
+
+# The image traffics' suffixes: the same images in another system's request shape (the comparison's baselines).
+STOCK_SUFFIX = "-stock"
+OPENAI_SUFFIX = "-openai"
+
+
+def image_kind(model) -> str | None:
+    """The image kind of the model named ``model`` (its spec or model_store archive), or None for any other model."""
+    try:
+        kind = registry.model(model).kind
+    except (ValueError, OSError, KeyError):  # no such archive (a text model's name is still a valid traffic name)
+        return None
+    return kind if kind in registry.IMAGE_KINDS else None
+
+
+def image_traffic(model, kind) -> ModelTraffic:
+    """The image mix (loadtests/images.py) for an image model of ``kind`` served at /predictions/<model>; with the
+    suffix -stock the same images as raw bodies to TorchServe's stock image_classifier (an archive of that name
+    beside ours), with -openai as Infinity's OpenAI-style image embeddings."""
+    served = model.removesuffix(STOCK_SUFFIX).removesuffix(OPENAI_SUFFIX)
+    if model.endswith(OPENAI_SUFFIX):
+        payloads = type(f"OpenAIImages{served}", (OpenAIImagePayloads,), {"served_name": served})
+        return ModelTraffic(model, "/embeddings", payloads, lambda body: check_openai_embedding(body, check_embedding))
+    if model.endswith(STOCK_SUFFIX):
+        return ModelTraffic(model, f"/predictions/{model}", RawImagePayloads, check_stock_classification)
+    check = check_image_classification if kind == "image-classification" else check_embedding
+    return ModelTraffic(model, f"/predictions/{model}", ImagePayloads, check)
+
+
 def traffic(model):
-    """The traffic of a bundled model (MODELS), else the README mix for an embedding model of that name."""
+    """The traffic of a bundled model (MODELS), the image mix for an image model, else the README mix for an
+    embedding model of that name."""
     if model in MODELS:
         return MODELS[model]
     if not model or not all(char.isalnum() or char in "-_." for char in model):
         raise ValueError(f"{model!r} is not a model name; the bundled ones are {sorted(MODELS)}")
+    kind = image_kind(model.removesuffix(STOCK_SUFFIX).removesuffix(OPENAI_SUFFIX))
+    if kind is not None:
+        return image_traffic(model, kind)
     return embedding_traffic(model)
+
+
+def request_parts(body) -> tuple[dict[str, Any], str]:
+    """How a body is sent: keyword arguments for an HTTP client's post (``json=`` or raw ``data=``) and its
+    Content-Type; one place, so the Locust users, the preflight and the in-process baselines agree."""
+    if isinstance(body, RawBody):
+        return {"data": body.data}, body.content_type
+    return {"json": body}, "application/json"
+
+
+def worker_requests(bodies) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """A batch of bodies as TorchServe hands them to a handler in its worker (a JSON body parsed, an image's bytes as a
+    bytearray) and each request's headers: for the baselines that call a handler in process."""
+    requests, headers = [], []
+    for body in bodies:
+        if isinstance(body, RawBody):
+            requests.append({"body": bytearray(body.data)})
+            headers.append({"Content-Type": body.content_type})
+        else:
+            requests.append({"body": body})
+            headers.append({"Content-Type": "application/json"})
+    return requests, headers

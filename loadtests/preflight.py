@@ -5,7 +5,7 @@ import time
 
 import requests
 
-from loadtests.payloads import traffic
+from loadtests.payloads import request_parts, traffic
 from scripts.ops import auth
 
 
@@ -23,7 +23,8 @@ def wait_for_prediction(url, body, check, timeout=300, headers=None):
     last = "no answer"
     while time.time() < deadline:
         try:
-            response = requests.post(url, json=body, timeout=30, headers=headers)
+            sent, content_type = request_parts(body)
+            response = requests.post(url, timeout=30, headers={**(headers or {}), "Content-Type": content_type}, **sent)
             if auth.refused(response.status_code, response.text):
                 raise RuntimeError(
                     f"{url} refused the request ({response.status_code}: {response.text[:200]}); {auth.REFUSED_HINT}"

@@ -39,7 +39,7 @@ from typing import Any, cast
 
 from loadtests import capacity as capacity_search
 from loadtests.openloop import arrival_offsets
-from loadtests.payloads import traffic
+from loadtests.payloads import traffic, worker_requests
 from scripts.ops.stats import percentile
 
 OPEN_LOOP_STREAM = 1  # the payload and arrival stream of Locust's one OpenLoopUser (locustfile.stream_id)
@@ -149,9 +149,10 @@ def worker_main(connection: Connection, model_dir: str, model_name: str, model: 
         bodies = connection.recv()
         if bodies is None:
             return
-        set_requests(context, [{"Content-Type": "application/json"}] * len(bodies))
+        requests, headers = worker_requests(bodies)
+        set_requests(context, headers)
         started = time.perf_counter()
-        outputs = handler.handle([{"body": body} for body in bodies], context)
+        outputs = handler.handle(requests, context)
         compute_s = time.perf_counter() - started
         failures = []
         for status, output in zip(statuses(context, len(bodies)), outputs, strict=True):

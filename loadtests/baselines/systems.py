@@ -48,8 +48,8 @@ ALL_SYSTEMS = (
 # naive, Flask, Ray and Infinity's ONNX engine serve minilm's own folder; Infinity's torch engine also an embedding
 # model packaged from its folder.
 FOR_SOME_MODELS = {"naive", "flask", "ray-fp32", "ray-same", "infinity", "infinity-onnx"}
-# Systems whose API differs from /predictions/<model>: they are sent the same texts in OpenAI's /embeddings shape
-# (loadtests/payloads.py, traffic "<model>-openai").
+# Systems whose API differs from /predictions/<model>: they are sent the same texts (or images, with Infinity's
+# `modality: image`) in OpenAI's /embeddings shape (loadtests/payloads.py, traffic "<model>-openai").
 OPENAI_SHAPED = {"infinity", "infinity-onnx"}
 
 
@@ -322,6 +322,10 @@ def infinity(engine, precision, log_dir, log, model="minilm", model_store=None):
     python = baseline_env.ENVS["infinity"].ensure(log=log)
     if engine == "torch":
         model_dir, dtype, extra = model_files(model, model_store), INFINITY_DTYPES[precision], []
+        if registry.model(model, model_store).inputs == "images":
+            # Its image engine (transformer/vision/torch_vision.py) applies --dtype on CUDA only: on a CPU it
+            # computes fp32 whatever it is told, and the report should say so rather than repeat the flag.
+            precision = "fp32"
     else:
         model_dir, dtype, precision = onnx_export(python, log), "float32", "fp32"
         extra = ["--pooling-method", "mean"]
