@@ -7,6 +7,7 @@ also when tests fail. Every TorchServe of the session uses the session's own sha
 `make serve` may be running; `start_cache_server()` starts more (one a test may kill).
 """
 
+import concurrent.futures
 import contextlib
 import os
 from pathlib import Path
@@ -114,9 +115,17 @@ def start_ts_server(tmp_path_factory, model_store, java_home, cache_server):
         return server
 
     yield start
-    for server in started:
-        with contextlib.suppress(Exception):
-            server.stop()
+    stop_all(started)
+
+
+def stop_all(servers):
+    """Stop every server at once: TorchServe's frontend takes seconds to shut down (its event loops' quiet periods, its
+    workers' exits) while using almost no CPU, so a session's servers stopped one after another spent about a minute
+    of the suite waiting."""
+    with concurrent.futures.ThreadPoolExecutor(max(1, len(servers))) as pool:
+        for future in [pool.submit(server.stop) for server in servers]:
+            with contextlib.suppress(Exception):
+                future.result()
 
 
 @pytest.fixture(scope="session")
@@ -203,6 +212,35 @@ def unpacked_model(model_store, tmp_path_factory):
 
     return unpack
 
+
+@pytest.fixture(scope="session")
+def archive_as_version():
+    """archive_as_version(archive, version) -> the path of `<model>-<version>.mar` beside `archive`: the same files
+    with `version` as the manifest's modelVersion. For tests that need a second version of a model, not other files:
+    packaging one (scripts/package.py builds each version in its own build folder) runs its prepare step again, which
+    for minilm is a minute of staging, backend building and ranking."""
+    import json
+    import zipfile
+
+    def rename(archive, version):
+        archive = Path(archive)
+        with zipfile.ZipFile(archive) as source:
+            manifest = json.loads(source.read(MAR_MANIFEST))
+            manifest["model"]["modelVersion"] = version
+            target = archive.with_name(f"{manifest['model']['modelName']}-{version}.mar")
+            partial = target.with_suffix(".partial")
+            # Stored, not deflated again: the weights do not shrink, and TorchServe extracts either.
+            with zipfile.ZipFile(partial, "w", zipfile.ZIP_STORED) as copy:
+                for entry in source.infolist():
+                    data = json.dumps(manifest, indent=2) if entry.filename == MAR_MANIFEST else source.read(entry)
+                    copy.writestr(entry, data, compress_type=zipfile.ZIP_STORED)
+        partial.replace(target)
+        return target
+
+    return rename
+
+
+MAR_MANIFEST = "MAR-INF/MANIFEST.json"
 
 # Model folders made without archives (tests/unit/tiny_models.py): prepared_model_dir, tiny_minilm_dir.
 pytest_plugins = ["tests.unit.tiny_models"]

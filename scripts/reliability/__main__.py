@@ -15,6 +15,7 @@ The report (table + JSON + markdown) goes to loadtests/reports/reliability-<time
 """
 
 import argparse
+import concurrent.futures
 import datetime
 import json
 import shutil
@@ -104,10 +105,14 @@ def load_checks(server, model, cursor, selected, args, java, add):
         add(soak(server, cursor.take(0), seconds, rate, java_home=java, warmup_seconds=min(60.0, seconds / 3)))
 
 
-def model_checks(server, model, store, selected, args, java, add):
+def reference_pool(model, store, args):
+    """The inputs and reference answers of one model's checks: twice the concurrency check's inputs, because later
+    phases start where earlier ones stopped."""
+    return reference_for(model, store, 2 * args.requests, seed=7)
+
+
+def model_checks(server, model, pool, selected, args, java, add):
     """Every per-model check against the main server; later phases send inputs earlier ones did not (Window)."""
-    # Twice the concurrency check's inputs: later phases start where earlier ones stopped.
-    pool = reference_for(model, store, 2 * args.requests, seed=7)
     cursor = WindowCursor(pool)
     if "concurrency" in selected:
         add(correctness.concurrency(server, cursor.take(args.requests), args.requests, args.clients))
@@ -181,10 +186,16 @@ def run(args):
         served = models + extra + (["classifier-hang"] if "hang" in selected else [])
         served += [overload.MODEL] if "overload" in selected else []
         print(f"starting TorchServe with {', '.join(served)} ...", flush=True)
-        server = start_isolated(REPO / "config.properties", workdir / "main", store, java, served)
-        started.append(server)
+        # The reference answers (minilm's: sentence-transformers over thousands of texts, the longest part of --quick)
+        # are computed while TorchServe starts, and are all ready before the first check, so that no check (capacity,
+        # recovery after a kill) shares the CPU with them.
+        with concurrent.futures.ThreadPoolExecutor(1) as computing:
+            computed = {model: computing.submit(reference_pool, model, store, args) for model in models}
+            server = start_isolated(REPO / "config.properties", workdir / "main", store, java, served)
+            started.append(server)
+            pools = {model: future.result() for model, future in computed.items()}
         for model in models:
-            model_checks(server, model, store, selected, args, java, add)
+            model_checks(server, model, pools[model], selected, args, java, add)
         if "overload" in selected:
             add(overload_check(server, store, args))
         for model in cost_models:  # worst-case time and worker RSS of maximum-size requests (cost.py)

@@ -19,7 +19,6 @@ import requests
 from handlers.text.cache import CachedRow, cache_key
 from handlers.text.shared_cache import URL_ENV, Namespace, decode_value, encode_value
 from loadtests.prometheus import parse
-from scripts import package
 
 MODEL = "minilm"
 RUN = uuid.uuid4().hex[:8]  # texts no earlier run left in a cache
@@ -209,11 +208,11 @@ def test_killing_the_cache_server_under_load_fails_no_request_and_a_restart_resu
 
 
 @pytest.fixture(scope="module")
-def second_version(server, model_store):
-    """minilm 2.0 registered beside 1.0 (1.0 stays the default)."""
-    entry = package.build(MODEL, model_store, version="2.0", log=lambda *_: None)
+def second_version(server, model_store, archive_as_version):
+    """minilm 2.0 (1.0's files under version 2.0) registered beside 1.0 (1.0 stays the default)."""
+    archive = archive_as_version(model_store / f"{MODEL}.mar", "2.0")
     client = server.management(timeout=600)
-    client.register(entry["archive"], model_name=MODEL, initial_workers=1)
+    client.register(archive.name, model_name=MODEL, initial_workers=1)
     client.wait_ready(MODEL, "2.0", timeout=600)
     return "2.0"
 
