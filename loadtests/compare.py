@@ -23,9 +23,10 @@ Systems (each started alone on free loopback ports, measured, stopped before the
              workers behind a perfect dispatcher (same batchSize, maxBatchDelay), no HTTP or frontend, replaying
              the same open-loop schedules; the same capacity search. Also where a long text's time goes.
 naive, flask, ray-* and infinity-onnx exist for minilm only; infinity also for an embedding model packaged from
-its folder (--model <its name>: Infinity serves the same folder, unpacked from the archive). Ray and Infinity are
-installed on demand into their own venvs (build/ray-venv, build/infinity-venv: loadtests/baselines/baseline_env.py);
-if one cannot be, the table says so and the others are still measured.
+its folder (--model <its name>: Infinity serves the same folder, unpacked from the archive); stock-image-classifier
+for an image classifier. Ray and Infinity are installed on demand into their own venvs (build/ray-venv,
+build/infinity-venv), the stock handler's torchvision into build/stock-image-classifier-site
+(loadtests/baselines/baseline_env.py); if one cannot be, the table says so and the others are still measured.
 
 For every server: the capacity search (loadtests/capacity.py: highest open-loop rate with p99 <= SLO and no failures)
 and one open-loop run at --moderate-rate (the same offered load for all). Writes
