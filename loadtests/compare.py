@@ -15,14 +15,18 @@ Systems (each started alone on free loopback ports, measured, stopped before the
   infinity   Infinity (infinity-emb 0.0.78, the Python embedding server), its torch engine at ours' precision,
              batch 32, the machine's cores, OpenAI-style /embeddings (sent the same texts in that shape)
   infinity-onnx  the same with its optimum engine (ONNX Runtime, fp32; the model exported to ONNX once)
+  stock-image-classifier  TorchServe's stock image_classifier handler on the same image classifier: a TorchScript
+             trace, its PIL/torchvision transforms, fp32, batch 8, 50 ms, 2 workers (loadtests/baselines/
+             stock_image_classifier.py), sent the same images as raw bodies
   inprocess  the ceiling: the packaged handler called directly in a loop at the best batch size (no HTTP, no queue)
   ideal      the ideal batcher at the SLO (loadtests/baselines/ideal.py): the archive's handler in its configured
              workers behind a perfect dispatcher (same batchSize, maxBatchDelay), no HTTP or frontend, replaying
              the same open-loop schedules; the same capacity search. Also where a long text's time goes.
 naive, flask, ray-* and infinity-onnx exist for minilm only; infinity also for an embedding model packaged from
-its folder (--model <its name>: Infinity serves the same folder, unpacked from the archive). Ray and Infinity are
-installed on demand into their own venvs (build/ray-venv, build/infinity-venv: loadtests/baselines/baseline_env.py);
-if one cannot be, the table says so and the others are still measured.
+its folder (--model <its name>: Infinity serves the same folder, unpacked from the archive); stock-image-classifier
+for an image classifier. Ray and Infinity are installed on demand into their own venvs (build/ray-venv,
+build/infinity-venv), the stock handler's torchvision into build/stock-image-classifier-site
+(loadtests/baselines/baseline_env.py); if one cannot be, the table says so and the others are still measured.
 
 For every server: the capacity search (loadtests/capacity.py: highest open-loop rate with p99 <= SLO and no failures)
 and one open-loop run at --moderate-rate (the same offered load for all). Writes
@@ -265,6 +269,8 @@ def start_system(name, model, model_store, naive_workers, out_dir, ours_info, pr
         return baselines.naive(model, naive_workers, log)
     if name == "flask":
         return baselines.flask(model, out_dir / "flask", log)
+    if name == "stock-image-classifier":
+        return baselines.stock_image_classifier(model, model_store, out_dir / name, log)
     ray_precision = "fp32" if name == "ray-fp32" else precision
     return baselines.ray(model, ray_precision, *batching, out_dir / name, log)
 

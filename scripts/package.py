@@ -462,8 +462,9 @@ def make_archive(model_name, version, handler, files, config, destination):
         os.replace(Path(export) / f"{model_name}.mar", destination)
 
 
-def run_archiver(model_name, version, handler, extra_files, config, export_path):
-    """torch-model-archiver: `handler` plus the folder `extra_files` into export_path/<model_name>.mar."""
+def run_archiver(model_name, version, handler, extra_files, config, export_path, serialized_file=None):
+    """torch-model-archiver: `handler` plus the folder `extra_files` (and a `serialized_file`, the model a stock
+    handler loads) into export_path/<model_name>.mar."""
     command = [
         str(Path(sys.executable).parent / "torch-model-archiver"),
         "--model-name",
@@ -479,6 +480,7 @@ def run_archiver(model_name, version, handler, extra_files, config, export_path)
         "--export-path",
         str(export_path),
         "--force",
+        *(["--serialized-file", str(serialized_file)] if serialized_file else []),
     ]
     # torch-model-archiver stages in $TMPDIR/<model name> and deletes that path before and after: with the user's
     # TMPDIR, packaging my-model from /tmp/my-model (where `unzip model.zip -d /tmp/my-model` puts it) deleted the

@@ -1,16 +1,21 @@
 """The baselines' own virtual environments: build/<name>-venv from loadtests/baselines/<name>-requirements.txt.
 
-    python -m loadtests.baselines.baseline_env ray|infinity|transformers-serve [--check]
+    python -m loadtests.baselines.baseline_env ray|infinity|transformers-serve|stock-image-classifier [--check]
 
 Ray Serve and Infinity are not dependencies of the project: each is installed on demand, only for the comparison,
 into its own venv (so its pins never touch .venv; Infinity needs numpy<2 and transformers 4.x). torch is pinned to
 the project's version in each file, so pip takes the local CPU wheel. A venv is reinstalled when its requirements
 file changes. Exit codes: 0 ready, 1 could not be installed (the comparison then reports that system as unavailable
 and measures the others).
+
+An overlay (stock-image-classifier) is not a venv: a baseline that needs only a few packages on top of the project's
+own stack gets them installed --no-deps into build/<name>-site, which goes on that baseline's PYTHONPATH (with its
+shim folder in front, if any) over .venv's python.
 """
 
 import argparse
 import hashlib
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -29,17 +34,27 @@ class BaselineEnv:
     name: str  # build/<name>-venv, <name>-requirements.txt
     title: str  # for messages
     imports: str  # what must import once installed
+    overlay: bool = False  # build/<name>-site on .venv's PYTHONPATH instead of a venv of its own
+    shim: Path | None = None  # an overlay's folder of workarounds, in front of it on the PYTHONPATH
 
     @property
     def venv(self):
-        return REPO / "build" / f"{self.name}-venv"
+        return REPO / "build" / f"{self.name}-{'site' if self.overlay else 'venv'}"
 
     @property
     def requirements(self):
         return HERE / f"{self.name}-requirements.txt"
 
     def python(self):
-        return self.venv / "bin" / "python"
+        return Path(sys.executable) if self.overlay else self.venv / "bin" / "python"
+
+    def environment(self):
+        """What a process of this baseline needs in its environment: an overlay's PYTHONPATH (nothing for a venv)."""
+        if not self.overlay:
+            return {}
+        paths = [str(self.shim)] if self.shim else []
+        paths += [str(self.venv), *filter(None, [os.environ.get("PYTHONPATH")])]
+        return {"PYTHONPATH": os.pathsep.join(paths)}
 
     def stamp_path(self):
         digest = hashlib.sha256(self.requirements.read_bytes()).hexdigest()[:16]
@@ -48,21 +63,26 @@ class BaselineEnv:
     def ready(self):
         return self.python().exists() and self.stamp_path().exists()
 
+    def install_steps(self):
+        pip_install = ["-m", "pip", "install", "--progress-bar", "off"]
+        if self.overlay:  # only the named wheels: their dependencies are the project's own
+            target = ["--no-deps", "--target", str(self.venv)]
+            return [[sys.executable, *pip_install, *target, "-r", str(self.requirements)]]
+        create = [sys.executable, "-m", "venv", str(self.venv)] if not self.python().exists() else None
+        return [create, [str(self.python()), *pip_install, "-r", str(self.requirements)]]
+
     def ensure(self, log=print, timeout=1800):
         """The venv's python, installing it first if needed; raise BaselineUnavailable with the reason otherwise."""
         if self.ready():
             return self.python()
         logfile = Path(f"{self.venv}.install.log")
         log(f"installing {self.title} into {self.venv} (once; log: {logfile}) ...")
-        steps = [
-            [sys.executable, "-m", "venv", str(self.venv)] if not self.python().exists() else None,
-            [str(self.python()), "-m", "pip", "install", "--progress-bar", "off", "-r", str(self.requirements)],
-            [str(self.python()), "-c", self.imports],
-        ]
+        steps = [*self.install_steps(), [str(self.python()), "-c", self.imports]]
+        env = dict(os.environ, **self.environment())
         try:
             with open(logfile, "w") as out:
                 for command in filter(None, steps):
-                    subprocess.run(command, check=True, stdout=out, stderr=subprocess.STDOUT, timeout=timeout)
+                    subprocess.run(command, check=True, stdout=out, stderr=subprocess.STDOUT, timeout=timeout, env=env)
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as error:
             tail = logfile.read_text(errors="replace")[-1500:] if logfile.exists() else ""
             raise BaselineUnavailable(f"{self.title} could not be installed ({error}); see {logfile}\n{tail}") from None
@@ -78,6 +98,13 @@ ENVS = {
     "transformers-serve": BaselineEnv(
         "transformers-serve", "transformers serve", "import fastapi, uvicorn, transformers.cli.serving.server"
     ),
+    "stock-image-classifier": BaselineEnv(
+        "stock-image-classifier",
+        "TorchServe's stock image_classifier (torchvision, captum)",
+        "import torchvision, captum.attr, ts.torch_handler.image_classifier",
+        overlay=True,
+        shim=HERE / "cpu_torchvision",
+    ),
 }
 
 
@@ -92,13 +119,13 @@ def main(argv=None):
     args = parser.parse_args(argv)
     env = ENVS[args.name]
     if args.check:
-        print(f"{env.title} venv {'ready' if env.ready() else 'not installed'}: {env.venv}")
+        print(f"{env.title} {'ready' if env.ready() else 'not installed'}: {env.venv}")
         return 0 if env.ready() else 1
     try:
         python = env.ensure()
     except BaselineUnavailable as error:
         raise SystemExit(f"error: {error}") from None  # exit code 1, the message on stderr
-    print(f"{env.title} venv ready: {python}")
+    print(f"{env.title} ready: {env.venv} (python {python})")
     return 0
 
 

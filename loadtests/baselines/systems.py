@@ -7,6 +7,8 @@
   flask      the plain Flask pattern (flask_server.py)
   ray        Ray Serve + @serve.batch (ray_serve_app.py, in build/ray-venv: baseline_env.py)
   infinity   Infinity (infinity-emb) with its torch or optimum (ONNX Runtime) engine, in build/infinity-venv
+  stock-image-classifier  TorchServe's stock image_classifier handler on the same image classifier
+             (stock_image_classifier.py; torchvision in build/stock-image-classifier-site: baseline_env.py)
   in_process the ceiling: the packaged handler called in a loop (inprocess.py; a measurement, not a server)
   ideal      the ideal batcher at the SLO: the handler in its workers behind a perfect dispatcher (ideal.py)
 """
@@ -23,6 +25,8 @@ import time
 from pathlib import Path
 
 from loadtests.baselines import baseline_env
+from loadtests.baselines import stock_image_classifier as stock
+from loadtests.payloads import STOCK_SUFFIX
 from loadtests.preflight import wait_for_model
 from loadtests.variants import variant_archive
 from scripts import package
@@ -41,13 +45,14 @@ ALL_SYSTEMS = (
     "ray-same",
     "infinity",
     "infinity-onnx",
+    "stock-image-classifier",
     "inprocess",
     "ideal",
 )
 # Systems that exist for a model only where the registry lists them among its baselines (scripts/ops/registry.py):
 # naive, Flask, Ray and Infinity's ONNX engine serve minilm's own folder; Infinity's torch engine also an embedding
-# model packaged from its folder.
-FOR_SOME_MODELS = {"naive", "flask", "ray-fp32", "ray-same", "infinity", "infinity-onnx"}
+# model packaged from its folder; the stock image_classifier an image classifier.
+FOR_SOME_MODELS = {"naive", "flask", "ray-fp32", "ray-same", "infinity", "infinity-onnx", "stock-image-classifier"}
 # Systems whose API differs from /predictions/<model>: they are sent the same texts (or images, with Infinity's
 # `modality: image`) in OpenAI's /embeddings shape (loadtests/payloads.py, traffic "<model>-openai").
 OPENAI_SHAPED = {"infinity", "infinity-onnx"}
@@ -55,6 +60,8 @@ OPENAI_SHAPED = {"infinity", "infinity-onnx"}
 
 def system_traffic(system, model):
     """The traffic the load generator sends ``system`` for ``model``: the same texts in the system's request shape."""
+    if system == "stock-image-classifier":
+        return f"{model}{STOCK_SUFFIX}"  # the same images as raw bodies, to the stock archive's name
     return f"{model}-openai" if system in OPENAI_SHAPED else model
 
 
@@ -69,6 +76,10 @@ DESCRIPTIONS = {
     "ray-same": "Ray Serve + @serve.batch at ours' precision",
     "infinity": f"Infinity (infinity-emb) torch engine at ours' precision, batch {INFINITY_BATCH_SIZE}",
     "infinity-onnx": f"Infinity optimum engine (ONNX Runtime fp32), batch {INFINITY_BATCH_SIZE}",
+    "stock-image-classifier": (
+        f"TorchServe's stock image_classifier: TorchScript fp32, batch {stock.STOCK_BATCH_SIZE}, "
+        f"{stock.STOCK_MAX_BATCH_DELAY_MS} ms, {stock.STOCK_WORKERS} workers"
+    ),
     "inprocess": "in-process ceiling: the same handler called in a loop",
     "ideal": "ideal batcher at the SLO: same workers and batching, no HTTP, no frontend",
 }
@@ -344,6 +355,28 @@ def infinity(engine, precision, log_dir, log, model="minilm", model_store=None):
                 "threads": machine.cores(),
                 "batch_size": INFINITY_BATCH_SIZE,
             },
+        )
+
+
+@contextlib.contextmanager
+def stock_image_classifier(model, model_store, log_dir, log):
+    """TorchServe's stock image_classifier on the folder ours' archive was built from, as ``<model>-stock`` on a
+    private TorchServe: torchvision and captum from the baseline's overlay (baseline_env.py), each worker with cores /
+    workers torch threads as ours' workers have (OMP_NUM_THREADS; the stock handler sets none)."""
+    overlay = baseline_env.ENVS["stock-image-classifier"]
+    overlay.ensure(log=log)
+    name = f"{model}{STOCK_SUFFIX}"
+    store = stock.build_stock_archive(
+        model_files(model, model_store), name, REPO / "build" / "compare" / "stock-store", log
+    )
+    threads = max(1, machine.cores() // stock.STOCK_WORKERS)
+    env = {**overlay.environment(), "OMP_NUM_THREADS": str(threads)}
+    with private_server(f"compare-stock-{model}", store, [name], env=env, keep_logs_in=log_dir) as server:
+        described = describe_torchserve(server, name)
+        yield (
+            server.inference_url,
+            server.metrics_url,
+            {**described, "precision": "fp32", "backend": "torchscript", "threads": threads},
         )
 
 

@@ -65,8 +65,8 @@ class Kind:
 
 TEXT_TARGETS = (Target("infinity", 3.0), Target("ours-eager", 1.3))
 # Issue 34's: an image-text model against Infinity serving the same folder (image embeddings, the image mix of
-# loadtests/images.py); an image classifier against TorchServe's stock image_classifier handler, a system
-# loadtests/baselines/systems.py does not run yet (its target is reported as not measured).
+# loadtests/images.py); an image classifier against TorchServe's stock image_classifier handler on the same model
+# (loadtests/baselines/stock_image_classifier.py).
 IMAGE_TEXT_TARGETS = (Target("infinity", 1.5),)
 IMAGE_CLASSIFICATION_TARGETS = (Target("stock-image-classifier", 3.0),)
 KINDS: dict[str, Kind] = {
@@ -77,7 +77,12 @@ KINDS: dict[str, Kind] = {
     "multi-vector": Kind("multi-vector", "handlers/text_model.py", "texts"),
     "generator": Kind("generator", "handlers/generator.py", "prompts"),
     "image-classification": Kind(
-        "image-classification", "handlers/image_model.py", "images", (), IMAGE_CLASSIFICATION_TARGETS, 10.0
+        "image-classification",
+        "handlers/image_model.py",
+        "images",
+        ("stock-image-classifier",),
+        IMAGE_CLASSIFICATION_TARGETS,
+        10.0,
     ),
     "image-text": Kind("image-text", "handlers/image_model.py", "images", ("infinity",), IMAGE_TEXT_TARGETS, 10.0),
 }
