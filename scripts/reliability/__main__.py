@@ -265,7 +265,7 @@ def main(argv=None):
     parser.add_argument("--out", type=Path, help="report folder (default loadtests/reports/reliability-<time>)")
     args = parser.parse_args(argv)
     defaults = {
-        "requests": (1000, 10000),
+        "requests": (500, 10000),
         "overload_seconds": (6, 30),
         "rejection_p99_ms": (250.0, resilience.REJECTION_P99_MS),
         "capacity_seconds": (4, 10),
