@@ -129,6 +129,27 @@ def test_a_bad_image_in_a_batch_fails_alone_with_a_4xx_naming_the_problem(server
     assert "PNG" in responses[1].json()["message"] and "SVG" in responses[3].json()["message"]
 
 
+def test_image_bytes_over_grpc_get_the_http_answer_and_a_bad_image_its_error(server, pipeline):
+    """A gRPC client sends the image file's bytes as the Predictions input (no Content-Type on gRPC: the format is
+    read from the bytes): the answer is the HTTP raw body's, byte for byte; a truncated file gets the same JSON 4xx
+    body as over HTTP (TorchServe 0.12 sends a model's own 4xx with gRPC status OK, docs/clients.md)."""
+    from scripts.ops.grpc_client import TorchServeGrpc, answer_error
+
+    good = encoded(photo(61, 83, 6), "JPEG", quality=90)
+    bad = b"\x89PNG\r\n\x1a\n truncated"
+    with TorchServeGrpc.for_server(server, timeout=120) as client:
+        over_grpc = client.predict(MODEL, good)
+        refused = client.predict(MODEL, bad)
+    over_http = predict(server, data=good, headers={"Content-Type": "image/jpeg"})
+    assert over_http.status_code == 200, over_http.text
+    assert over_grpc == over_http.content and answer_error(over_grpc) is None
+    assert_like_pipeline(json.loads(over_grpc), pipeline(Image.open(io.BytesIO(good))))
+    error = answer_error(refused)
+    assert error is not None and 400 <= error["code"] < 500 and "PNG" in error["message"], refused
+    http_refusal = predict(server, data=bad, headers={"Content-Type": "image/png"})
+    assert json.loads(refused) == http_refusal.json()
+
+
 def test_describe_says_what_serves_and_how_images_are_prepared(server):
     response = requests.get(f"{server.management_url}/models/{MODEL}", params={"customized": "true"}, timeout=30)
     metadata = response.json()[0]["customizedMetadata"]
