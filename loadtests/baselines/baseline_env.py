@@ -76,6 +76,7 @@ class BaselineEnv:
         if self.ready():
             return self.python()
         logfile = Path(f"{self.venv}.install.log")
+        logfile.parent.mkdir(parents=True, exist_ok=True)  # a fresh clone has no build/ yet
         log(f"installing {self.title} into {self.venv} (once; log: {logfile}) ...")
         steps = [*self.install_steps(), [str(self.python()), "-c", self.imports]]
         env = dict(os.environ, **self.environment())

@@ -3,7 +3,9 @@ overlay, without a server: what a TorchServe user would pack, built from a tiny 
 
 import json
 import os
+import sys
 import zipfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -55,6 +57,22 @@ def test_the_overlay_puts_the_cpu_torchvision_shim_first_and_pins_the_wheels():
     pins = overlay.requirements.read_text()
     assert "torchvision==0.28.0" in pins and "captum==0.9.0" in pins
     assert baseline_env.ENVS["infinity"].environment() == {}
+
+
+def test_a_fresh_clone_without_build_gets_its_install_log_folder(tmp_path, monkeypatch):
+    """On a fresh clone build/ does not exist yet: the install must create it for its log, not fail opening it."""
+    monkeypatch.setattr(baseline_env, "REPO", tmp_path / "clone")
+    monkeypatch.setattr(baseline_env, "HERE", tmp_path)
+    (tmp_path / "probe-requirements.txt").write_text("json-is-stdlib\n")
+    make_target = "import pathlib, sys; pathlib.Path(sys.argv[1]).mkdir()"  # what pip --target does
+    monkeypatch.setattr(
+        baseline_env.BaselineEnv, "install_steps", lambda self: [[sys.executable, "-c", make_target, str(self.venv)]]
+    )
+    env = baseline_env.BaselineEnv("probe", "a probe", "import json", overlay=True)
+    assert not (tmp_path / "clone" / "build").exists()
+    assert env.ensure(log=lambda line: None) == Path(sys.executable)
+    assert (tmp_path / "clone" / "build" / "probe-site.install.log").exists()
+    assert env.ready()
 
 
 def test_an_image_classifier_is_compared_with_the_stock_handler_in_its_own_request_shape():
