@@ -72,7 +72,12 @@ def measure_server(
         "capacity_rate": found["capacity_rate"],
         "stopped_because": found["stopped_because"],
         "capacity_report": found["report_dir"],
+        "slo_ms": slo_ms,
     }
+    if found["capacity_rate"] is None and found.get("steps"):
+        # No rate passed: keep the lowest one tried, whose p50 says whether any lower rate could (evaluate_targets).
+        lowest = min(found["steps"], key=lambda step: step["rate"])
+        entry["lowest_rate"], entry["lowest_p50_ms"] = lowest["rate"], lowest["p50_ms"]
     at_capacity = found.get("at_capacity")
     if at_capacity and at_capacity.get("report_dir"):
         summary = json.loads((Path(at_capacity["report_dir"]) / "summary.json").read_text())
@@ -117,6 +122,24 @@ def add_ratios(results):
         entry["ratio_to_ideal"] = ratio(rate, ideal_rate)
 
 
+def no_rate_passed(name, entry, ours_rate):
+    """The verdict on a ratio whose baseline passed no rate while ours passed one: (met, note).
+
+    Its capacity is then below its lowest rate tried, and the ratio has no finite value. When even that lowest step's
+    p50 was over the SLO, no lower rate can pass either (with fewer arrivals there is less queueing, but a request's
+    own service time does not shrink, so more than half of the requests stay over the SLO): the target is met. When
+    the p50 was under it, a lower rate might still pass: not measured, search lower."""
+    if entry.get("error") or entry.get("lowest_rate") is None:
+        return None, "not measured"
+    lowest, p50, slo = entry["lowest_rate"], entry.get("lowest_p50_ms"), entry.get("slo_ms")
+    if p50 is not None and slo is not None and p50 > slo:
+        return True, (
+            f"ours passed {ours_rate:g}/s; {name} passed no rate: at its lowest, {lowest:g}/s, its p50 was already "
+            f"{p50:g} ms > the {slo:g} ms SLO, so no lower rate passes and the ratio is unbounded"
+        )
+    return None, f"{name} passed no rate down to {lowest:g}/s (p50 {p50} ms there): search lower to bound the ratio"
+
+
 def evaluate_targets(model, results, model_store=None):
     """Each target: measured ratio or figure, the bound, met or missed and by how much. Never raises."""
     verdicts = []
@@ -129,6 +152,9 @@ def evaluate_targets(model, results, model_store=None):
             other_rate = (results.get(results["ray-same"]["same_as"]) or {}).get("capacity_rate")
         value = ratio(ours_rate, other_rate)
         note = "" if value is not None else "not measured"
+        met = None if value is None else value >= bound
+        if value is None and ours_rate and other_rate is None:
+            met, note = no_rate_passed(other, results.get(other) or {}, ours_rate)
         other_entry = results.get(other) or {}
         if (
             value is not None
@@ -141,7 +167,7 @@ def evaluate_targets(model, results, model_store=None):
                 "target": f"{label} >= {bound:g}x (throughput at the SLO)",
                 "value": value,
                 "bound": bound,
-                "met": None if value is None else value >= bound,
+                "met": met,
                 "note": note,
             }
         )

@@ -112,7 +112,8 @@ def render_markdown(result):
         by = ""
         if verdict["met"] is False and verdict["value"] is not None and verdict["bound"]:
             by = f" (by {abs(verdict['value'] - verdict['bound']):.3g})"
-        note = f" — {verdict['note']}" if verdict["note"] and verdict["met"] is not None else ""
+        shown = verdict["note"] and (verdict["met"] is not None or verdict["note"] != "not measured")
+        note = f" — {verdict['note']}" if shown else ""
         lines.append(f"- {verdict['target']}: {verdict['value']} vs {verdict['bound']}: **{state}**{by}{note}")
     tail = (result["systems"].get("ideal") or {}).get("tail") or {}
     sentence = summarize_tail(tail)

@@ -7,7 +7,7 @@ import io
 
 from PIL import Image
 
-from loadtests import compare, images, payloads
+from loadtests import compare, compare_report, images, payloads
 from scripts.ops import registry
 
 
@@ -107,3 +107,35 @@ def test_image_kinds_carry_the_issues_targets_and_the_ratio_is_reported(monkeypa
             "note": "",
         }
     ]
+
+
+def test_a_baseline_that_passes_no_rate_meets_the_target_only_when_its_p50_was_already_over_the_slo(monkeypatch):
+    vit = registry.build("vit-base", "image-classification", "handlers/image_model.py", {})
+    monkeypatch.setattr(registry, "model", lambda name, store=None: vit)
+    stock = {"capacity_rate": None, "slo_ms": 250, "lowest_rate": 0.5}
+    over = compare.evaluate_targets(
+        "vit-base", {"ours": {"capacity_rate": 0.5}, "stock-image-classifier": {**stock, "lowest_p50_ms": 380}}
+    )
+    assert over[0]["met"] is True and over[0]["value"] is None
+    assert "380 ms > the 250 ms SLO" in over[0]["note"] and "unbounded" in over[0]["note"]
+    under = compare.evaluate_targets(
+        "vit-base", {"ours": {"capacity_rate": 0.5}, "stock-image-classifier": {**stock, "lowest_p50_ms": 200}}
+    )
+    assert under[0]["met"] is None and "search lower" in under[0]["note"]
+    neither = compare.evaluate_targets(
+        "vit-base", {"ours": {"capacity_rate": None}, "stock-image-classifier": {**stock, "lowest_p50_ms": 380}}
+    )
+    assert neither[0]["met"] is None
+    text = compare_report.render_markdown(
+        {
+            "model": "vit-base",
+            "slo_ms": 250,
+            "cores": 2,
+            "started_at": "now",
+            "search": {"step_seconds": 10},
+            "moderate_rate": 2,
+            "systems": {"ours": {"capacity_rate": 0.5}, "stock-image-classifier": {**stock, "lowest_p50_ms": 200}},
+            "targets": under,
+        }
+    )
+    assert "**not measured** — stock-image-classifier passed no rate down to 0.5/s" in text
