@@ -158,14 +158,24 @@ class ImageModels:
 
 # The image server's models (image_models), each with the scripts/tiny_image_models.py function that builds its folder;
 # docs/clients.md's image examples name them, and tests/integration/test_docs_examples.py runs those against it.
-IMAGE_MODELS = {"t-vit": "make_vit_classifier", "t-clip": "make_clip"}
+IMAGE_MODELS = {
+    "t-vit": "make_vit_classifier",
+    "t-clip": "make_clip",
+    "t-siglip": "make_siglip",
+    "t-st-clip": "make_sentence_transformers_clip",
+}
+
+
+# What `make package` asks (python -m scripts.package --template-for FOLDER), for several folders in one process.
+TEMPLATES_FOR = "import sys; from scripts.package import template_for; print(*(template_for(f) for f in sys.argv[1:]))"
 
 
 @pytest.fixture(scope="session")
 def image_models(start_ts_server, tmp_path_factory):
-    """A tiny random ViT classifier (t-vit) and a tiny CLIP (t-clip) built offline (scripts/tiny_image_models.py), each
-    packaged with the template `make package` picks for its folder, one fp32 worker each (the answers are compared
-    with the reference libraries in fp32; bf16 would serve within the gate, not equal), on one shared server."""
+    """A tiny random ViT classifier (t-vit), CLIP (t-clip), SigLIP (t-siglip) and sentence-transformers CLIP
+    (t-st-clip) built offline (scripts/tiny_image_models.py), each packaged with the template `make package` picks for
+    its folder (the four packaging steps run at once), one fp32 worker each (the answers are compared with the
+    reference libraries in fp32; bf16 would serve within the gate, not equal), on one shared server."""
     import subprocess
     import sys
 
@@ -174,23 +184,30 @@ def image_models(start_ts_server, tmp_path_factory):
     root = tmp_path_factory.mktemp("image-folders")
     folders = {name: getattr(tiny_image_models, make)(root / name) for name, make in IMAGE_MODELS.items()}
     store = tmp_path_factory.mktemp("image-store")
+    templates = subprocess.run(
+        [sys.executable, "-c", TEMPLATES_FOR, *map(str, folders.values())],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert templates.stdout.split() == ["image-model"] * len(folders), templates.stdout + templates.stderr
+    running = {}
     for name, folder in folders.items():
-        template = subprocess.run(
-            [sys.executable, "-m", "scripts.package", "--template-for", str(folder)],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert template.stdout.strip() == "image-model", template.stdout + template.stderr
         command = [sys.executable, "-m", "scripts.package", "image-model", "--name", name]
         command += ["--var", f"model_dir={folder}", "--store", str(store)]
         # No compiled backends: these answers are compared with transformers' fp32 ones, which eager fp32 equals and an
         # OpenVINO IR (fp16-stored weights) only approaches; tests/unit/test_image_backends.py builds and serves them.
         command += ["--var", "backends=none"]
         command += ["--config", "minWorkers=1", "--config", "maxWorkers=1", "--config", "handler.precision=fp32"]
-        result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900)
-        assert result.returncode == 0, result.stdout + result.stderr
+        log = open(store / f"{name}.package.log", "w+")  # noqa: SIM115 -- read back below, closed there
+        running[name] = (subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True), log)
+    for name, (process, log) in running.items():
+        code = process.wait(timeout=900)
+        log.seek(0)
+        output = log.read()
+        log.close()
+        assert code == 0, f"packaging {name} failed:\n{output}"
     server = start_ts_server(name="image-models", models=sorted(folders), store=store)
     return ImageModels(folders, store, server)
 

@@ -1,11 +1,12 @@
-"""A user's own CLIP folder, from folder to served answer, against a real TorchServe.
+"""A user's own CLIP, SigLIP or sentence-transformers CLIP folder, from folder to served answer, on a real TorchServe.
 
-A tiny random CLIP folder is built offline (scripts/tiny_image_models.py), packaged with the one command's template
-(`python -m scripts.package --template-for FOLDER` says image-model) into the model store shared with the
-classifier test and served by one TorchServe started from the project's config.properties (tests/conftest.py
-`image_models`). Its answers are compared with the reference libraries on the
-same inputs: text and image embeddings (transformers' model forward), zero-shot classification (transformers'
-zero-shot-image-classification pipeline), the OpenAI client's embeddings of texts, and Cohere's embed v2 with images.
+Tiny random folders of the three layouts are built offline (scripts/tiny_image_models.py), packaged with the one
+command's template (`make package` picks image-model for each) into the model store shared with the classifier test
+and served by one TorchServe started from the project's config.properties (tests/conftest.py `image_models`). Their
+answers are compared with the reference libraries on the same inputs: text and image embeddings (transformers' model
+forward, or sentence-transformers' encode for its folder), zero-shot classification (transformers'
+zero-shot-image-classification pipeline: softmax for CLIP, a sigmoid per label for SigLIP); on CLIP also the OpenAI
+client's embeddings of texts and Cohere's embed v2 with images.
 """
 
 import base64
@@ -24,6 +25,8 @@ from handlers.image.kinds.image_text_reference import load_reference
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "t-clip"
+# Every image-text layout the kind serves, each its own archive on the shared server.
+LAYOUTS = ["t-clip", "t-siglip", "t-st-clip"]
 LABELS = ["cat", "dog", "car"]
 BOUND = 0.9999
 
@@ -44,13 +47,20 @@ def cosines(got, expected):
 
 
 @pytest.fixture(scope="module")
-def folder(image_models):
-    return image_models.folders[MODEL]
+def references(image_models):
+    loaded = {}
+
+    def reference(name=MODEL):
+        if name not in loaded:
+            loaded[name] = load_reference(image_models.folders[name])
+        return loaded[name]
+
+    return reference
 
 
 @pytest.fixture(scope="module")
-def reference(folder):
-    return load_reference(folder)
+def reference(references):
+    return references(MODEL)
 
 
 @pytest.fixture(scope="module")
@@ -63,27 +73,30 @@ def server(image_models):
     return image_models.server
 
 
-def predict(server, path="", **kwargs):
-    url = f"{server.inference_url}/predictions/{MODEL}" + (f"/1.0/{path}" if path else "")
+def predict(server, path="", model=MODEL, **kwargs):
+    url = f"{server.inference_url}/predictions/{model}" + (f"/1.0/{path}" if path else "")
     return requests.post(url, timeout=60, **kwargs)
 
 
-def test_the_archive_records_image_text_and_zero_shot_parity(store):
-    with zipfile.ZipFile(store / f"{MODEL}.mar") as archive:
+@pytest.mark.parametrize("model", LAYOUTS)
+def test_the_archive_records_image_text_and_zero_shot_parity(store, model):
+    with zipfile.ZipFile(store / f"{model}.mar") as archive:
         source = json.loads(archive.read("model_source.json"))
     assert source["kind"] == "image-text"
     parity = source["parity"]
     assert min(parity["fp32_agreement"], parity["text_vectors"], parity["zero_shot_scores"]) >= BOUND
 
 
-def test_texts_and_images_are_embedded_as_the_reference_embeds_them(server, reference):
+@pytest.mark.parametrize("model", LAYOUTS)
+def test_texts_and_images_are_embedded_as_the_reference_embeds_them(server, references, model):
+    reference = references(model)
     image = photo(57, 31, 1)
-    raw = predict(server, data=png(image), headers={"Content-Type": "image/png"})
+    raw = predict(server, model=model, data=png(image), headers={"Content-Type": "image/png"})
     assert raw.status_code == 200, raw.text
     expected_image = reference.image_embeddings([image])[0]
     assert cosines(raw.json()["embedding"], expected_image).item() >= BOUND
     texts = ["a photo of a cat", "a dog on the beach"]
-    both = predict(server, json={"texts": texts, "images": [base64.b64encode(png(image)).decode()]})
+    both = predict(server, model=model, json={"texts": texts, "images": [base64.b64encode(png(image)).decode()]})
     assert both.status_code == 200, both.text
     answer = both.json()
     assert cosines(answer["text_embeddings"], reference.text_embeddings(texts)).min().item() >= BOUND
@@ -91,10 +104,12 @@ def test_texts_and_images_are_embedded_as_the_reference_embeds_them(server, refe
     assert answer["image_embeddings"][0] == raw.json()["embedding"]
 
 
-def test_zero_shot_is_answered_as_the_pipeline_answers(server, reference):
+@pytest.mark.parametrize("model", LAYOUTS)
+def test_zero_shot_is_answered_as_the_pipeline_answers(server, references, model):
+    reference = references(model)
     image = photo(80, 64, 2)
     uri = "data:image/png;base64," + base64.b64encode(png(image)).decode()
-    response = predict(server, json={"image": uri, "candidate_labels": LABELS})
+    response = predict(server, model=model, json={"image": uri, "candidate_labels": LABELS})
     assert response.status_code == 200, response.text
     expected = reference.zero_shot(image, LABELS)
     assert [a["label"] for a in response.json()] == [e["label"] for e in expected]
