@@ -11,7 +11,10 @@ The prepare step of the image-model template (models/image-model):
 3. **Record what transformers decides** (``image_model.json``): the class the weights load as and the image
    processor's resolved steps (resize rule and filter, crop, rescale, normalize: handlers/image/preprocess.py), which
    the worker reproduces without loading the processor. A processor whose steps the server does not reproduce is
-   refused by name.
+   refused by name. An image-text model's text tokenizer is exported by the text models' own step
+   (handlers/text/tokenization.py: ``served_tokenizer.json``, its ids proved equal to transformers' on the reference
+   texts, long ones included) and recorded with its padding rule (SigLIP: every text to 64 tokens; CLIP: the text
+   path's length buckets); a tokenizer that cannot be exported is refused naming the file and the fix.
 4. **Parity**: generated reference images (handlers/image/reference.py: odd sizes, portrait and landscape, 1x1,
    larger than the model's input) through the served preprocessing and the served fp32 module, one image at a time,
    against transformers' AutoImageProcessor and model on the same images. Below --min-parity (0.9999 in the kind's
@@ -155,6 +158,9 @@ def stage(source: str, out: Path, kind_name: str | None, min_parity: float | Non
     module_dir = str(info.extra.get("image_text", {}).get("model_dir", ""))
     check_files(folder / module_dir)
     copied = copy_folder(folder, out, module_dir, sentence_transformers_module_dirs(folder, module_dir))
+    # An image-text model's text tokenizer, through the text models' own steps (before the reference library loads
+    # the folder: a tokenizer it cannot load is refused naming the file).
+    staged = kind.stage(folder, out, info)
     reference = kind.load_reference(out, info)
     try:
         preprocessing = Preprocessing.from_processor(reference.processor)
@@ -165,7 +171,7 @@ def stage(source: str, out: Path, kind_name: str | None, min_parity: float | Non
     body_class = type(reference.body).__name__ if hasattr(reference, "body") else info.body_class
     info = replace(info, preprocessing=preprocessing, body_class=body_class)
     check_weights_load(out / module_dir, body_class)
-    write_served(out, info)
+    write_served(out, info, staged)
     info = inspect_folder(out, kind.name)  # the staged copy is what the worker reads: check it too
     agreement, pixel_difference = parity(out, kind, info, reference)
     bound = PARITY_BOUND if min_parity is None else min_parity

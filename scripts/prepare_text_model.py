@@ -34,7 +34,6 @@ import argparse
 import hashlib
 import importlib
 import json
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -42,6 +41,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from handlers.text.rows import DEFAULT_OPTIONS
+from handlers.text.tokenization import ensure_tokenizer_file
 from scripts import build_backends
 
 REPO = Path(__file__).resolve().parent.parent
@@ -50,8 +50,6 @@ REFERENCE_SENTENCES = REPO / "models" / "reference_sentences.json"
 COPIED_SUFFIXES = (".json", ".safetensors", ".txt", ".model")
 LEFT_BEHIND = ("training_args", "trainer_state", "optimizer", "scheduler", "rng_state")
 PARITY_BOUND = 0.9999  # fp32 agreement with the reference library, in the kind's own measure
-# Files a tokenizer can be rebuilt from when tokenizer.json is missing (WordPiece, SentencePiece, BPE vocabularies).
-TOKENIZER_SOURCES = ("vocab.txt", "sentencepiece.bpe.model", "spiece.model", "vocab.json", "merges.txt")
 
 
 class PrepareError(Exception):
@@ -94,54 +92,6 @@ def copy_folder(source: Path, out: Path, info: Any) -> list[str]:
                 shutil.copy2(path, out / relative / path.name)
                 copied.append(str(Path(relative) / path.name))
     return copied
-
-
-def ensure_tokenizer_file(source: Path, out: Path, info: Any) -> str:
-    """tokenizer.json in the staged folder: the folder's own, else transformers' offline conversion of its
-    tokenizer files; refuses a folder whose tokenizer cannot be loaded offline."""
-    from handlers.text.folder import TOKENIZER_FILE, FolderError
-
-    where = Path(info.transformer_dir)
-    target = out / where / TOKENIZER_FILE
-    if target.is_file():
-        try:
-            from tokenizers import Tokenizer
-
-            Tokenizer.from_file(str(target))
-        except Exception as error:
-            raise FolderError(
-                str(where / TOKENIZER_FILE), f"does not load ({error})", "save the tokenizer again"
-            ) from None
-        return "the folder's tokenizer.json"
-    present = sorted(p.name for p in (source / where).iterdir() if p.name in TOKENIZER_SOURCES)
-    if not present:
-        # transformers would still build a tokenizer from config.json alone (special tokens only: every word
-        # unknown), and the model would answer the same vector for every text: refuse instead.
-        raise FolderError(
-            str(where / TOKENIZER_FILE),
-            f"is missing, and so is every other tokenizer file ({', '.join(TOKENIZER_SOURCES)})",
-            "save the model's tokenizer into the folder with tokenizer.save_pretrained(folder), which writes "
-            "tokenizer.json",
-        )
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    try:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(str(source / where), local_files_only=True)
-        if not getattr(tokenizer, "is_fast", False):
-            raise ValueError("only a slow (Python) tokenizer loaded")
-        tokenizer.save_pretrained(str(out / where))
-    except Exception as error:
-        raise FolderError(
-            str(where / TOKENIZER_FILE),
-            f"is missing, and no tokenizer loads offline from the folder's other files ({present or 'none'}: "
-            f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''})",
-            "save the model's tokenizer into the folder with tokenizer.save_pretrained(folder), which writes "
-            "tokenizer.json",
-        ) from None
-    if not target.is_file():
-        raise FolderError(str(where / TOKENIZER_FILE), "could not be written by transformers", "save it yourself")
-    return "converted by transformers from the folder's tokenizer files"
 
 
 def served_record(out: Path, info: Any, reference: Any, sentences: list[str]) -> dict[str, Any]:

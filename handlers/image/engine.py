@@ -39,7 +39,7 @@ from handlers.image.decode import LIMIT_OPTIONS, decode_image, image_digest, ima
 from handlers.image.folder import FolderError, ImageModelFolder, read_served
 from handlers.image.inputs import SOURCE_OPTIONS, image_sources
 from handlers.image.kinds import inspect_folder, kind_named
-from handlers.image.kinds.base import ImageKind
+from handlers.image.kinds.base import CompanionContext, ImageKind
 from handlers.image.preprocess import Preprocessing, group_by_shape
 from handlers.image.reference import reference_images
 from handlers.text import backends
@@ -59,6 +59,12 @@ IMAGE_MODEL_OPTIONS: dict[str, Option] = {
         int, 32, minimum=1, help="images one forward pass may hold (a larger batch of one shape is split)"
     ),
     "cache_size": Option(int, 1024, minimum=0, help="images' rows kept in the worker's LRU cache; 0 disables it"),
+    "text_cache_size": Option(
+        int,
+        1024,
+        minimum=0,
+        help="an image-text model's texts kept in the worker's LRU cache (labels and queries repeat); 0 disables it",
+    ),
 }
 
 
@@ -227,7 +233,19 @@ class ImageEngine(Engine):
                 "package the model with python -m scripts.package"
             )
         module = self.kind.build_module(Path(model_dir), info)
-        companion = self.kind.load_companion(Path(model_dir), info, module)
+        # The companion's caches are keyed like the images' (identity, version) and share their tier, which start()
+        # opens once the served backend is chosen: the companion reads it when it uses it.
+        context = CompanionContext(
+            self.model_name,
+            self.model_version,
+            self.identity,
+            self.config,
+            lambda: getattr(self, "shared_cache", None),
+        )
+        try:
+            companion = self.kind.load_companion(Path(model_dir), info, module, context)
+        except FolderError as error:
+            raise ConfigError(f"model folder: {error}") from None
         return LoadedImageModel(model=module, info=info, preprocessing=info.preprocessing, companion=companion)
 
     def reference_batch(self, loaded: LoadedImageModel) -> list[torch.Tensor]:
@@ -283,6 +301,7 @@ class ImageEngine(Engine):
             "cache_size": self.config["cache_size"],
             "cached": len(self.cache),
             "shared_cache": self.shared_cache.describe() if self.shared_cache is not None else None,
+            "companion": describe() if callable(describe := getattr(self.loaded.companion, "describe", None)) else None,
             "dimension": self.loaded.info.output_size,
             "limits": {key: self.config[key] for key in (*LIMIT_OPTIONS, *SOURCE_OPTIONS)},
         }

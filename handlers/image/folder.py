@@ -44,8 +44,10 @@ def read_served(folder: Path) -> dict[str, Any]:
     return served
 
 
-def write_served(folder: Path, info: ImageModelFolder) -> Path:
-    """Record what the packaging step decided (the kind, the class, the processor's resolved steps)."""
+def write_served(folder: Path, info: ImageModelFolder, staged: dict[str, Any] | None = None) -> Path:
+    """Record what the packaging step decided (the kind, the class, the processor's resolved steps) and what the
+    kind staged for its worker (``staged``, ImageKind.stage: the image-text kind's text tokenizer and padding), which
+    the worker finds in ``ImageModelFolder.extra``."""
     if info.preprocessing is None:
         raise ValueError("an image model is recorded with its preprocessing")
     record = {
@@ -53,6 +55,7 @@ def write_served(folder: Path, info: ImageModelFolder) -> Path:
         "kind": info.kind,
         "body": {"class": info.body_class},
         "preprocessing": info.preprocessing.record(),
+        **({"staged": staged} if staged else {}),
     }
     path = folder / SERVED_FILE
     path.write_text(json.dumps(record, indent=2) + "\n")

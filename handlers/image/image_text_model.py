@@ -17,20 +17,32 @@ sentence-transformers folder the projected features as ``encode`` returns them (
 has a Normalize module). Zero-shot scores are the model's ``logits_per_image`` (the cosine of the two, times
 ``exp(logit_scale)``, plus ``logit_bias`` for SigLIP) through a softmax (CLIP) or a sigmoid (SigLIP), as transformers'
 pipeline scores them.
+
+Texts take the text models' one path (handlers/text/): the tokenizer exported and proved at package time
+(:func:`stage_text_path`, handlers/text/tokenization.py), padded by the text path's rule (handlers/text/buckets.py:
+SigLIP's fixed 64 tokens, CLIP's length buckets), cached in its row caches (:class:`TextEncoder`).
 """
 
 from __future__ import annotations
 
 import json
-from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from handlers.text.folder import FolderError, optional_json
+from handlers.text.buckets import PaddingRule, right_padded
+from handlers.text.cache import CachedRow, CacheKey, RowCache, cache_key
+from handlers.text.folder import NO_LIMIT, FolderError, optional_json
 from handlers.text.modules import module_name
+from handlers.text.shared_cache import Namespace
+
+if TYPE_CHECKING:
+    from handlers.image.kinds.base import CompanionContext
+    from handlers.text.shared_cache import SharedCache
+    from handlers.text.tokenization import ServedTokenizer
 
 # model_type -> the transformers class the folder's model loads as (what the worker builds from config.json).
 ARCHITECTURES = {"clip": "CLIPModel", "siglip": "SiglipModel"}
@@ -214,90 +226,208 @@ def load_image_text_model(model_dir: str | Path, folder: ImageTextFolder) -> Ima
     )
 
 
-# SigLIP's text tower was trained on texts padded to 64 tokens and reads no attention mask (the padding counts):
-# transformers' zero-shot pipeline pads every SigLIP text to 64, and so does this server.
+# transformers' zero-shot pipeline pads every SigLIP text to 64 tokens (what SigLIP was trained on; its text tower pools
+# at the last position, so the padding is part of what it reads), and so does this server.
 SIGLIP_TEXT_TOKENS = 64
-
-
-def text_tokenizer_options(model_type: str, max_tokens: int) -> dict[str, Any]:
-    """The tokenizer arguments transformers' zero-shot-image-classification pipeline uses for this model type, with
-    truncation at the text tower's limit (a longer text is cut, and answered as cut)."""
-    if "siglip" in model_type:
-        return {"padding": "max_length", "max_length": SIGLIP_TEXT_TOKENS, "truncation": True}
-    return {"padding": True, "truncation": True, "max_length": max_tokens}
+# Padded tokens one forward pass of the text tower may hold (a request carries at most 64 short texts).
+TEXT_FORWARD_TOKENS = 8192
 
 
 @dataclass(frozen=True)
-class EncodedText:
-    vector: torch.Tensor  # fp32
-    tokens: int  # tokens the tower read (after the cut), special tokens included, padding not
-    truncated: bool  # the text was longer than the tower's limit and was cut
+class TextTowerFolder:
+    """The text tower's tokenizer as the text path's export reads it (handlers/text/tokenization.py
+    TokenizerFolder): where it is and the token limit."""
+
+    transformer_dir: str
+    max_tokens: int
+    remote_code: bool = False
+
+
+def text_token_limit(model_dir: Path, folder: ImageTextFolder) -> int:
+    """Tokens a text is cut at: SigLIP's 64 (the pipeline's fixed length); for CLIP the text tower's positions, or
+    the tokenizer's model_max_length where that is smaller (CLIP's 77 both)."""
+    where = f"{folder.model_dir}/" if folder.model_dir else ""
+    config = optional_json(model_dir / folder.model_dir, "config.json")
+    default = SIGLIP_TEXT_TOKENS if "siglip" in folder.model_type else 77
+    positions = int((config.get("text_config") or {}).get("max_position_embeddings") or default)
+    if "siglip" in folder.model_type:
+        if positions < SIGLIP_TEXT_TOKENS:
+            raise FolderError(
+                f"{where}config.json",
+                f"text_config.max_position_embeddings is {positions}, fewer than the {SIGLIP_TEXT_TOKENS} tokens "
+                f"transformers pads every SigLIP text to",
+                "save the model's own config.json",
+            )
+        return SIGLIP_TEXT_TOKENS
+    limit = optional_json(model_dir / folder.model_dir, "tokenizer_config.json").get("model_max_length")
+    if isinstance(limit, (int, float)) and 0 < limit < NO_LIMIT:
+        return min(int(limit), positions)
+    return positions
+
+
+def stage_text_path(source: Path, model_dir: Path, folder: ImageTextFolder, texts: list[str]) -> dict[str, Any]:
+    """Package time, in the staged ``model_dir`` (a copy of ``source``): the text tower's tokenizer exported by the
+    text models' own steps (tokenizer.json checked, or converted from the folder's vocabulary files;
+    served_tokenizer.json written, its ids proved equal to transformers' on ``texts``, long ones included, so
+    truncation is proved too), and the padding transformers' zero-shot pipeline gives this model: every SigLIP text
+    to 64 tokens, fed the attention mask only where its tokenizer makes one (as the pipeline feeds it); CLIP texts
+    as long as the longest with a mask, which the text path's length buckets compute the same (CLIP's causal text
+    tower pools at its end-of-text token, before any padding). What image_model.json records for
+    :func:`load_text_encoder`."""
+    from handlers.text.tokenization import ensure_tokenizer_file, export_tokenizer
+
+    tower = TextTowerFolder(folder.model_dir, text_token_limit(model_dir, folder))
+    ensure_tokenizer_file(source, model_dir, tower)
+    tokenizer = export_tokenizer(model_dir, tower, {"input_ids", "attention_mask"}, texts)
+    max_tokens = tower.max_tokens
+    if "siglip" in folder.model_type:
+        padding = PaddingRule(max_tokens, SIGLIP_TEXT_TOKENS, "attention_mask" in tokenizer["tokenizer_inputs"])
+    else:
+        padding = PaddingRule(max_tokens)
+    return {"tokenizer": tokenizer, "padding": padding.record()}
 
 
 class TextEncoder:
-    """Texts -> the text tower's vectors, with the folder's own tokenizer (transformers' AutoTokenizer, called as the
-    pipeline calls it), and a small LRU of texts already computed (zero-shot labels and their template repeat); and
-    the model's zero-shot scores. The image-text kind's companion: what a request's answer computes texts with.
-
-    Why not the project's one text path (handlers/text/tokenization.py, buckets, caches): that path pads on the right
-    per length bucket with an attention mask and never to a fixed length, and it is staged from a TextModelFolder
-    (text_model.json). SigLIP's text tower reads no attention mask and pools at the last position, so it must see
-    exactly the pipeline's padding to 64 tokens; a second padding mode in the shared path and a text-side staging of
-    image-text folders were more than this change could carry. Texts here are short (queries, labels), one tokenizer
-    call per request; moving them onto the shared path (and its shared cache tier) is the next step.
-    """
+    """Texts -> the text tower's vectors, on the text models' one path: the packaged tokenizer
+    (handlers/text/tokenization.py ServedTokenizer, ``tokenizers`` alone, the ids transformers gives), the padding
+    rule recorded at package time (handlers/text/buckets.py PaddingRule: SigLIP's fixed 64 tokens, CLIP's length
+    buckets), and the text rows' caches (handlers/text/cache.py: the worker's LRU keyed by the text, the model's
+    identity, version, precision and token limit; then the model's shared tier, handlers/text/shared_cache.py, in a
+    namespace of its texts beside its images). Zero-shot labels and their template repeat, so most are hits. Also
+    the model's zero-shot scores. The image-text kind's companion: what a request's answer computes texts with."""
 
     def __init__(
         self,
-        tokenizer: Any,
+        tokenizer: ServedTokenizer,
+        padding: PaddingRule,
         tower: TextTower,
         scores: ZeroShotScores,
-        model_type: str,
-        max_positions: int,
-        cache_size: int,
+        cache: RowCache,
+        identity: str = "",
+        version: str = "0",
+        shared: SharedTier | None = None,
     ) -> None:
         self.tokenizer = tokenizer
+        self.padding = padding
         self.tower = tower
         self.scores = scores
-        limit = int(getattr(tokenizer, "model_max_length", max_positions) or max_positions)
-        self.max_tokens = min(limit, max_positions)
-        self.options = text_tokenizer_options(model_type, self.max_tokens)
-        self.cache_size = cache_size
-        self.cache: OrderedDict[str, EncodedText] = OrderedDict()
+        self.cache = cache
+        self.identity = identity
+        self.version = version
+        self.shared = shared
 
-    def encode(self, texts: list[str]) -> list[EncodedText]:
-        """Each text's vector (the cached ones from the LRU, the others computed together)."""
-        found: dict[str, EncodedText] = {}
-        for text in texts:
-            if text in self.cache:
-                self.cache.move_to_end(text)
-                found[text] = self.cache[text]
-        missing = list(dict.fromkeys(text for text in texts if text not in found))
+    @property
+    def max_tokens(self) -> int:
+        return self.padding.max_tokens
+
+    def key(self, text: str) -> CacheKey:
+        # The text tower always computes in fp32 (the engine converts and compiles only the image tower).
+        return cache_key(text, self.version, "fp32", self.max_tokens, identity=self.identity)
+
+    def encode(self, texts: list[str]) -> list[CachedRow]:
+        """Each text's row (its fp32 vector, its tokens after the cut, whether it was cut): from the worker's LRU,
+        then the shared tier (one round trip for the LRU's misses), the rest computed together."""
+        keys = [self.key(text) for text in texts]
+        found: dict[CacheKey, CachedRow] = {}
+        missing: dict[CacheKey, str] = {}
+        for key, text in zip(keys, texts, strict=True):
+            if key in found or key in missing:
+                continue
+            cached = self.cache.get(key)
+            if cached is not None:
+                found[key] = cached
+            else:
+                missing[key] = text
+        shared = self.shared
+        if shared is not None and missing:
+            for key, entry in shared.get_many(list(missing)).items():
+                found[key] = entry
+                self.cache.put(key, entry)
+                del missing[key]
         if missing:
-            lengths = [len(ids) for ids in self.tokenizer(missing, truncation=False)["input_ids"]]
-            inputs = self.tokenizer(missing, return_tensors="pt", **self.options)
+            computed = self.compute(list(missing.values()))
+            for key, entry in zip(missing, computed, strict=True):
+                found[key] = entry
+                self.cache.put(key, entry)
+            if shared is not None:
+                shared.put_many(list(zip(missing, computed, strict=True)))
+        return [found[key] for key in keys]
+
+    def compute(self, texts: list[str]) -> list[CachedRow]:
+        """The text tower on ``texts``: tokenized (cut at the limit), padded by the rule, one pass per group."""
+        encodings = self.tokenizer.encode_batch(texts)
+        lengths = [len(encoding.ids) for encoding in encodings]
+        rows: list[CachedRow | None] = [None] * len(texts)
+        for group in self.padding.groups(lengths, TEXT_FORWARD_TOKENS):
+            ids, mask = right_padded(
+                [encodings[row].ids for row in group.rows], self.tokenizer.pad_id, group.pad_length
+            )
+            attention = torch.tensor(mask, dtype=torch.long) if self.padding.mask else None
             with torch.inference_mode():
-                vectors = self.tower(inputs["input_ids"], inputs.get("attention_mask")).float()
-            for text, vector, length in zip(missing, vectors, lengths, strict=True):
-                found[text] = EncodedText(vector.clone(), min(length, self.max_tokens), length > self.max_tokens)
-                if self.cache_size:
-                    self.cache[text] = found[text]
-            while len(self.cache) > self.cache_size:
-                self.cache.popitem(last=False)
-        return [found[text] for text in texts]
+                vectors = self.tower(torch.tensor(ids, dtype=torch.long), attention).float()
+            for row, vector in zip(group.rows, vectors, strict=True):
+                rows[row] = CachedRow(vector.clone(), lengths[row], bool(encodings[row].overflowing))
+        return [row for row in rows if row is not None]
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "texts": {
+                "tokenizer": "served_tokenizer.json (tokenizers)",
+                "padding": self.padding.record(),
+                "cache_size": self.cache.capacity,
+                "cached": len(self.cache),
+                "shared_cache": self.shared is not None and self.shared.client() is not None,
+            }
+        }
+
+
+class SharedTier:
+    """The image-text model's texts in its shared tier: the engine's one client (its connection, breaker and the
+    events the handler records per batch), in a namespace of their own (the text limit as its token bound, the
+    text tower's fp32), read when used because the engine opens its client after loading the model."""
+
+    def __init__(self, client: Callable[[], SharedCache | None], namespace: Namespace, accepts: Callable[[Any], bool]):
+        self.client = client
+        self.namespace = namespace
+        self.accepts = accepts
+
+    def get_many(self, keys: list[CacheKey]) -> dict[CacheKey, CachedRow]:
+        client = self.client()
+        return client.get_many(keys, self.namespace, self.accepts) if client is not None else {}
+
+    def put_many(self, entries: list[tuple[CacheKey, CachedRow]]) -> None:
+        client = self.client()
+        if client is not None:
+            client.put_many(entries, self.namespace)
 
 
 def load_text_encoder(
-    model_dir: str | Path, folder: ImageTextFolder, tower: TextTower, cache_size: int = 1024
+    model_dir: str | Path,
+    folder: ImageTextFolder,
+    tower: TextTower,
+    staged: dict[str, Any] | None,
+    context: CompanionContext | None = None,
+    accepts: Callable[[Any], bool] = lambda value: True,
 ) -> TextEncoder:
-    """The folder's tokenizer (offline) with the text tower and the model's zero-shot scores."""
-    from transformers import AutoTokenizer
+    """The packaged tokenizer and padding rule (``staged``: what image_model.json records, :func:`stage_text_path`)
+    with the text tower and the model's zero-shot scores; ``context``: the worker's caches' settings and keys
+    (None: nothing cached, the package-time parity check). A folder staged before its texts were is refused."""
+    from handlers.text.tokenization import served_tokenizer
 
-    from handlers.text.model import hf_load_options
-
-    hf_load_options()  # offline, quiet
-    where = Path(model_dir) / folder.model_dir
-    tokenizer = AutoTokenizer.from_pretrained(str(where), local_files_only=True)
-    positions = int(tower.model.config.text_config.max_position_embeddings)
+    if not staged or "tokenizer" not in staged or "padding" not in staged:
+        raise FolderError(
+            "image_model.json",
+            "records no text tokenizer (served_tokenizer.json): the folder was staged by an older version",
+            "package the model again with python -m scripts.package",
+        )
+    padding = PaddingRule.from_record(staged["padding"])
+    tokenizer = served_tokenizer(model_dir, staged["tokenizer"], padding.max_tokens)
     scores = ZeroShotScores.of(tower.model, folder.sigmoid)
-    return TextEncoder(tokenizer, tower, scores, folder.model_type, positions, cache_size)
+    if context is None:
+        return TextEncoder(tokenizer, padding, tower, scores, RowCache(0))
+    cache = RowCache(int(context.config["text_cache_size"]))  # handler.text_cache_size (handlers/image/engine.py)
+    namespace = Namespace(
+        context.name, context.version, "eager", "fp32", padding.max_tokens, folder.dimension, identity=context.identity
+    )
+    shared = SharedTier(context.shared_tier, namespace, accepts)
+    return TextEncoder(tokenizer, padding, tower, scores, cache, context.identity, context.version, shared)

@@ -21,8 +21,8 @@ content part: ``{"type": "text", "text"}`` or ``{"type": "image_url", "image_url
 A text over the text tower's limit (CLIP 77 tokens, SigLIP 64) is cut there and answered as cut (Cohere
 ``truncate: NONE`` refuses it). The images are the engine's rows (decoded, preprocessed, batched and cached by their
 bytes' digest with every other request's); the texts go through the text tower when the answer is written
-(handlers/image/image_text_model.py TextEncoder, with its own small cache: zero-shot labels repeat).
-"""
+(handlers/image/image_text_model.py TextEncoder: the text models' tokenizer, padding and row caches; zero-shot
+labels repeat, so most are cache hits)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ import torch
 
 from handlers.core.errors import RequestError, ServerError, shown, too_large
 from handlers.core.http import Float32, float32_list
-from handlers.image.image_text_model import EncodedText
+from handlers.text.cache import CachedRow
 from handlers.text.quantization import float32_base64
 from handlers.text.requests.common import check_fields, check_text, default_if_none
 from handlers.text.requests.embedding import NON_FINITE, VectorSpace, encoded
@@ -246,10 +246,10 @@ def non_finite(*vectors: torch.Tensor) -> bool:
 
 
 def answer_own(
-    request: ImageTextRequest, images: torch.Tensor, texts: list[EncodedText], scores: Any, served_name: str
+    request: ImageTextRequest, images: torch.Tensor, texts: list[CachedRow], scores: Any, served_name: str
 ) -> Any:
     """The answer at the model's own URL. ``scores(images, texts)``: the zero-shot [images, labels] scores."""
-    text_vectors = stacked([text.vector for text in texts])
+    text_vectors = stacked([text.value for text in texts])
     if non_finite(images, text_vectors):
         return ServerError(NON_FINITE)
     if request.shape == "input":
@@ -270,11 +270,11 @@ def answer_own(
     return out
 
 
-def in_order(request: ImageTextRequest, images: torch.Tensor, texts: list[EncodedText]) -> list[torch.Tensor]:
-    return [texts[index].vector if kind == "text" else images[index] for kind, index in request.order]
+def in_order(request: ImageTextRequest, images: torch.Tensor, texts: list[CachedRow]) -> list[torch.Tensor]:
+    return [texts[index].value if kind == "text" else images[index] for kind, index in request.order]
 
 
-def answer_input(request: ImageTextRequest, images: torch.Tensor, texts: list[EncodedText], served_name: str) -> Any:
+def answer_input(request: ImageTextRequest, images: torch.Tensor, texts: list[CachedRow], served_name: str) -> Any:
     """OpenAI's and Jina's answer: one entry per input item, in its order."""
     rows = in_order(request, images, texts)
     if non_finite(stacked(rows)):
@@ -290,7 +290,7 @@ def answer_input(request: ImageTextRequest, images: torch.Tensor, texts: list[En
     }
 
 
-def answer_cohere(request: ImageTextRequest, images: torch.Tensor, texts: list[EncodedText], space: VectorSpace) -> Any:
+def answer_cohere(request: ImageTextRequest, images: torch.Tensor, texts: list[CachedRow], space: VectorSpace) -> Any:
     """Cohere's embed v2 answer: the vectors in each type asked for, in the inputs' order."""
     if not request.truncate:
         cut = [name for name, text in zip(request.texts, texts, strict=True) if text.truncated]

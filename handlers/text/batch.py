@@ -14,7 +14,7 @@ import torch
 
 from handlers.core.answer_size import answer_too_large
 from handlers.core.errors import RequestError, too_large
-from handlers.text.buckets import padded_tokens, plan_forward_groups
+from handlers.text.buckets import padded_tokens, plan_forward_groups, right_padded
 from handlers.text.cache import CachedRow, CacheKey, RowCache
 from handlers.text.folder import TextModelFolder
 from handlers.text.rows import DEFAULT_OPTIONS, Row, RowOptions
@@ -124,8 +124,7 @@ def model_inputs(
     """Encodings -> the model's arguments, right-padded to ``pad_length``, in ``info.model_inputs`` order:
     input_ids, attention_mask, then token_type_ids (where the model takes them) and prompt_lengths (where its pooling
     leaves the prompt out)."""
-    ids = [list(e.ids) + [info.pad_id] * (pad_length - len(e.ids)) for e in encodings]
-    mask = [[1] * len(e.ids) + [0] * (pad_length - len(e.ids)) for e in encodings]
+    ids, mask = right_padded([e.ids for e in encodings], info.pad_id, pad_length)
     tensors = {"input_ids": torch.tensor(ids, dtype=torch.long), "attention_mask": torch.tensor(mask, dtype=torch.long)}
     if "token_type_ids" in info.model_inputs:
         types = [list(e.type_ids) + [0] * (pad_length - len(e.type_ids)) for e in encodings]

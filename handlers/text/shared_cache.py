@@ -354,11 +354,20 @@ class SharedCache(RedisTier):
         self.namespace = namespace
         self.accepts = accepts
 
-    def get_many(self, keys: Sequence[CacheKey]) -> dict[CacheKey, CachedRow]:
-        """The decodable entries among ``keys`` (one MGET; nothing when the breaker is open or the call fails)."""
+    def get_many(
+        self,
+        keys: Sequence[CacheKey],
+        namespace: Namespace | None = None,
+        accepts: Callable[[Any], bool] | None = None,
+    ) -> dict[CacheKey, CachedRow]:
+        """The decodable entries among ``keys`` (one MGET; nothing when the breaker is open or the call fails).
+        ``namespace`` and ``accepts``: another kind of row of the same model on this one client (connection,
+        breaker, events), as the image-text kind's texts beside its images; None: this client's own."""
         if not keys:
             return {}
-        values = self.call("get", lambda: self.client.mget([self.namespace.server_key(key) for key in keys]))
+        namespace = namespace or self.namespace
+        accepts = accepts or self.accepts
+        values = self.call("get", lambda: self.client.mget([namespace.server_key(key) for key in keys]))
         if values is None:
             self.events.misses += len(keys)
             return {}
@@ -366,7 +375,7 @@ class SharedCache(RedisTier):
         for key, value in zip(keys, values, strict=True):
             entry = None
             if value is not None and len(value) <= self.settings["max_value_bytes"]:
-                entry = decode_value(self.namespace, key, value, self.accepts)
+                entry = decode_value(namespace, key, value, accepts)
                 if entry is None:
                     self.events.bad_values += 1
             if entry is None:
@@ -376,9 +385,11 @@ class SharedCache(RedisTier):
                 self.events.hits += 1
         return found
 
-    def put_many(self, entries: Sequence[tuple[CacheKey, CachedRow]]) -> None:
-        """Store computed rows with the TTL (one pipelined round trip; dropped when the breaker is open)."""
-        values = [(self.namespace.server_key(key), encode_value(self.namespace, key, entry)) for key, entry in entries]
+    def put_many(self, entries: Sequence[tuple[CacheKey, CachedRow]], namespace: Namespace | None = None) -> None:
+        """Store computed rows with the TTL (one pipelined round trip; dropped when the breaker is open), in this
+        client's namespace or ``namespace``."""
+        namespace = namespace or self.namespace
+        values = [(namespace.server_key(key), encode_value(namespace, key, entry)) for key, entry in entries]
         values = [(key, value) for key, value in values if len(value) <= self.settings["max_value_bytes"]]
         if not values:
             return

@@ -10,9 +10,13 @@ included) that the served ids equal transformers' (:func:`export_tokenizer`). Th
 ``tokenizers`` (:func:`load_served_tokenizer`): no transformers import on the plain-BERT path, the same ids as the
 reference library everywhere.
 
-Padding is the handler's (per length bucket, always on the right: the attention mask keeps a padded row's tokens
-what they are alone, for decoders too); truncation is transformers' (longest first for pairs, on the side its
-tokenizer says).
+Padding is the handler's (handlers/text/buckets.py: per length bucket, always on the right: the attention mask keeps a
+padded row's tokens what they are alone, for decoders too; or to a fixed length where the model reads its padding,
+SigLIP's text tower); truncation is transformers' (longest first for pairs, on the side its tokenizer says).
+
+The export and the loader need three things of a folder (:class:`TokenizerFolder`): where its tokenizer is, its token
+limit, whether its own code may run. A text model's :class:`TextModelFolder` says them (text_model.json records the
+tokenizer); so does the image-text kind's text tower (handlers/image/image_text_model.py, image_model.json).
 """
 
 from __future__ import annotations
@@ -20,11 +24,24 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from handlers.text.folder import FolderError, TextModelFolder, read_served
+from handlers.text.folder import TOKENIZER_FILE, FolderError, read_served
 
 SERVED_TOKENIZER = "served_tokenizer.json"
+
+
+class TokenizerFolder(Protocol):
+    """What exporting and loading a folder's tokenizer needs of it (a TextModelFolder is one)."""
+
+    @property
+    def transformer_dir(self) -> str: ...  # folder (relative to the model folder) holding the tokenizer files
+
+    @property
+    def max_tokens(self) -> int: ...  # texts (and pairs) are truncated to this many tokens
+
+    @property
+    def remote_code(self) -> bool: ...  # the folder's own code may run (trust_remote_code)
 
 
 @dataclass
@@ -82,10 +99,9 @@ def configure(tokenizer: Any, max_tokens: int, truncation_side: str) -> Any:
     return tokenizer
 
 
-def load_served_tokenizer(model_dir: str | os.PathLike[str], info: TextModelFolder) -> ServedTokenizer:
-    """The packaged tokenizer of a staged folder; a folder that was not staged by the packaging step is refused."""
-    from tokenizers import Tokenizer
-
+def load_served_tokenizer(model_dir: str | os.PathLike[str], info: TokenizerFolder) -> ServedTokenizer:
+    """The packaged tokenizer of a staged text model folder (text_model.json says it); a folder that was not staged
+    by the packaging step is refused."""
     served = read_served(Path(model_dir)).get("tokenizer")
     if not served:
         raise FolderError(
@@ -93,15 +109,74 @@ def load_served_tokenizer(model_dir: str | os.PathLike[str], info: TextModelFold
             "is missing: the folder was not staged by the packaging step",
             "package the model with python -m scripts.package (or stage it with python -m scripts.prepare_text_model)",
         )
+    return served_tokenizer(model_dir, served, info.max_tokens)
+
+
+def served_tokenizer(model_dir: str | os.PathLike[str], served: dict[str, Any], max_tokens: int) -> ServedTokenizer:
+    """The tokenizer :func:`export_tokenizer` wrote into ``model_dir``, from what it returned (``served``: the file,
+    the pad id, the special ids, the truncation side), truncating at ``max_tokens``; ``tokenizers`` only."""
+    from tokenizers import Tokenizer
+
     tokenizer = Tokenizer.from_file(str(Path(model_dir) / served["file"]))
     side = str(served.get("truncation_side", "right"))
-    configure(tokenizer, info.max_tokens, side)
+    configure(tokenizer, max_tokens, side)
     special = frozenset(int(i) for i in served.get("special_ids") or ())
-    return ServedTokenizer(tokenizer, int(served["pad_id"]), special, info.max_tokens, side)
+    return ServedTokenizer(tokenizer, int(served["pad_id"]), special, max_tokens, side)
 
 
 # ----------------------------------------------------------------------------------------------- package time
-def transformers_tokenizer(folder: Path, info: TextModelFolder) -> Any:
+# Files a tokenizer can be rebuilt from when tokenizer.json is missing (WordPiece, SentencePiece, BPE vocabularies).
+TOKENIZER_SOURCES = ("vocab.txt", "sentencepiece.bpe.model", "spiece.model", "vocab.json", "merges.txt")
+
+
+def ensure_tokenizer_file(source: Path, out: Path, info: TokenizerFolder) -> str:
+    """tokenizer.json in the staged folder: the folder's own, else transformers' offline conversion of its
+    tokenizer files (``source``: the folder as given, ``out``: its staged copy); refuses a folder whose tokenizer
+    cannot be loaded offline, naming the file and the fix."""
+    where = Path(info.transformer_dir)
+    target = out / where / TOKENIZER_FILE
+    if target.is_file():
+        try:
+            from tokenizers import Tokenizer
+
+            Tokenizer.from_file(str(target))
+        except Exception as error:
+            raise FolderError(
+                str(where / TOKENIZER_FILE), f"does not load ({error})", "save the tokenizer again"
+            ) from None
+        return "the folder's tokenizer.json"
+    present = sorted(p.name for p in (source / where).iterdir() if p.name in TOKENIZER_SOURCES)
+    if not present:
+        # transformers would still build a tokenizer from config.json alone (special tokens only: every word
+        # unknown), and the model would answer the same vector for every text: refuse instead.
+        raise FolderError(
+            str(where / TOKENIZER_FILE),
+            f"is missing, and so is every other tokenizer file ({', '.join(TOKENIZER_SOURCES)})",
+            "save the model's tokenizer into the folder with tokenizer.save_pretrained(folder), which writes "
+            "tokenizer.json",
+        )
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(source / where), local_files_only=True)
+        if not getattr(tokenizer, "is_fast", False):
+            raise ValueError("only a slow (Python) tokenizer loaded")
+        tokenizer.save_pretrained(str(out / where))
+    except Exception as error:
+        raise FolderError(
+            str(where / TOKENIZER_FILE),
+            f"is missing, and no tokenizer loads offline from the folder's other files ({present or 'none'}: "
+            f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''})",
+            "save the model's tokenizer into the folder with tokenizer.save_pretrained(folder), which writes "
+            "tokenizer.json",
+        ) from None
+    if not target.is_file():
+        raise FolderError(str(where / TOKENIZER_FILE), "could not be written by transformers", "save it yourself")
+    return "converted by transformers from the folder's tokenizer files"
+
+
+def transformers_tokenizer(folder: Path, info: TokenizerFolder) -> Any:
     """The tokenizer transformers builds from the folder (offline); a folder without a fast one is refused."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoTokenizer
@@ -134,12 +209,14 @@ def pad_id_of(tokenizer: Any) -> int:
     return 0
 
 
-def export_tokenizer(folder: Path, info: TextModelFolder, body_inputs: set[str], rows: list[Any]) -> dict[str, Any]:
+def export_tokenizer(folder: Path, info: TokenizerFolder, body_inputs: set[str], rows: list[Any]) -> dict[str, Any]:
     """Write transformers' tokenizer of the staged ``folder`` as served_tokenizer.json and check it against
     transformers on ``rows`` (texts and pairs); returns what text_model.json records about it.
 
     ``body_inputs``: the arguments the model's forward takes; the model is fed what the tokenizer produces and the
-    model takes (as transformers' pipelines and sentence-transformers feed it)."""
+    model takes (as transformers' pipelines and sentence-transformers feed it). ``tokenizer_inputs`` in the record:
+    what transformers' tokenizer makes by itself (whether a mask is among them decides a fixed padding's mask,
+    handlers/text/buckets.py PaddingRule)."""
     from tokenizers import Tokenizer
 
     tokenizer = transformers_tokenizer(folder, info)
@@ -156,6 +233,7 @@ def export_tokenizer(folder: Path, info: TextModelFolder, body_inputs: set[str],
         "file": SERVED_TOKENIZER,
         "class": type(tokenizer).__name__,
         "input_names": input_names,
+        "tokenizer_inputs": names,
         "pad_id": pad_id_of(tokenizer),
         "special_ids": sorted(int(i) for i in tokenizer.all_special_ids),
         "truncation_side": truncation_side,

@@ -1,11 +1,14 @@
 """The image-text kind's model path in process, on tiny random CLIP, SigLIP and sentence-transformers CLIP folders
 (scripts/tiny_image_models.py): its text and image vectors equal the reference libraries' (transformers' model
 forward, sentence-transformers' encode), and its zero-shot answers equal transformers' zero-shot-image-classification
-pipeline's, sigmoid for SigLIP and softmax for CLIP."""
+pipeline's, sigmoid for SigLIP and softmax for CLIP. Its texts take the text models' path: the tokenizer exported and
+proved at package time (served_tokenizer.json, no transformers tokenizer in the worker), the text path's padding
+(SigLIP's fixed 64 tokens, CLIP's buckets) and row caches keyed by the model's identity, its shared tier too."""
 
 import base64
 import io
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,11 +17,14 @@ from PIL import Image
 
 from handlers.core.errors import RequestError
 from handlers.image.image_text_model import (
+    TextEncoder,
     load_image_text_model,
     load_text_encoder,
     read_image_text_folder,
+    stage_text_path,
 )
-from handlers.image.kinds.image_text_reference import load_reference
+from handlers.image.kinds.image_text_reference import load_reference, tokenizer_texts
+from handlers.text.cache import RowCache
 from handlers.text.folder import FolderError
 from scripts import tiny_image_models
 
@@ -46,10 +52,21 @@ def folders(tmp_path_factory):
     }
 
 
+STAGED_TEXT: dict = {}
+
+
+def _text_staged(folder):
+    """The folder's text path as the packaging step stages it (served_tokenizer.json written into the folder) and
+    what image_model.json records of it; once per folder."""
+    if folder not in STAGED_TEXT:
+        STAGED_TEXT[folder] = stage_text_path(folder, folder, read_image_text_folder(folder), tokenizer_texts())
+    return STAGED_TEXT[folder]
+
+
 def _served(folder):
     info = read_image_text_folder(folder)
     model = load_image_text_model(folder, info)
-    return info, model, load_text_encoder(folder, info, model.text)
+    return info, model, load_text_encoder(folder, info, model.text, _text_staged(folder))
 
 
 def _cosines(a, b):
@@ -61,7 +78,7 @@ def test_text_and_image_vectors_equal_the_reference_library(folders, name):
     info, model, encoder = _served(folders[name])
     reference = load_reference(folders[name])
     expected_texts = reference.text_embeddings(TEXTS)
-    got_texts = torch.stack([text.vector for text in encoder.encode(TEXTS)])
+    got_texts = torch.stack([text.value for text in encoder.encode(TEXTS)])
     assert got_texts.shape == expected_texts.shape
     assert _cosines(got_texts, expected_texts).min() >= BOUND
     # Vectors of different texts differ: a blind tower would pass the parity above with any input.
@@ -80,9 +97,9 @@ def test_sentence_transformers_clip_vectors_are_encodes_unnormalized_ones_and_th
     info = read_image_text_folder(folders["st-clip"])
     assert info.sentence_transformers and not info.normalize and info.architecture == "CLIPModel"
     _, _, encoder = _served(folders["st-clip"])
-    assert abs(float(encoder.encode(TEXTS[:1])[0].vector.norm()) - 1.0) > 1e-3
+    assert abs(float(encoder.encode(TEXTS[:1])[0].value.norm()) - 1.0) > 1e-3
     _, _, encoder = _served(folders["clip"])
-    assert abs(float(encoder.encode(TEXTS[:1])[0].vector.norm()) - 1.0) < 1e-5
+    assert abs(float(encoder.encode(TEXTS[:1])[0].value.norm()) - 1.0) < 1e-5
 
 
 @pytest.mark.parametrize("name", ["clip", "siglip", "st-clip"])
@@ -95,7 +112,7 @@ def test_zero_shot_scores_equal_the_pipeline(folders, name, template):
     pixels = reference.image_processor(images=[image], return_tensors="pt")["pixel_values"]
     with torch.inference_mode():
         image_vectors = model.image(pixels)
-    labels = torch.stack([text.vector for text in encoder.encode([template.format(label) for label in LABELS])])
+    labels = torch.stack([text.value for text in encoder.encode([template.format(label) for label in LABELS])])
     scores = model.scores(image_vectors, labels)[0]
     got = sorted(zip(scores.tolist(), LABELS, strict=True), key=lambda pair: -pair[0])
     assert [label for _, label in got] == [answer["label"] for answer in expected]
@@ -106,10 +123,221 @@ def test_zero_shot_scores_equal_the_pipeline(folders, name, template):
         assert abs(sum(score for score, _ in got) - 1.0) < 1e-5
 
 
+class RecordingTower(torch.nn.Module):
+    """The text tower, recording what each forward pass is fed."""
+
+    def __init__(self, tower):
+        super().__init__()
+        self.tower = tower
+        self.model = tower.model
+        self.calls = []
+
+    def forward(self, input_ids, attention_mask=None):
+        self.calls.append((input_ids.clone(), None if attention_mask is None else attention_mask.clone()))
+        return self.tower(input_ids, attention_mask)
+
+
+LONG = ["word " * 200, "Bonjour le monde, " * 30]
+
+
+@pytest.mark.parametrize("name", ["clip", "siglip", "st-clip"])
+def test_the_served_tokenizer_gives_transformers_ids_long_texts_cut_alike(folders, name):
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    info, _, encoder = _served(folders[name])
+    assert isinstance(encoder.tokenizer.tokenizer, Tokenizer)  # the tokenizers library's, not transformers'
+    theirs = AutoTokenizer.from_pretrained(str(folders[name] / info.model_dir))
+    texts = TEXTS + LONG
+    ours = encoder.tokenizer.encode_batch(texts)
+    expected = theirs(texts, truncation=True, max_length=encoder.max_tokens)["input_ids"]
+    assert [e.ids for e in ours] == [list(ids) for ids in expected]
+    assert encoder.max_tokens == (64 if name == "siglip" else 77)
+    assert [bool(e.overflowing) for e in ours] == [False] * len(TEXTS) + [True] * len(LONG)
+    staged = _text_staged(folders[name])
+    assert staged["tokenizer"]["pad_id"] == encoder.tokenizer.pad_id == theirs.pad_token_id
+    assert staged["tokenizer"]["special_ids"] == sorted(theirs.all_special_ids)
+    assert staged["tokenizer"]["truncation_side"] == "right"
+
+
 def test_siglip_texts_are_padded_to_64_tokens_without_a_mask_as_the_pipeline_pads_them(folders):
-    _, _, encoder = _served(folders["siglip"])
-    inputs = encoder.tokenizer(TEXTS, return_tensors="pt", **encoder.options)
-    assert inputs["input_ids"].shape[1] == 64 and "attention_mask" not in inputs
+    from transformers import AutoTokenizer
+
+    info, model, encoder = _served(folders["siglip"])
+    assert _text_staged(folders["siglip"])["padding"] == {"fixed": 64, "mask": False, "max_tokens": 64}
+    recording = RecordingTower(encoder.tower)
+    encoder.tower = recording
+    texts = TEXTS + LONG
+    got = torch.stack([row.value for row in encoder.encode(texts)])
+    [(ids, mask)] = recording.calls
+    assert ids.shape == (len(texts), 64) and mask is None
+    # The ids the pipeline feeds (padding="max_length", max_length=64), and no mask: SigLIP's tokenizer makes none.
+    pipeline = AutoTokenizer.from_pretrained(str(folders["siglip"]))(
+        texts, padding="max_length", max_length=64, truncation=True, return_tensors="pt"
+    )
+    assert "attention_mask" not in pipeline and torch.equal(ids, pipeline["input_ids"])
+    with torch.inference_mode():
+        expected = model.text.model.get_text_features(input_ids=pipeline["input_ids"]).pooler_output
+    expected = torch.nn.functional.normalize(expected.float(), dim=-1)
+    assert _cosines(got, expected).min() >= BOUND
+
+
+def test_clip_texts_are_padded_to_their_length_bucket_with_a_mask(folders):
+    _, _, encoder = _served(folders["clip"])
+    assert _text_staged(folders["clip"])["padding"] == {"buckets": [16, 32, 64, 77], "mask": True, "max_tokens": 77}
+    recording = RecordingTower(encoder.tower)
+    encoder.tower = recording
+    encoder.encode(["a cat", "word " * 200])
+    shapes = sorted(tuple(ids.shape) for ids, _ in recording.calls)
+    assert shapes == [(1, 16), (1, 77)] and all(mask is not None for _, mask in recording.calls)
+
+
+def test_a_clip_tokenizer_json_that_pads_to_77_answers_like_the_pipeline(folders, tmp_path):
+    # The older openai/clip folders save tokenizer.json with padding (and truncation) to 77; transformers' call
+    # replaces both, and so does the export: the rows are the text path's, the vectors the pipeline's.
+    import shutil
+
+    padded = tmp_path / "clip-padded"
+    shutil.copytree(folders["clip"], padded)
+    saved = json.loads((padded / "tokenizer.json").read_text())
+    eos = max(int(token["id"]) for token in saved["added_tokens"])
+    saved["padding"] = {
+        "strategy": {"Fixed": 77},
+        "direction": "Right",
+        "pad_to_multiple_of": None,
+        "pad_id": eos,
+        "pad_type_id": 0,
+        "pad_token": "<|endoftext|>",
+    }
+    saved["truncation"] = {"direction": "Right", "max_length": 77, "strategy": "LongestFirst", "stride": 0}
+    (padded / "tokenizer.json").write_text(json.dumps(saved))
+    _, model, encoder = _served(padded)
+    recording = RecordingTower(encoder.tower)
+    encoder.tower = recording
+    got = torch.stack([row.value for row in encoder.encode(TEXTS)])
+    assert max(ids.shape[1] for ids, _ in recording.calls) < 77  # their buckets, not the saved padding
+    reference = load_reference(padded)
+    assert _cosines(got, reference.text_embeddings(TEXTS)).min() >= BOUND
+    image = _images()[0]
+    expected = reference.zero_shot(image, LABELS)
+    pixels = reference.image_processor(images=[image], return_tensors="pt")["pixel_values"]
+    with torch.inference_mode():
+        image_vectors = model.image(pixels)
+    labels = torch.stack([row.value for row in encoder.encode([f"This is a photo of {label}." for label in LABELS])])
+    scores = sorted(zip(model.scores(image_vectors, labels)[0].tolist(), LABELS, strict=True), key=lambda p: -p[0])
+    assert [label for _, label in scores] == [answer["label"] for answer in expected]
+    assert np.allclose([score for score, _ in scores], [answer["score"] for answer in expected], atol=1e-5)
+
+
+def test_the_worker_text_path_loads_no_transformers_tokenizer(folders, monkeypatch):
+    import transformers
+
+    info = read_image_text_folder(folders["clip"])
+    staged = _text_staged(folders["clip"])
+    model = load_image_text_model(folders["clip"], info)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the worker's text path loaded a transformers tokenizer")
+
+    for name in ("AutoTokenizer", "AutoProcessor", "CLIPTokenizer", "CLIPTokenizerFast", "PreTrainedTokenizerFast"):
+        if getattr(transformers, name, None) is not None:
+            monkeypatch.setattr(getattr(transformers, name), "from_pretrained", refuse)
+    monkeypatch.setattr(transformers.PreTrainedTokenizerBase, "__call__", refuse)
+    encoder = load_text_encoder(folders["clip"], info, model.text, staged)
+    [row] = encoder.encode(["a photo of a cat"])
+    assert row.value.shape == (info.dimension,) and not row.truncated
+
+
+def test_a_folder_staged_without_its_text_path_is_refused_naming_the_fix(folders):
+    info = read_image_text_folder(folders["clip"])
+    model = load_image_text_model(folders["clip"], info)
+    with pytest.raises(FolderError, match="image_model.json.*package the model again"):
+        load_text_encoder(folders["clip"], info, model.text, None)
+
+
+def test_the_text_cache_is_keyed_by_the_models_identity(folders):
+    _, _, encoder = _served(folders["clip"])
+    cache = RowCache(16)
+    counting = RecordingTower(encoder.tower)
+
+    def encoder_of(identity, version="1"):
+        return TextEncoder(encoder.tokenizer, encoder.padding, counting, encoder.scores, cache, identity, version)
+
+    first, second = encoder_of("sha256:" + "aa" * 32), encoder_of("sha256:" + "bb" * 32)
+    [row] = first.encode(["a photo of a cat"])
+    assert len(counting.calls) == 1
+    assert first.encode(["a photo of a cat"])[0] is row and len(counting.calls) == 1  # a hit
+    [other] = second.encode(["a photo of a cat"])  # another model under the same name: its own entry
+    assert len(counting.calls) == 2 and len(cache) == 2 and other is not row
+    encoder_of("sha256:" + "aa" * 32, "2").encode(["a photo of a cat"])  # another version too
+    assert len(counting.calls) == 3
+
+
+def test_the_padding_rule_is_recorded_and_read_back_and_a_fixed_length_holds_every_row():
+    from handlers.text.buckets import PaddingRule
+
+    for rule in (PaddingRule(64, 64, mask=False), PaddingRule(77)):
+        assert PaddingRule.from_record(rule.record()) == rule
+    assert PaddingRule(64, 64, mask=False).groups([3, 64, 10], 8192)[0].pad_length == 64
+    with pytest.raises(ValueError, match="fixed"):
+        PaddingRule(77, 64)
+    with pytest.raises(ValueError, match="masked"):
+        PaddingRule(77, mask=False)
+
+
+class FakeValkey:
+    """What the shared tier calls of its Redis client: MGET, and a pipeline of SETs."""
+
+    def __init__(self):
+        self.values = {}
+
+    def mget(self, keys):
+        return [self.values.get(key) for key in keys]
+
+    def pipeline(self, transaction=False):
+        client = self
+
+        class Pipeline:
+            def __init__(self):
+                self.sets = []
+
+            def set(self, key, value, ex=None):
+                self.sets.append((key, value))
+
+            def execute(self):
+                client.values.update(self.sets)
+                return [True] * len(self.sets)
+
+        return Pipeline()
+
+
+def test_texts_share_the_models_shared_tier_beside_its_images(folders):
+    from handlers.image.kinds.base import CompanionContext
+    from handlers.text.shared_cache import SHARED_CACHE_OPTION, Namespace, SharedCache, check_settings
+
+    info = read_image_text_folder(folders["clip"])
+    model = load_image_text_model(folders["clip"], info)
+    settings = check_settings(SHARED_CACHE_OPTION, "shared_cache", {"url": "redis://127.0.0.1:1/0"})
+    images = Namespace("clip", "1", "eager", "fp32", 1, info.dimension, identity="sha256:" + "aa" * 32)
+    client = SharedCache(settings, images, "redis://127.0.0.1:1/0")
+    client.client = FakeValkey()
+
+    def worker(identity):
+        context = CompanionContext("clip", "1", identity, {"text_cache_size": 16}, lambda: client)
+        encoder = load_text_encoder(folders["clip"], info, model.text, _text_staged(folders["clip"]), context)
+        encoder.tower = RecordingTower(encoder.tower)
+        return encoder
+
+    one, two, other = worker(images.identity), worker(images.identity), worker("sha256:" + "bb" * 32)
+    [computed] = one.encode(["a photo of a dog"])
+    assert len(one.tower.calls) == 1 and len(client.client.values) == 1
+    [shared] = two.encode(["a photo of a dog"])  # a second worker: from the shared tier, not computed
+    assert two.tower.calls == [] and torch.equal(shared.value, computed.value)
+    assert (shared.tokens, shared.truncated) == (computed.tokens, computed.truncated)
+    other.encode(["a photo of a dog"])  # another model's identity reads none of it
+    assert len(other.tower.calls) == 1 and len(client.client.values) == 2
+    events = client.drain()  # one client: the handler records the texts' round trips with the images'
+    assert (events.hits, events.misses) == (1, 2)
 
 
 def test_a_long_text_is_cut_at_the_tower_limit_and_says_so(folders):
@@ -118,6 +346,19 @@ def test_a_long_text_is_cut_at_the_tower_limit_and_says_so(folders):
     cut, short = encoder.encode([long_text, "short"])
     assert cut.truncated and cut.tokens == encoder.max_tokens == 77
     assert not short.truncated and short.tokens < 77
+
+
+def test_a_broken_tokenizer_json_is_refused_at_package_time_naming_the_file(folders, tmp_path):
+    import shutil
+
+    from scripts.prepare_image_model import stage
+
+    broken = tmp_path / "clip-broken"
+    shutil.copytree(folders["clip"], broken)
+    (broken / "served_tokenizer.json").unlink(missing_ok=True)
+    (broken / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "nonsense"')
+    with pytest.raises(FolderError, match=r"(?s)^tokenizer\.json: does not load.*Fix: save the tokenizer again"):
+        stage(str(broken), tmp_path / "model", None, None)
 
 
 def test_siglip2_and_foreign_modules_are_refused_by_name(folders, tmp_path):
@@ -316,6 +557,10 @@ def test_make_package_picks_the_image_template_and_describe_says_what_the_model_
     described = engines["siglip"].kind.describe(engines["siglip"].loaded.info)
     assert described["kind"] == "image-text" and described["zero_shot_scores"] == "sigmoid"
     assert engines["st-clip"].kind.describe(engines["st-clip"].loaded.info)["layout"] == "sentence-transformers"
+    texts = engines["siglip"].describe()["companion"]["texts"]
+    assert texts["padding"] == {"fixed": 64, "mask": False, "max_tokens": 64} and texts["cache_size"] == 1024
+    served = json.loads((Path(engines["clip"].model_dir) / "image_model.json").read_text())["staged"]["text"]
+    assert served["padding"]["buckets"] == [16, 32, 64, 77] and served["tokenizer"]["file"] == "served_tokenizer.json"
 
 
 def test_an_older_sentence_transformers_layout_is_packaged_and_serves_encodes_vectors(folders, tmp_path):

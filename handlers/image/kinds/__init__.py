@@ -63,5 +63,6 @@ def inspect_folder(folder: str | os.PathLike[str], kind: str | None = None) -> I
             info,
             body_class=str((served.get("body") or {}).get("class") or info.body_class),
             preprocessing=Preprocessing.from_record(served["preprocessing"]),
+            extra={**info.extra, **(served.get("staged") or {})},
         )
     return info

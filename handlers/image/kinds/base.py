@@ -20,6 +20,8 @@ Adding a kind is one subclass plus its rows in handlers/image/kinds/__init__.py 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -35,6 +37,20 @@ if TYPE_CHECKING:
     from handlers.core.http import RequestView
     from handlers.image.requests import ImageRequestContext
     from handlers.text.cache import CachedRow
+    from handlers.text.shared_cache import SharedCache
+
+
+@dataclass(frozen=True)
+class CompanionContext:
+    """What a kind's companion is keyed and configured by in a worker: the engine's model name, version and identity
+    (every cache key names them), its validated ``handler:`` config (``text_cache_size`` among it), and the
+    engine's shared cache tier, read when used (the engine opens it after loading the model; None: no tier)."""
+
+    name: str
+    version: str
+    identity: str
+    config: Mapping[str, Any]
+    shared_tier: Callable[[], SharedCache | None] = field(default=lambda: None)
 
 
 class ImageReference:
@@ -62,10 +78,20 @@ class ImageKind:
         """The fp32 module the engine serves, in eval mode: ``pixel_values`` (n, 3, h, w) float32 -> fp32 rows."""
         raise NotImplementedError
 
-    def load_companion(self, folder: Path, info: ImageModelFolder, module: nn.Module) -> Any:
+    def stage(self, source: Path, out: Path, info: ImageModelFolder) -> dict[str, Any]:
+        """Package time, in ``out`` (the staged copy of the ``source`` folder): files the kind's worker needs beyond
+        the image steps, and what image_model.json records of them (read back into ``ImageModelFolder.extra``); a
+        folder that cannot be staged is refused with a FolderError naming the file and the fix. The image-text
+        kind: its text tokenizer."""
+        return {}
+
+    def load_companion(
+        self, folder: Path, info: ImageModelFolder, module: nn.Module, context: CompanionContext | None = None
+    ) -> Any:
         """What the kind answers with beside the served module, loaded once with it (None: nothing). The image-text
-        kind's text tower and tokenizer: its requests carry texts as well as images. ``module`` is the fp32 module
-        :meth:`build_module` made, before the engine converts or compiles it."""
+        kind's text tower on the text models' path: its requests carry texts as well as images. ``module`` is the
+        fp32 module :meth:`build_module` made, before the engine converts or compiles it; ``context`` the worker's
+        (None at package time: nothing cached)."""
         return None
 
     def load_reference(self, folder: Path, info: ImageModelFolder) -> ImageReference:

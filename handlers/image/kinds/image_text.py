@@ -2,11 +2,12 @@
 (handlers/image/image_text_model.py says which folders and why), texts and images into one vector space.
 
 The engine's rows are the images (the vision tower: decoded, preprocessed as the folder's image processor does,
-batched, cached by digest, gated and converted like any image model's); the texts go through the text tower with the
-folder's own tokenizer when a request's answer is written (the kind's companion, a TextEncoder loaded beside the
-served module). Requests and answers: handlers/image/image_text_requests.py. The parity check compares the image
-vectors with the reference library's (handlers/image/kinds/image_text_reference.py), and
-:meth:`ImageTextKind.companion_parity` the text vectors and the zero-shot scores.
+batched, cached by digest, gated and converted like any image model's); the texts go through the text tower on the
+text models' path when a request's answer is written (the kind's companion, a TextEncoder loaded beside the served
+module: the tokenizer the packaging step exported and proved, :meth:`ImageTextKind.stage`, the text path's padding
+rule and row caches, the model's shared tier). Requests and answers: handlers/image/image_text_requests.py. The
+parity check compares the image vectors with the reference library's (handlers/image/kinds/image_text_reference.py),
+and :meth:`ImageTextKind.companion_parity` the text vectors and the zero-shot scores.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from handlers.image.image_text_model import (
     load_image_text_model,
     load_text_encoder,
     read_image_text_folder,
+    stage_text_path,
 )
 from handlers.image.image_text_requests import (
     DEFAULT_TEMPLATE,
@@ -43,7 +45,7 @@ from handlers.image.image_text_requests import (
     sorted_scores,
 )
 from handlers.image.inputs import image_from_body, image_from_string, is_image_content_type
-from handlers.image.kinds.base import ImageKind, ImageReference
+from handlers.image.kinds.base import CompanionContext, ImageKind, ImageReference
 from handlers.image.requests import ImageRequestContext
 from handlers.text.cache import CachedRow
 from handlers.text.requests.common import check_model_name, decoded_body
@@ -96,13 +98,25 @@ class ImageTextKind(ImageKind):
     def build_module(self, folder: Path, info: ImageModelFolder) -> nn.Module:
         return load_image_text_model(folder, folder_of(info)).image.eval()
 
-    def load_companion(self, folder: Path, info: ImageModelFolder, module: nn.Module) -> TextEncoder:
+    def stage(self, source: Path, out: Path, info: ImageModelFolder) -> dict[str, Any]:
+        """The text tower's tokenizer through the text models' export (served_tokenizer.json, proved equal to
+        transformers' on the reference texts and labels, long ones included) and its padding rule."""
+        from handlers.image.kinds.image_text_reference import tokenizer_texts
+
+        return {"text": stage_text_path(source, out, folder_of(info), tokenizer_texts())}
+
+    def load_companion(
+        self, folder: Path, info: ImageModelFolder, module: nn.Module, context: CompanionContext | None = None
+    ) -> TextEncoder:
         """The text tower beside the served image tower: the same fp32 model (not the converted or compiled copy
-        the engine serves images with), and the folder's tokenizer."""
+        the engine serves images with), the packaged tokenizer and padding rule, and the text caches keyed by the
+        engine's model (``context``; None: nothing cached)."""
         found = folder_of(info)
         if not isinstance(module, ImageTower):
             raise TypeError(f"the image-text companion is built on the fp32 ImageTower, got {type(module).__name__}")
-        return load_text_encoder(folder, found, TextTower(module.model, found.normalize))
+        tower = TextTower(module.model, found.normalize)
+        staged = info.extra.get("text")
+        return load_text_encoder(folder, found, tower, staged, context, lambda value: self.check_value(info, value))
 
     def load_reference(self, folder: Path, info: ImageModelFolder) -> ImageReference:
         return ImageTextImageReference(folder)
@@ -119,10 +133,10 @@ class ImageTextKind(ImageKind):
         model = load_image_text_model(folder, folder_of(info))
         encoder = self.load_companion(folder, info, model.image)
         texts = parity_texts()
-        ours = torch.stack([text.vector for text in encoder.encode(texts)])
+        ours = torch.stack([text.value for text in encoder.encode(texts)])
         text_agreement = float(torch.nn.functional.cosine_similarity(ours, library.text_embeddings(texts)).min())
         hypotheses = [DEFAULT_TEMPLATE.replace("{}", label, 1) for label in PARITY_LABELS]
-        labels = torch.stack([text.vector for text in encoder.encode(hypotheses)])
+        labels = torch.stack([text.value for text in encoder.encode(hypotheses)])
         worst = 1.0
         for image in reference_images()[:3]:
             expected = library.zero_shot(image, PARITY_LABELS)

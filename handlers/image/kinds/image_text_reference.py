@@ -38,6 +38,15 @@ def parity_texts() -> list[str]:
     return [str(sentence) for sentence in sentences] + list(PARITY_LABELS)
 
 
+def tokenizer_texts() -> list[str]:
+    """The texts the served tokenizer's ids are proved on at package time: the parity texts, the parity labels in
+    the default zero-shot template, and texts past every tower's limit (so that truncation is proved too, whether or
+    not the repository's reference sentences are there)."""
+    labels = [f"This is a photo of {label}." for label in PARITY_LABELS]
+    long_texts = ["word " * 200, "A much longer caption, " * 40 + "with its end cut off."]
+    return [*parity_texts(), *labels, *long_texts]
+
+
 def is_siglip(model_type: str) -> bool:
     """SigLIP and SigLIP 2: scored with a sigmoid and padded to 64 tokens, as the pipeline decides by this test."""
     return "siglip" in model_type
