@@ -99,7 +99,10 @@ def parse_embed(
         check_bool(body, "truncate", False),
         options=preparation.options(len(texts), prompt),
         dimensions=dimensions,
-        normalize=normalize,
+        # A normalising model's whole vectors are unit already: normalising them again is no change in exact
+        # arithmetic but moves the last bit on some CPUs (an AMX Xeon's), so /embed would differ from the other
+        # routes' answers for the same text. A cut is re-normalised, as OpenAI's and Cohere's routes do.
+        normalize=normalize and (dimensions is not None or not space.normalizes),
     )
     check_request_chars(sum(map(len, request.texts)), limits)
     return request
