@@ -66,9 +66,14 @@ class ImageTextFolder:
     dimension: int  # floats per vector (the shared space's width)
 
     @property
+    def siglip(self) -> bool:
+        """SigLIP or SigLIP 2 (transformers' pipeline decides its scores and text padding by this test)."""
+        return "siglip" in self.model_type
+
+    @property
     def sigmoid(self) -> bool:
         """SigLIP scores each label alone (a sigmoid); CLIP over the labels (a softmax), as the pipeline does."""
-        return "siglip" in self.model_type
+        return self.siglip
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -248,9 +253,9 @@ def text_token_limit(model_dir: Path, folder: ImageTextFolder) -> int:
     the tokenizer's model_max_length where that is smaller (CLIP's 77 both)."""
     where = f"{folder.model_dir}/" if folder.model_dir else ""
     config = optional_json(model_dir / folder.model_dir, "config.json")
-    default = SIGLIP_TEXT_TOKENS if "siglip" in folder.model_type else 77
+    default = SIGLIP_TEXT_TOKENS if folder.siglip else 77
     positions = int((config.get("text_config") or {}).get("max_position_embeddings") or default)
-    if "siglip" in folder.model_type:
+    if folder.siglip:
         if positions < SIGLIP_TEXT_TOKENS:
             raise FolderError(
                 f"{where}config.json",
@@ -280,7 +285,7 @@ def stage_text_path(source: Path, model_dir: Path, folder: ImageTextFolder, text
     ensure_tokenizer_file(source, model_dir, tower)
     tokenizer = export_tokenizer(model_dir, tower, {"input_ids", "attention_mask"}, texts)
     max_tokens = tower.max_tokens
-    if "siglip" in folder.model_type:
+    if folder.siglip:
         padding = PaddingRule(max_tokens, SIGLIP_TEXT_TOKENS, "attention_mask" in tokenizer["tokenizer_inputs"])
     else:
         padding = PaddingRule(max_tokens)

@@ -35,7 +35,6 @@ from handlers.image.image_text_model import (
     stage_text_path,
 )
 from handlers.image.image_text_requests import (
-    DEFAULT_TEMPLATE,
     ImageTextRequest,
     answer_cohere,
     answer_own,
@@ -124,7 +123,7 @@ class ImageTextKind(ImageKind):
     def companion_parity(self, folder: Path, info: ImageModelFolder, reference: ImageReference) -> dict[str, float]:
         """The text vectors (min cosine) on the reference sentences, and the zero-shot scores (1 - the largest
         difference, and the same label order) on the reference images, against the reference library."""
-        from handlers.image.kinds.image_text_reference import PARITY_LABELS, parity_texts
+        from handlers.image.kinds.image_text_reference import PARITY_LABELS, parity_hypotheses, parity_texts
         from handlers.image.reference import reference_images
 
         if not isinstance(reference, ImageTextImageReference):
@@ -135,8 +134,7 @@ class ImageTextKind(ImageKind):
         texts = parity_texts()
         ours = torch.stack([text.value for text in encoder.encode(texts)])
         text_agreement = float(torch.nn.functional.cosine_similarity(ours, library.text_embeddings(texts)).min())
-        hypotheses = [DEFAULT_TEMPLATE.replace("{}", label, 1) for label in PARITY_LABELS]
-        labels = torch.stack([text.value for text in encoder.encode(hypotheses)])
+        labels = torch.stack([text.value for text in encoder.encode(parity_hypotheses())])
         worst = 1.0
         for image in reference_images()[:3]:
             expected = library.zero_shot(image, PARITY_LABELS)

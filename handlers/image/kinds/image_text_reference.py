@@ -38,13 +38,19 @@ def parity_texts() -> list[str]:
     return [str(sentence) for sentence in sentences] + list(PARITY_LABELS)
 
 
+def parity_hypotheses() -> list[str]:
+    """The parity labels in the served default zero-shot template, as a request without a template sends them."""
+    from handlers.image.image_text_requests import DEFAULT_TEMPLATE
+
+    return [DEFAULT_TEMPLATE.replace("{}", label, 1) for label in PARITY_LABELS]
+
+
 def tokenizer_texts() -> list[str]:
     """The texts the served tokenizer's ids are proved on at package time: the parity texts, the parity labels in
     the default zero-shot template, and texts past every tower's limit (so that truncation is proved too, whether or
     not the repository's reference sentences are there)."""
-    labels = [f"This is a photo of {label}." for label in PARITY_LABELS]
     long_texts = ["word " * 200, "A much longer caption, " * 40 + "with its end cut off."]
-    return [*parity_texts(), *labels, *long_texts]
+    return [*parity_texts(), *parity_hypotheses(), *long_texts]
 
 
 def is_siglip(model_type: str) -> bool:
