@@ -166,8 +166,17 @@ IMAGE_MODELS = {
 }
 
 
-# What `make package` asks (python -m scripts.package --template-for FOLDER), for several folders in one process.
-TEMPLATES_FOR = "import sys; from scripts.package import template_for; print(*(template_for(f) for f in sys.argv[1:]))"
+def template_for_cli(folder):
+    """What `python -m scripts.package --template-for FOLDER` (the Makefile's question) prints, run in this process."""
+    import contextlib
+    import io
+
+    from scripts import package
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert package.main(["--template-for", str(folder)]) == 0
+    return printed.getvalue().strip()
 
 
 @pytest.fixture(scope="session")
@@ -184,14 +193,8 @@ def image_models(start_ts_server, tmp_path_factory):
     root = tmp_path_factory.mktemp("image-folders")
     folders = {name: getattr(tiny_image_models, make)(root / name) for name, make in IMAGE_MODELS.items()}
     store = tmp_path_factory.mktemp("image-store")
-    templates = subprocess.run(
-        [sys.executable, "-c", TEMPLATES_FOR, *map(str, folders.values())],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert templates.stdout.split() == ["image-model"] * len(folders), templates.stdout + templates.stderr
+    # The template `make package` picks for each folder: what `python -m scripts.package --template-for` prints.
+    assert {name: template_for_cli(folder) for name, folder in folders.items()} == dict.fromkeys(folders, "image-model")
     running = {}
     for name, folder in folders.items():
         command = [sys.executable, "-m", "scripts.package", "image-model", "--name", name]
