@@ -45,7 +45,6 @@ import grpc
 
 from scripts.ops import grpc_stubs
 from scripts.ops.auth import KEY_FILE_ENV, TOKEN_ENV, KeyFileError, key_from_file, resolve_inference_token
-from scripts.ops.management import ManagementError, refuse_customized_describe
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = REPO / "config.properties"
@@ -210,17 +209,18 @@ class TorchServeGrpc:
             call.cancel()  # a consumer that stops early frees the stream (no-op once it has ended)
 
     def describe(self, model: str, version: str | None = None, customized: bool = False) -> list[dict[str, Any]]:
-        """The management API's description, the JSON list GET /models/<model>[/<version>] answers over HTTP.
-
-        ``customized`` is refused for a model served with continuousBatching, as over HTTP
-        (scripts/ops/management.py refuse_customized_describe): TorchServe 0.12 would re-queue it for ever."""
-        if customized:
-            try:
-                refuse_customized_describe(self.describe(model, version))
-            except ManagementError as error:
-                raise GrpcError(str(error), error.exit_code) from None
+        """The management API's description, the JSON list GET /models/<model>[/<version>] answers over HTTP;
+        ``customized`` asks the handler too."""
         request = self._mpb.DescribeModelRequest(model_name=model, model_version=version or "", customized=customized)
         return json.loads(self._manage("DescribeModel", request, model))
+
+    def scale(self, model: str, min_worker: int, max_worker: int, version: str | None = None) -> str:
+        """ScaleWorker, synchronous: TorchServe's answer text ("Workers scaled to ...")."""
+        request = self._mpb.ScaleWorkerRequest(
+            model_name=model, model_version=version or "", min_worker=min_worker, max_worker=max_worker,
+            synchronous=True,
+        )
+        return self._manage("ScaleWorker", request, model)
 
     def list_models(self) -> list[dict[str, Any]]:
         """Every registered model: [{"modelName", "modelUrl"}], all pages."""

@@ -40,26 +40,6 @@ class ManagementError(Exception):
         self.status = status  # the HTTP status TorchServe answered, None when it did not answer
 
 
-class CustomizedDescribeRefused(ManagementError):
-    """A customized describe not sent: the model is served with continuousBatching."""
-
-
-def refuse_customized_describe(descriptions: list[Description]) -> None:
-    """Raise :class:`CustomizedDescribeRefused` for a model served with continuousBatching: TorchServe 0.12 puts a
-    customized describe of such a model back in its queue every time a worker takes it, so the worker answers it for
-    ever and serves nothing else (until the model is registered again). Its handler may answer the same description
-    on an inference route instead (the generator: POST /predictions/<model>/<version>/describe)."""
-    for description in descriptions:
-        if description.get("continuousBatching"):
-            name, version = description.get("modelName"), description.get("modelVersion")
-            raise CustomizedDescribeRefused(
-                f"{name} {version} is served with continuousBatching: TorchServe 0.12 re-queues a customized "
-                "describe of it for ever (its worker would serve nothing else), so none was sent; its handler "
-                f"answers the same description at POST /predictions/{name}/{version}/describe on the inference API",
-                EXIT_FAILED,
-            )
-
-
 def ready_workers(description: Description) -> list[dict[str, Any]]:
     """The workers of one version that are READY."""
     return [worker for worker in description.get("workers", []) if worker.get("status") == "READY"]
@@ -182,11 +162,9 @@ class ManagementClient:
     def describe(self, name: str, version: str | None = None, customized: bool = False) -> list[Description]:
         """GET /models/<name>[/<version>]: a list of one description (the default version without `version`).
 
-        ``customized`` asks the handler too, except of a model served with continuousBatching, which it refuses
-        (:func:`refuse_customized_describe`)."""
+        ``customized`` asks the handler too (what it chose at load). Safe for every model, a continuous-batching one
+        included, once the frontend carries the project's fixes (scripts/frontend_fixes)."""
         path = f"/models/{name}" + (f"/{version}" if version else "")
-        if customized:
-            refuse_customized_describe(self.call("GET", path))
         return self.call("GET", path, params={"customized": "true"} if customized else None)
 
     def description(self, name: str, version: str | None = None) -> Description:
@@ -204,12 +182,8 @@ class ManagementClient:
 
     def handler_choices(self, name: str, version: str | None = None) -> dict[str, Any]:
         """What the handler chose at load (backend, precision, threads...), from the customized describe; {} for a
-        handler that does not answer it (TorchServe returns its metadata as a JSON string) or a model that must not
-        be asked (continuousBatching)."""
-        try:
-            metadata = self.describe(name, version, customized=True)[0].get("customizedMetadata") or {}
-        except CustomizedDescribeRefused:
-            return {}
+        handler that does not answer it (TorchServe returns its metadata as a JSON string)."""
+        metadata = self.describe(name, version, customized=True)[0].get("customizedMetadata") or {}
         if isinstance(metadata, str):
             try:
                 metadata = json.loads(metadata)

@@ -15,8 +15,7 @@ import requests
 
 from loadtests.generator_systems import post_on_socket
 from loadtests.prometheus import parse
-from scripts.ops.grpc_client import GrpcError, TorchServeGrpc
-from scripts.ops.management import CustomizedDescribeRefused
+from scripts.ops.grpc_client import TorchServeGrpc
 from tests.conftest import skip_unless_served
 
 MODEL = "generator"
@@ -196,17 +195,19 @@ def test_a_shared_prompt_prefix_is_reused_with_the_same_answer(predict, ts_serve
     assert prefix_cache["hits"] >= hits + 2 and prefix_cache["reused_tokens"] > 0
 
 
-def test_a_customized_describe_is_refused_and_the_describe_route_answers(ts_server, predict):
-    """TorchServe 0.12 re-queues a customized describe of a continuous-batching model for ever: the project's
-    clients refuse to send it, and the handler answers the same description on its describe route."""
+def test_the_customized_describe_and_the_describe_route_answer_the_same_choices(ts_server, predict):
+    """The project's clients ask a continuous-batching model's handler through the customized describe (safe with the
+    frontend fixes; tests/integration/test_management_safety.py sends it raw), and its describe route on the inference
+    API answers the same description."""
     client = ts_server.management()
-    with pytest.raises(CustomizedDescribeRefused, match="continuousBatching"):
-        client.describe(MODEL, customized=True)
-    assert client.handler_choices(MODEL) == {}
+    choices = client.handler_choices(MODEL)
+    assert choices["scheduling"]["per_step"] is True
     assert client.description(MODEL)["continuousBatching"] is True
-    with TorchServeGrpc.for_server(ts_server) as grpc_client, pytest.raises(GrpcError, match="continuousBatching"):
-        grpc_client.describe(MODEL, customized=True)
+    with TorchServeGrpc.for_server(ts_server) as grpc_client:
+        over_grpc = grpc_client.describe(MODEL, customized=True)[0]["customizedMetadata"]
+    over_grpc = json.loads(over_grpc) if isinstance(over_grpc, str) else over_grpc
+    assert over_grpc["limits"] == choices["limits"]
     described = requests.post(f"{ts_server.inference_url}/predictions/{MODEL}/1.0/describe", timeout=30)
     assert described.status_code == 200
-    assert described.json()["scheduling"]["per_step"] is True and described.json()["limits"]["max_new_tokens"] > 0
+    assert described.json()["limits"] == choices["limits"] and described.json()["limits"]["max_new_tokens"] > 0
     assert predict(MODEL, json={"prompt": "Hello", "max_new_tokens": 2}).status_code == 200

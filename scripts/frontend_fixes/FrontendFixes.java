@@ -1,0 +1,173 @@
+package servingfixes;
+
+import java.lang.reflect.Field;
+import java.util.Map;
+import java.util.concurrent.ConcurrentMap;
+import java.util.concurrent.LinkedBlockingDeque;
+import java.util.concurrent.locks.ReentrantLock;
+import java.util.function.Function;
+import org.pytorch.serve.archive.model.ModelNotFoundException;
+import org.pytorch.serve.archive.model.ModelVersionNotFoundException;
+import org.pytorch.serve.http.BadRequestException;
+import org.pytorch.serve.http.StatusResponse;
+import org.pytorch.serve.job.Job;
+import org.pytorch.serve.util.ApiUtils;
+import org.pytorch.serve.util.ConfigManager;
+import org.pytorch.serve.util.NettyUtils;
+import org.pytorch.serve.util.messages.WorkerCommands;
+import org.pytorch.serve.wlm.Model;
+import org.pytorch.serve.wlm.WorkerInitializationException;
+
+import io.netty.handler.codec.http.QueryStringDecoder;
+
+/**
+ * Replacements for three call sites of TorchServe 0.12's frontend (scripts/frontend_fixes/patch_jar.py rewrites each
+ * call to the method of the same shape here). TorchServe is archived upstream; these keep one management call from
+ * stopping a model or the host.
+ *
+ * <ul>
+ *   <li>{@link #pollContinuousBatch}: ContinuousBatching's poll. 0.12's Model.pollInferJob puts a customized
+ *       describe it takes as a batch's first job back at the head of the queue as well as into the batch, so the same
+ *       describe is taken again every time the worker's batch is empty: the worker answers it hundreds of times a
+ *       second and serves nothing else. And a worker with rows running waits for the model's queue lock, which an idle
+ *       worker holds for as long as it waits for its first job: with two workers, a running generation stops until
+ *       another request arrives.
+ *   <li>{@link #updateModelWorkers}: worker counts from the scale and register calls (REST and gRPC) are checked: a
+ *       negative count took every worker away (IndexOutOfBoundsException), a huge one started workers until the host
+ *       stopped answering.
+ *   <li>{@link #intParameter}: a management call's integer parameter that is not an integer is refused, not read as
+ *       its default (min_worker=abc scaled a model to one worker).
+ * </ul>
+ */
+public final class FrontendFixes {
+    /** config.properties key: the most workers one model may be scaled or registered to. */
+    public static final String MAX_WORKERS_KEY = "max_workers_per_model";
+
+    private static final Field LOCK = field("lock");
+    private static final Field JOBS_DB = field("jobsDb");
+
+    private FrontendFixes() {}
+
+    private static Field field(String name) {
+        try {
+            Field found = Model.class.getDeclaredField(name);
+            found.setAccessible(true);
+            return found;
+        } catch (NoSuchFieldException e) {
+            throw new IllegalStateException("TorchServe's Model has no field " + name + ": not the 0.12.0 frontend", e);
+        }
+    }
+
+    private static Object read(Field field, Model model) {
+        try {
+            return field.get(model);
+        } catch (IllegalAccessException e) {
+            throw new IllegalStateException(e);
+        }
+    }
+
+    /** Replaces {@code model.pollInferJob(jobs, quota)} in ContinuousBatching.pollBatch. */
+    @SuppressWarnings("unchecked")
+    public static void pollContinuousBatch(Model model, Map<String, Job> jobs, int quota)
+            throws InterruptedException {
+        ReentrantLock lock = (ReentrantLock) read(LOCK, model);
+        LinkedBlockingDeque<Job> queue =
+                ((ConcurrentMap<String, LinkedBlockingDeque<Job>>) read(JOBS_DB, model))
+                        .get(Model.DEFAULT_DATA_QUEUE);
+        if (jobs.isEmpty()) {
+            // Idle: wait for the first job as TorchServe does (holding the lock keeps one batch's jobs together),
+            // then take a describe out of the queue for good: it is answered once, alone.
+            if (model.isUseJobTicket()) {
+                model.incNumJobTickets();
+            }
+            lock.lockInterruptibly();
+            try {
+                model.pollInferJob(jobs, quota, queue);
+                for (Job job : jobs.values()) {
+                    if (job.getCmd() == WorkerCommands.DESCRIBE) {
+                        queue.removeFirstOccurrence(job);
+                    }
+                }
+            } finally {
+                lock.unlock();
+            }
+            return;
+        }
+        // Rows are running: top the batch up without waiting. If another worker holds the lock (an idle one waiting
+        // for its first job), this step goes on with the rows it has; the next step tries again.
+        if (lock.tryLock()) {
+            try {
+                model.pollInferJob(jobs, quota, queue);
+            } finally {
+                lock.unlock();
+            }
+        }
+    }
+
+    /** The largest worker count a scale or register call may ask for ({@value #MAX_WORKERS_KEY}). */
+    public static int maxWorkersPerModel() {
+        int fallback = Math.max(4, 2 * Runtime.getRuntime().availableProcessors());
+        String configured = ConfigManager.getInstance().getProperty(MAX_WORKERS_KEY, null);
+        if (configured == null) {
+            return fallback;
+        }
+        try {
+            return Integer.parseInt(configured.trim());
+        } catch (NumberFormatException e) {
+            return fallback;
+        }
+    }
+
+    /** Replaces every call of {@code ApiUtils.updateModelWorkers} (REST scale and register, gRPC scale). */
+    public static StatusResponse updateModelWorkers(
+            String modelName,
+            String modelVersion,
+            int minWorkers,
+            int maxWorkers,
+            boolean synchronous,
+            boolean isInit,
+            Function<Void, Void> onError)
+            throws ModelVersionNotFoundException, ModelNotFoundException,
+                    java.util.concurrent.ExecutionException, InterruptedException,
+                    WorkerInitializationException {
+        int limit = maxWorkersPerModel();
+        String problem = null;
+        if (minWorkers < 0 || maxWorkers < 0) {
+            problem = "worker counts must be 0 or more; got min_worker=" + minWorkers + ", max_worker=" + maxWorkers;
+        } else if (maxWorkers > limit || minWorkers > limit) {
+            problem =
+                    "at most "
+                            + limit
+                            + " workers per model ("
+                            + MAX_WORKERS_KEY
+                            + " in config.properties); got min_worker="
+                            + minWorkers
+                            + ", max_worker="
+                            + maxWorkers;
+        }
+        if (problem != null) {
+            if (isInit && onError != null) {
+                // A registration asking for a bad count: the model it just registered goes again, as when its
+                // workers fail to start.
+                onError.apply(null);
+            }
+            throw new BadRequestException(problem);
+        }
+        return ApiUtils.updateModelWorkers(
+                modelName, modelVersion, minWorkers, maxWorkers, synchronous, isInit, onError);
+    }
+
+    /** Replaces {@code NettyUtils.getIntParameter} in the management API's request parsing. */
+    public static int intParameter(QueryStringDecoder decoder, String key, int fallback) {
+        String value = NettyUtils.getParameter(decoder, key, null);
+        if (value == null) {
+            return fallback;
+        }
+        try {
+            return Integer.parseInt(value);
+        } catch (NumberFormatException e) {
+            throw new BadRequestException(
+                    "parameter " + key + " must be an integer; got '" + value + "'");
+        }
+    }
+}
