@@ -114,17 +114,18 @@ def _tower_sizes() -> dict[str, int]:
     }
 
 
-def clip_tokenizer() -> PreTrainedTokenizerBase:
+def clip_tokenizer(max_length: int = CLIP_TEXT_POSITIONS) -> PreTrainedTokenizerBase:
     """transformers' CLIPTokenizer (lower-casing byte-level BPE, "</w>" word ends) on a vocabulary of every byte,
     alone and as a word end, without merges: each word is its characters. <|startoftext|> and <|endoftext|> take the
-    last two ids, as in the real vocabulary (CLIP's text tower pools at the end-of-text token)."""
+    last two ids, as in the real vocabulary (CLIP's text tower pools at the end-of-text token). ``max_length``: its
+    model_max_length."""
     from tokenizers import pre_tokenizers
     from transformers import CLIPTokenizer
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     pieces = alphabet + [f"{char}</w>" for char in alphabet] + ["<|startoftext|>", "<|endoftext|>"]
     vocab = {piece: i for i, piece in enumerate(pieces)}
-    return CLIPTokenizer(vocab=vocab, merges=[], model_max_length=CLIP_TEXT_POSITIONS)
+    return CLIPTokenizer(vocab=vocab, merges=[], model_max_length=max_length)
 
 
 def siglip_tokenizer() -> PreTrainedTokenizerBase:
@@ -162,16 +163,19 @@ def _clip_image_processor():
     )
 
 
-def make_clip(folder: Path) -> Path:
+def make_clip(folder: Path, text_positions: int = CLIP_TEXT_POSITIONS, tokenizer_max_length: int | None = None) -> Path:
     """A transformers CLIPModel with its processor's parts (CLIPImageProcessor + CLIPTokenizer), as the hub's CLIP
-    folders hold them: config.json, model.safetensors, preprocessor_config.json, tokenizer files."""
+    folders hold them: config.json, model.safetensors, preprocessor_config.json, tokenizer files. ``text_positions``:
+    the text tower's position embeddings (a small model's may hold fewer than 77, too few for a label in the default
+    zero-shot template with this character-level tokenizer); ``tokenizer_max_length``: the tokenizer's
+    model_max_length where it says other than the tower."""
     from transformers import CLIPConfig, CLIPModel
 
-    tokenizer = clip_tokenizer()
+    tokenizer = clip_tokenizer(tokenizer_max_length or text_positions)
     text = {
         **_tower_sizes(),
         "vocab_size": len(tokenizer),
-        "max_position_embeddings": CLIP_TEXT_POSITIONS,
+        "max_position_embeddings": text_positions,
         "bos_token_id": tokenizer.bos_token_id,
         "eos_token_id": tokenizer.eos_token_id,
         "pad_token_id": tokenizer.pad_token_id,

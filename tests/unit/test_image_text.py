@@ -583,3 +583,72 @@ def test_an_older_sentence_transformers_layout_is_packaged_and_serves_encodes_ve
     expected = torch.as_tensor(SentenceTransformer(str(folder), device="cpu").encode([image]))[0]
     assert float(_cosines(row.value, expected)) >= BOUND
     assert abs(float(row.value.norm()) - 1.0) < 1e-5  # its Normalize module is served
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# A CLIP text tower shorter than OpenAI's 77 positions (32, as in some small models) with the character-level tokenizer:
+# the default zero-shot template's longer parity hypotheses do not fit it, and a user's long texts must be cut there.
+
+SHORT_POSITIONS = 32
+
+
+@pytest.mark.parametrize(
+    ("layout", "tokenizer_max_length"),
+    [("clip", None), ("clip", 77), ("st-clip", 77)],
+    ids=["tokenizer-says-32", "tokenizer-says-77", "sentence-transformers-tokenizer-says-77"],
+)
+def test_a_clip_text_tower_of_32_positions_is_packaged_and_cuts_long_texts_and_labels_there(
+    tmp_path, layout, tokenizer_max_length
+):
+    from handlers.image.engine import ImageEngine
+    from handlers.image.kinds.image_text_reference import parity_hypotheses
+    from scripts.prepare_image_model import stage
+
+    folder = tiny_image_models.make_clip(tmp_path / "clip-32", SHORT_POSITIONS, tokenizer_max_length)
+    if layout == "st-clip":
+        folder = tiny_image_models.make_sentence_transformers_clip(tmp_path / "st-clip-32", folder)
+    reference = load_reference(folder)
+    # What the pipeline could not run: hypotheses in the default template past the tower's positions.
+    assert max(len(ids) for ids in reference.tokenizer(parity_hypotheses())["input_ids"]) > SHORT_POSITIONS
+    record = stage(str(folder), tmp_path / "model", None, None)
+    parity = record["parity"]
+    assert min(parity["fp32_agreement"], parity["text_vectors"], parity["zero_shot_scores"]) >= BOUND, parity
+
+    engine = ImageEngine.load(tmp_path / "model", {"precision": "fp32"}, threads=1, name="clip-32")
+    assert engine.loaded.companion.max_tokens == SHORT_POSITIONS
+    texts = ["word " * 50, "a photo of a cat"]
+    answer = served(engine, {"texts": texts})
+    assert answer["truncated"] == [True, False]
+    assert _cosines(torch.tensor(answer["text_embeddings"]), reference.text_embeddings(texts)).min() >= BOUND
+    # A label past the positions is answered on its first 32 tokens (transformers' pipeline does not run it at all):
+    # the scores are the model's softmax over its scaled cosines to the cut hypotheses.
+    image = _images()[1]
+    labels = ["cat", "a very long description of a mountain landscape at sunset"]
+    zero_shot = served(engine, {"image": data_uri(image), "candidate_labels": labels})
+    hypotheses = torch.nn.functional.normalize(reference.text_embeddings(parity_hypotheses(None, labels)), dim=-1)
+    image_vector = torch.nn.functional.normalize(reference.image_embeddings([decoded_png(image)]), dim=-1)
+    with torch.inference_mode():
+        logits = reference.model.logit_scale.exp() * image_vector @ hypotheses.T
+    expected = dict(zip(labels, torch.softmax(logits, dim=-1)[0].tolist(), strict=True))
+    assert sorted(answer["label"] for answer in zero_shot) == sorted(labels)
+    assert all(abs(answer["score"] - expected[answer["label"]]) < 1e-5 for answer in zero_shot)
+
+
+def test_a_clip_text_tower_too_short_for_any_label_is_refused_at_package_time_naming_the_file(tmp_path, capfd):
+    import shutil
+
+    from scripts import package
+
+    # 4 positions: even 'cat' is 5 tokens with the start and end ones.
+    folder = tiny_image_models.make_clip(tmp_path / "clip-4", text_positions=4)
+    store, name = tmp_path / "store", "unit-clip-4-positions"
+    argv = ["image-model", "--name", name, "--var", f"model_dir={folder}", "--var", "backends=none"]
+    try:
+        assert package.main([*argv, "--store", str(store)]) == 1
+    finally:
+        shutil.rmtree(Path(package.REPO) / "build" / name, ignore_errors=True)
+    error = capfd.readouterr().err
+    assert "config.json: the text tower reads at most 4 tokens (text_config.max_position_embeddings 4" in error
+    assert "'cat' 5" in error and "Fix: package the model's own config.json and tokenizer files" in error
+    assert "Traceback" not in error
+    assert not list(store.glob("**/*.mar"))

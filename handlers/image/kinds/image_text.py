@@ -47,6 +47,7 @@ from handlers.image.inputs import image_from_body, image_from_string, is_image_c
 from handlers.image.kinds.base import CompanionContext, ImageKind, ImageReference
 from handlers.image.requests import ImageRequestContext
 from handlers.text.cache import CachedRow
+from handlers.text.folder import FolderError
 from handlers.text.requests.common import check_model_name, decoded_body
 from handlers.text.requests.embedding import VectorSpace
 
@@ -123,8 +124,7 @@ class ImageTextKind(ImageKind):
     def companion_parity(self, folder: Path, info: ImageModelFolder, reference: ImageReference) -> dict[str, float]:
         """The text vectors (min cosine) on the reference sentences, and the zero-shot scores (1 - the largest
         difference, and the same label order) on the reference images, against the reference library."""
-        from handlers.image.kinds.image_text_reference import PARITY_LABELS, parity_hypotheses, parity_texts
-        from handlers.image.reference import reference_images
+        from handlers.image.kinds.image_text_reference import parity_texts
 
         if not isinstance(reference, ImageTextImageReference):
             raise TypeError(f"an image-text parity check compares with its own reference, got {type(reference)}")
@@ -134,18 +134,7 @@ class ImageTextKind(ImageKind):
         texts = parity_texts()
         ours = torch.stack([text.value for text in encoder.encode(texts)])
         text_agreement = float(torch.nn.functional.cosine_similarity(ours, library.text_embeddings(texts)).min())
-        labels = torch.stack([text.value for text in encoder.encode(parity_hypotheses())])
-        worst = 1.0
-        for image in reference_images()[:3]:
-            expected = library.zero_shot(image, PARITY_LABELS)
-            with torch.inference_mode():
-                vector = model.image(reference.served_pixels(image))
-            got = sorted_scores(encoder.scores(vector, labels)[0].tolist(), PARITY_LABELS)
-            if [g["label"] for g in got] != [e["label"] for e in expected]:
-                worst = min(worst, 0.0)
-            difference = max(abs(float(g["score"]) - e["score"]) for g, e in zip(got, expected, strict=True))
-            worst = min(worst, 1.0 - difference)
-        return {"text_vectors": text_agreement, "zero_shot_scores": worst}
+        return {"text_vectors": text_agreement, "zero_shot_scores": zero_shot_parity(info, model, encoder, reference)}
 
     def check_value(self, info: ImageModelFolder, value: Any) -> bool:
         if not bool(torch.isfinite(value).all()):
@@ -212,6 +201,51 @@ class ImageTextKind(ImageKind):
 
     def describe(self, info: ImageModelFolder) -> dict[str, Any]:
         return {**super().describe(info), **folder_of(info).describe(), "dimension": info.output_size}
+
+
+def zero_shot_parity(
+    info: ImageModelFolder, model: Any, encoder: TextEncoder, reference: ImageTextImageReference
+) -> float:
+    """The served zero-shot scores against transformers' pipeline on the reference images: 1 - the largest score
+    difference (0 where the labels' order differs), on the parity labels that the text tower reads whole. A tower
+    too short for any two of them is refused: there is nothing to prove its zero-shot answers on."""
+    from handlers.image.kinds.image_text_reference import fit_zero_shot_parity
+    from handlers.image.reference import reference_images
+
+    library = reference.reference
+    fitted = fit_zero_shot_parity(library.token_count, encoder.max_tokens)
+    if fitted is None:
+        raise too_short_for_labels(info, library, encoder.max_tokens)
+    labels = torch.stack([text.value for text in encoder.encode(fitted.hypotheses())])
+    worst = 1.0
+    for image in reference_images()[:3]:
+        expected = library.zero_shot(image, fitted.labels, fitted.template)
+        with torch.inference_mode():
+            vector = model.image(reference.served_pixels(image))
+        got = sorted_scores(encoder.scores(vector, labels)[0].tolist(), fitted.labels)
+        if [g["label"] for g in got] != [e["label"] for e in expected]:
+            worst = min(worst, 0.0)
+        difference = max(abs(float(g["score"]) - e["score"]) for g, e in zip(got, expected, strict=True))
+        worst = min(worst, 1.0 - difference)
+    return worst
+
+
+def too_short_for_labels(info: ImageModelFolder, library: Any, max_tokens: int) -> FolderError:
+    """The refusal of a text tower that reads too few tokens for a zero-shot label: which files say so, and why."""
+    from handlers.image.kinds.image_text_reference import MIN_PARITY_LABELS, PARITY_LABELS
+
+    where = f"{folder_of(info).model_dir}/" if folder_of(info).model_dir else ""
+    shortest = sorted(PARITY_LABELS, key=library.token_count)[:MIN_PARITY_LABELS]
+    counts = ", ".join(f"{label!r} {library.token_count(label)}" for label in shortest)
+    return FolderError(
+        f"{where}config.json",
+        f"the text tower reads at most {max_tokens} tokens (text_config.max_position_embeddings "
+        f"{library.text_positions}, or {where}tokenizer_config.json's model_max_length where smaller), and the "
+        f"folder's tokenizer makes even one-word labels longer (tokens with the start and end ones: {counts}), so "
+        f"no zero-shot answer can be checked against transformers' pipeline",
+        "package the model's own config.json and tokenizer files, saved together (save_pretrained): a CLIP text "
+        "tower reads 77 tokens",
+    )
 
 
 def companion(api: ImageRequestContext) -> TextEncoder:
