@@ -571,7 +571,7 @@ def build_locked(spec, name, store, version, variables, force, log, cpu_kind, ov
         )
     # The content digest every worker keys its caches by and shows (handlers/core/identity.py).
     build_dir.mkdir(parents=True, exist_ok=True)
-    record = identity.compute(files, config.get("handler"))
+    record = identity.compute(files, config.get("handler"), code=HANDLERS_DIR)
     files = [*files, (identity.write(build_dir, record), identity.IDENTITY_FILE)]
     make_archive(spec["name"], version, REPO / spec["handler"], files, config_file, store / archive_name)
 

@@ -4,9 +4,11 @@ Why: a cache key that names a model by name and version keeps serving the vector
 under that name before (re-packaging ``my-model`` 1.0 from retrained weights left the old vectors in the shared
 tier). The identity is computed once, at package time (scripts/package.py), over the model's own files as they go
 into the archive (weights, tokenizer, configs, sentence-transformers module folders, compiled backend artifacts,
-calibration, the generator's embedder/ and verifier/) plus the handler options that change values (precision,
-backend), and recorded in ``identity.json`` at the archive's root. Every worker reads it at load, shows it in
-describe and in each answer's ``X-Model-Identity`` header, and puts it in every cache key.
+calibration, the generator's embedder/ and verifier/), the project's handler code packed with it (the
+``handlers`` package: a code change that alters answers must not serve entries an older handler cached) and the
+handler options that change values (precision, backend), and recorded in ``identity.json`` at the archive's root.
+Every worker reads it at load, shows it in describe and in each answer's ``X-Model-Identity`` header, and puts it in
+every cache key.
 
 Deterministic: names and contents only, sorted (no times, no absolute paths), so the same content packaged twice, on
 two replicas or under another name, has the same identity and shares cache entries; changing one byte of a weight
@@ -25,12 +27,14 @@ from typing import Any
 
 IDENTITY_FILE = "identity.json"
 HEADER = "X-Model-Identity"
-FORMAT = 1
+FORMAT = 2  # 2: the handler code is part of the identity
 PREFIX = "sha256:"
 # Handler options that change the numbers a model answers (the rest bound requests or size caches).
 VALUE_OPTIONS = ("precision", "backend")
-# Never part of the content: what TorchServe and the packager put beside the model in every archive.
+# Never part of the model's content: what TorchServe and the packager put beside the model in every archive (the
+# handler code counts as its own part, ``CODE_PART``).
 NOT_CONTENT = frozenset({IDENTITY_FILE, "handlers", "MAR-INF", "model-config.yaml", "__pycache__"})
+CODE_PART = "handlers"
 CHUNK = 1 << 20
 
 
@@ -78,15 +82,19 @@ def value_options(handler_config: Mapping[str, Any] | None) -> dict[str, Any]:
     return {name: config[name] for name in VALUE_OPTIONS if name in config}
 
 
-def compute(entries: Iterable[tuple[Path, str]], handler_config: Mapping[str, Any] | None) -> dict[str, Any]:
+def compute(
+    entries: Iterable[tuple[Path, str]], handler_config: Mapping[str, Any] | None, code: Path | None = None
+) -> dict[str, Any]:
     """The identity record of an archive: ``entries`` are (source path, name at the archive's root) as packed,
-    ``handler_config`` the packed ``handler:`` section. ``parts`` keeps each entry's own digest, so a part served
-    on its own (the generator's embedder/) has an identity too."""
+    ``handler_config`` the packed ``handler:`` section, ``code`` the handlers package packed with it. ``parts`` keeps
+    each entry's own digest, so a part served on its own (the generator's embedder/) has an identity too."""
     parts = {
         name: entry_digest(Path(source), name)
         for source, name in sorted(entries, key=lambda pair: pair[1])
         if name not in NOT_CONTENT and not is_report((name,))
     }
+    if code is not None and Path(code).is_dir():
+        parts[CODE_PART] = entry_digest(Path(code), CODE_PART)
     options = value_options(handler_config)
     return {"format": FORMAT, "identity": combine(parts, options), "options": options, "parts": parts}
 
@@ -116,7 +124,7 @@ def of_folder(model_dir: str, handler_config: Mapping[str, Any] | None) -> dict[
         return {"format": FORMAT, "identity": part, "options": {}, "parts": {}}
     packed_alongside = archiver_entries(root)
     children = ((child, child.name) for child in root.iterdir() if child.name not in packed_alongside)
-    return compute(children, handler_config)
+    return compute(children, handler_config, code=root / CODE_PART)
 
 
 def archiver_entries(root: Path) -> set[str]:

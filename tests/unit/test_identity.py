@@ -108,7 +108,29 @@ def test_a_worker_reads_the_recorded_identity_and_a_part_reads_its_parents(tmp_p
     (old / "model-config.yaml").write_text("batchSize: 8\n")
     (old / "handlers").mkdir()
     (old / "handlers" / "__init__.py").write_text("")
-    assert identity.of_folder(str(old), OPTIONS)["identity"] == record["identity"]
+    packed = identity.compute([(child, child.name) for child in archive.iterdir()], OPTIONS, code=old / "handlers")
+    assert identity.of_folder(str(old), OPTIONS)["identity"] == packed["identity"]
+
+
+def test_the_handler_code_is_part_of_the_identity(tmp_path):
+    """A handler change that may alter answers must not serve what an older handler put in the shared cache."""
+    folder = make_folder(tmp_path / "model")
+    code = tmp_path / "handlers"
+    code.mkdir()
+    (code / "engine.py").write_text("SCALE = 1.0\n")
+    before = identity.compute([(child, child.name) for child in folder.iterdir()], OPTIONS, code=code)
+    again = identity.compute([(child, child.name) for child in folder.iterdir()], OPTIONS, code=code)
+    assert before == again and before["parts"][identity.CODE_PART].startswith("sha256:")
+    (code / "engine.py").write_text("SCALE = 2.0\n")
+    after = identity.compute([(child, child.name) for child in folder.iterdir()], OPTIONS, code=code)
+    assert after["identity"] != before["identity"]
+    assert {k: v for k, v in after["parts"].items() if k != identity.CODE_PART} == {
+        k: v for k, v in before["parts"].items() if k != identity.CODE_PART
+    }
+    (code / "__pycache__").mkdir()
+    (code / "__pycache__" / "engine.cpython-311.pyc").write_bytes(b"compiled")
+    cached = identity.compute([(c, c.name) for c in folder.iterdir()], OPTIONS, code=code)
+    assert cached["identity"] == after["identity"]
 
 
 def test_cache_keys_differ_by_identity():

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from handlers.core import identity
 from scripts import package
 
 REPO = Path(package.__file__).resolve().parent.parent
@@ -425,7 +426,9 @@ def test_the_archive_records_its_content_identity_deterministically(spec):
     first = build(spec)
     recorded = packed_identity(spec)
     assert recorded["identity"].startswith("sha256:") and recorded["identity"] == first["identity"]
-    assert set(recorded["parts"]) == {"notes.txt"}  # the model's files, not the handlers package or the config
+    # the model's files and the handler code packed with them, not the config
+    assert set(recorded["parts"]) == {"notes.txt", identity.CODE_PART}
+    assert recorded["parts"][identity.CODE_PART] == identity.entry_digest(package.HANDLERS_DIR, identity.CODE_PART)
     assert spec.manifest()["unitpkg.mar"]["identity"] == first["identity"]
     # packaged again from the same content: the same identity (replicas and re-packages share cache entries)
     assert build(spec, force=True)["identity"] == first["identity"]
