@@ -161,6 +161,8 @@ def binary_tensor(wire: WireTensor, raw: memoryview) -> WireTensor:
             f"{where} has binary_data_size {len(raw)}; its shape {list(wire.shape)} of {datatype.name} takes "
             f"{expected} bytes"
         )
+    if datatype.name == "BOOL" and not set(bytes(raw)) <= {0, 1}:
+        raise RequestError(f"{where} is BOOL; each of its bytes must be 0 or 1")
     return WireTensor(name=wire.name, shape=wire.shape, datatype=datatype, raw=raw)
 
 
@@ -189,6 +191,8 @@ def classification(value: Any, spec: TensorSpec) -> int:
     where = f"output {spec.name!r}: classification"
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise RequestError(f"{where} must be a positive integer (how many top classes), got {value!r}")
+    if spec.rank < 2:
+        raise RequestError(f"{where}: the output has no classes (one value per row, shape [rows])")
     width = spec.dims[-1].size
     if width is not None and value > width:
         raise RequestError(f"{where} asks for {value} classes; the output has {width}")

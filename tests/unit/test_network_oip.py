@@ -279,6 +279,37 @@ def test_a_bad_json_tensor_is_refused_naming_the_input(tensor, message):
     assert status == 400 and message in error, error
 
 
+def test_a_binary_bool_must_be_0_or_1():
+    body, json_size = triton_body([triton_input("t", np.array([True, False]))])
+    lying = body[:-1] + b"\x02"
+    oip.parse_request(body, json_size, signature_of("mlp"))
+    with pytest.raises(RequestError, match="input 't' is BOOL; each of its bytes must be 0 or 1"):
+        oip.parse_request(lying, json_size, signature_of("mlp"))
+
+
+@pytest.mark.parametrize(
+    ("output", "count", "message"),
+    [
+        ("logits", 5, "output 'logits': classification asks for 5 classes; the output has 4"),
+        ("logits", 0, "output 'logits': classification must be a positive integer"),
+    ],
+)
+def test_a_classification_the_output_cannot_give_is_refused(output, count, message):
+    outputs = [{"name": output, "parameters": {"classification": count}}]
+    body = {"inputs": [{"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]}], "outputs": outputs}
+    status, error = serve(engine_of("two_heads"), json.dumps(body))
+    assert status == 400 and message in error, error
+
+
+def test_classification_of_an_output_of_one_value_per_row_is_refused():
+    body = {
+        "inputs": [{"name": "item_ids", "shape": [1], "datatype": "INT64", "data": [1]}],
+        "outputs": [{"name": "output0", "parameters": {"classification": 1}}],
+    }
+    status, error = serve(engine_of("ranker"), json.dumps(body))
+    assert status == 400 and "output 'output0': classification: the output has no classes" in error
+
+
 def test_nested_data_is_read_as_flat_data():
     engine = engine_of("mlp")
     flat = [float(v) for v in range(12)]
