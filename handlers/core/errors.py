@@ -42,14 +42,15 @@ class RequestError(Exception):
 
 
 # The error bodies of the APIs this project speaks, by name: a route says which one its refusals take.
-NATIVE, OPENAI, COHERE, RERANK_V1, TEI = "native", "openai", "cohere", "rerank-v1", "tei"
+NATIVE, OPENAI, COHERE, RERANK_V1, TEI, OIP = "native", "openai", "cohere", "rerank-v1", "tei", "oip"
 
 
 def error_body(error: RequestError, shape: str) -> dict[str, object]:
     """``error`` as the API named by ``shape`` reports one, so that its clients raise their own exception with the
     message: OpenAI's ``{"error": {"message", "type", "param", "code"}}``, Cohere's ``{"message"}``, Cohere v1's and
-    Jina's (both at /v1/rerank) ``{"message", "detail"}``, TEI's ``{"error", "error_type"}``; anything else is this
-    project's own ``{"code", "type", "message"}``. Every shape keeps ``message`` reachable where its clients look."""
+    Jina's (both at /v1/rerank) ``{"message", "detail"}``, TEI's ``{"error", "error_type"}``, the Open Inference
+    Protocol's (KServe v2, Triton) ``{"error"}``; anything else is this project's own ``{"code", "type",
+    "message"}``. Every shape keeps ``message`` reachable where its clients look."""
     if shape == OPENAI:
         return error.to_openai_body()
     if shape == COHERE:
@@ -59,6 +60,8 @@ def error_body(error: RequestError, shape: str) -> dict[str, object]:
     if shape == TEI:
         kind = "Backend" if error.code >= 500 else "Validation"
         return {"error": error.message, "error_type": kind}
+    if shape == OIP:
+        return {"error": error.message}
     return error.to_body()
 
 

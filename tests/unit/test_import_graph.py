@@ -71,3 +71,42 @@ def test_imports_of_the_tools_are_reported_and_the_cli_exits_1(tmp_path):
     assert result.returncode == 1
     forbidden = json.loads(result.stdout)["forbidden"]
     assert [(e["file"], e["target"], e["in_function"]) for e in forbidden] == [("pkg/m.py", "scripts.server", True)]
+
+
+# The layers of handlers/ that are held to more than "no circle": each may import only the packages listed (besides
+# itself), so an engine meant to stand on the core alone cannot quietly lean on another model family.
+LAYERS = {"handlers.network": {"handlers.core"}}
+
+
+def within(module, package):
+    return module == package or module.startswith(f"{package}.")
+
+
+def layer_violations(root=import_graph.ROOT):
+    edges, _ = import_graph.scan(root, import_graph.PACKAGE)
+    lines = [
+        f"{edge.file}:{edge.line}: {edge.text}"
+        for layer, allowed in LAYERS.items()
+        for edge in edges
+        if within(edge.source, layer) and not any(within(edge.target, p) for p in {layer, *allowed})
+    ]
+    return list(dict.fromkeys(lines))  # one line per import statement (it may reach a package and its module)
+
+
+def test_each_layer_imports_only_what_it_may():
+    assert layer_violations() == []
+
+
+def test_the_layer_check_finds_an_import_of_another_family(tmp_path):
+    plant(
+        tmp_path,
+        {
+            "handlers/__init__.py": "",
+            "handlers/core/__init__.py": "",
+            "handlers/text/__init__.py": "",
+            "handlers/text/y.py": "",
+            "handlers/network/__init__.py": "from handlers import core\n",
+            "handlers/network/x.py": "def f():\n    from handlers.text import y\n",
+        },
+    )
+    assert layer_violations(tmp_path) == ["handlers/network/x.py:2: from handlers.text import y"]

@@ -1,0 +1,15 @@
+"""A team's own PyTorch network, served batched: the engine and its request dialects, in process (no TorchServe here).
+
+Design. A network arrives as a ``torch.export`` program (``torch.export.save``; later also TorchScript or model code
+with weights). Everything a server needs to know about it is read from the program itself (``signature``): each
+input's and output's name, dtype and shape, which dimensions are dynamic and within what range, which integer inputs
+index an embedding. A small optional signature file adds only what the program cannot say (id ranges, class labels,
+inputs that may hold NaN, an example request, row limits). Requests come in the Open Inference Protocol v2 (JSON or
+Triton's binary extension: ``oip``, framing in ``binary``; datatypes in ``datatypes``) or in a short native JSON form
+for curl; either way they become wire tensors, which the engine checks one request at a time against the signature
+(``inputs``: a bad request is refused alone, naming its input), then batches: requests of equal sizes beyond the rows
+are concatenated and computed together, in passes of bounded rows, and each answer is sliced back out (``engine``).
+
+Import direction: handlers.core <- handlers.network (datatypes <- signature <- inputs <- engine, oip); nothing here
+imports another model family.
+"""
