@@ -154,7 +154,8 @@ class ProgressMonitor:
             # already waiting count from now.
             track = self.baseline(signals, now if signals.pending else None)
         elif (signals.answered, signals.batches) != (track.answered, track.batches):
-            track = self.baseline(signals, None)
+            # Progress: requests still waiting get the whole bound from now.
+            track = self.baseline(signals, now if signals.pending else None)
         elif signals.pending > 0 or signals.received > track.received:
             track.stalled_since = track.stalled_since if track.stalled_since is not None else now
         else:
