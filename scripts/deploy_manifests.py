@@ -335,7 +335,7 @@ def deployment(settings, models, config_text):
     period = 5
     # The image carries scripts/ready_probe.py with the ops library it uses under its WORKDIR (deploy/Dockerfile),
     # which is the probe's working directory and on its PYTHONPATH.
-    ready_probe = ["python", "-m", "scripts.ready_probe", "--management-url", f"http://127.0.0.1:{ports['management']}"]
+    ready_probe = ["python", "-m", "scripts.ready_probe", *watched_server(settings)]
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -397,13 +397,46 @@ def deployment(settings, models, config_text):
                             # The shared embedding cache every replica uses (docs/cache.md).
                             "env": cache_env(settings),
                             "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, cache_password_mount()],
-                        }
+                        },
+                        watchdog_container(settings),
                     ],
                     "volumes": [{"name": "tmp", "emptyDir": {}}, cache_password_volume(settings)],
                 },
             },
         },
     }
+
+
+def watched_server(settings):
+    """The probe's and the watchdog's view of the pod's TorchServe: its APIs on loopback and the stall bound."""
+    ports = settings["ports"]
+    return [
+        "--management-url",
+        f"http://127.0.0.1:{ports['management']}",
+        "--metrics-url",
+        f"http://127.0.0.1:{ports['metrics']}",
+        "--stuck-after",
+        str(settings["stuck_after_seconds"]),
+    ]
+
+
+def watchdog_container(settings):
+    """The model watchdog beside TorchServe (same image, same pod, so the management API on loopback): it replaces
+    the workers of a stuck model and serves ts_model_stuck on its own metrics port (scripts/server_watchdog.py)."""
+    port = settings["ports"]["watchdog_metrics"]
+    command = ["python", "-m", "scripts.server_watchdog", *watched_server(settings), "--metrics-port", str(port)]
+    return {
+        "name": "model-watchdog",
+        "image": settings["image"],
+        "command": command,
+        "ports": [{"name": "watchdog-metrics", "containerPort": port}],
+        "resources": {"requests": dict(WATCHDOG_RESOURCES), "limits": dict(WATCHDOG_RESOURCES)},
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+    }
+
+
+# A Python loop asking two local APIs every second: ~30 MiB resident, next to no CPU.
+WATCHDOG_RESOURCES = {"cpu": "50m", "memory": "96Mi"}
 
 
 def service(settings):
@@ -449,7 +482,10 @@ def network_policy(settings):
                             }
                         }
                     ],
-                    "ports": [{"protocol": "TCP", "port": ports["metrics"]}],
+                    "ports": [
+                        {"protocol": "TCP", "port": ports["metrics"]},
+                        {"protocol": "TCP", "port": ports["watchdog_metrics"]},
+                    ],
                 },
             ],
         },

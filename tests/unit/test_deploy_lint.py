@@ -59,7 +59,7 @@ def test_torchserve_pods_use_the_cache_service_with_the_secrets_password():
     settings = yaml.safe_load((DEPLOY / "deploy.yaml").read_text())
     cache_service = documents(DEPLOY / "k8s" / "cache-service.yaml")[0]
     pod = documents(DEPLOY / "k8s" / "deployment.yaml")[0]["spec"]["template"]["spec"]
-    [container] = pod["containers"]
+    container = next(c for c in pod["containers"] if c["name"] == "torchserve")
     env = env_of(container)
     port = cache_service["spec"]["ports"][0]["port"]
     assert env[URL_ENV]["value"] == f"redis://{cache_service['metadata']['name']}:{port}/0"

@@ -49,7 +49,9 @@ def test_deployment_has_probes_resources_ports_and_scrape_annotations(generated)
     annotations = template["metadata"]["annotations"]
     assert annotations["prometheus.io/scrape"] == "true"
     assert annotations["prometheus.io/port"] == str(SETTINGS["ports"]["metrics"])
-    (container,) = template["spec"]["containers"]
+    containers = {container["name"]: container for container in template["spec"]["containers"]}
+    assert set(containers) == {"torchserve", "model-watchdog"}
+    container = containers["torchserve"]
     assert container["image"] == SETTINGS["image"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"inference": SETTINGS["ports"]["inference"], "metrics": SETTINGS["ports"]["metrics"]}
@@ -59,6 +61,17 @@ def test_deployment_has_probes_resources_ports_and_scrape_annotations(generated)
         command = container[probe]["exec"]["command"]
         assert command[1:3] == ["-m", "scripts.ready_probe"]
         assert command[command.index("--management-url") + 1] == f"http://127.0.0.1:{SETTINGS['ports']['management']}"
+        # ... and its metrics port: a model with work that answers nothing for the bound makes the pod unready.
+        assert command[command.index("--metrics-url") + 1] == f"http://127.0.0.1:{SETTINGS['ports']['metrics']}"
+        assert command[command.index("--stuck-after") + 1] == str(SETTINGS["stuck_after_seconds"])
+    # The watchdog beside it (same image, same pod: loopback) replaces a stuck model's workers with the same bound,
+    # and serves its metrics on the port the network policy opens to monitoring.
+    watchdog = containers["model-watchdog"]
+    assert watchdog["image"] == SETTINGS["image"] and watchdog["command"][1:3] == ["-m", "scripts.server_watchdog"]
+    assert watchdog["command"][3:] == command[3:] + ["--metrics-port", str(SETTINGS["ports"]["watchdog_metrics"])]
+    assert watchdog["ports"] == [{"name": "watchdog-metrics", "containerPort": SETTINGS["ports"]["watchdog_metrics"]}]
+    monitoring = load(out, "k8s/networkpolicy.yaml")["spec"]["ingress"][1]["ports"]
+    assert {"protocol": "TCP", "port": SETTINGS["ports"]["watchdog_metrics"]} in monitoring
     assert container["livenessProbe"]["httpGet"] == {"path": "/ping", "port": "inference"}
     startup_budget = container["startupProbe"]["periodSeconds"] * container["startupProbe"]["failureThreshold"]
     for name in deployed_models():
@@ -80,7 +93,8 @@ def test_service_network_policy_and_budget_select_the_pods(generated):
     policy = load(out, "k8s/networkpolicy.yaml")
     assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
     allowed_ports = {port["port"] for rule in policy["spec"]["ingress"] for port in rule["ports"]}
-    assert allowed_ports == {SETTINGS["ports"]["inference"], SETTINGS["ports"]["metrics"]}  # management is not
+    # Management is not reachable from outside the pod.
+    assert allowed_ports == {SETTINGS["ports"][name] for name in ("inference", "metrics", "watchdog_metrics")}
     budget = load(out, "k8s/poddisruptionbudget.yaml")
     assert budget["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
 
@@ -142,11 +156,13 @@ def test_dockerfile_builds_what_the_deployment_runs():
         "deploy/kserve/model-store/",
         "config/metrics.yaml",
         "scripts/ready_probe.py",
+        "scripts/server_watchdog.py",
         "scripts/__init__.py",
         "scripts/ops/",
     } <= copied
     # The probe runs as `python -m scripts.ready_probe` from the WORKDIR: the package keeps its layout there.
-    assert ["--chown=model-server", "scripts/__init__.py", "scripts/ready_probe.py", "scripts/"] in copies
+    probe_and_watchdog = ["scripts/__init__.py", "scripts/ready_probe.py", "scripts/server_watchdog.py", "scripts/"]
+    assert ["--chown=model-server", *probe_and_watchdog] in copies
     assert ["--chown=model-server", "scripts/ops/", "scripts/ops/"] in copies
     assert re.search(r"^WORKDIR " + re.escape(SETTINGS["home"]) + "$", dockerfile, re.M)
     included = {line[1:] for line in (REPO / ".dockerignore").read_text().splitlines() if line.startswith("!")}

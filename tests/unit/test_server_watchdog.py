@@ -161,3 +161,45 @@ def test_a_stale_cache_server_pid_file_does_not_get_its_process_signalled(tmp_pa
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_the_watchdogs_metrics_say_which_model_is_stuck():
+    """ts_model_stuck and friends as the watchdog serves them (its view set by hand; the integration test
+    tests/integration/test_model_stall.py serves them from a real stall)."""
+    from scripts.ops.management import ManagementClient
+    from scripts.ops.progress import Verdict
+
+    watch = server_watchdog.ModelWatch(ManagementClient("http://127.0.0.1:9"), "http://127.0.0.1:9", 60)
+    watch.verdicts = [
+        Verdict("classifier", "1.0", True, 61.5, 2, 3),
+        Verdict("minilm", "1.0", False, 0.0, 0, 0),
+    ]
+    watch.restarts, watch.last_check = {"classifier": 2}, 1700000000.0
+    (port,) = free_ports(1)
+    server_ = server_watchdog.serve_metrics(watch, port, "127.0.0.1")
+    try:
+        import requests
+
+        text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        assert requests.get(f"http://127.0.0.1:{port}/", timeout=10).status_code == 404
+    finally:
+        server_.shutdown()
+    assert 'ts_model_stuck{model_name="classifier",model_version="1.0"} 1' in text
+    assert 'ts_model_stuck{model_name="minilm",model_version="1.0"} 0' in text
+    assert 'ts_model_stalled_seconds{model_name="classifier",model_version="1.0"} 61.500' in text
+    assert 'ts_model_watchdog_restarts_total{model_name="classifier"} 2' in text
+    assert "ts_model_watchdog_last_check_timestamp_seconds 1700000000.000" in text
+
+
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        ([], "nothing to watch"),
+        (["--owner", "1"], "go together"),
+        (["--management-url", "x", "--stuck-after", "0"], ""),
+    ],
+)
+def test_watchdog_usage_errors(arguments, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        server_watchdog.main(arguments)
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
