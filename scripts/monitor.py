@@ -103,7 +103,9 @@ def main(argv=None):
         "--exporter-port", type=int, default=DEFAULT_EXPORTER_PORT, help=f"queue exporter's ({DEFAULT_EXPORTER_PORT})"
     )
     choice = parser.add_mutually_exclusive_group()
-    choice.add_argument("--profile", help="config/<PROFILE>.properties (default: $TS_PROFILE_CONFIG, else config.properties)")
+    choice.add_argument(
+        "--profile", help="config/<PROFILE>.properties (default: $TS_PROFILE_CONFIG, else config.properties)"
+    )
     choice.add_argument("--config", help="a properties file")
     args = parser.parse_args(argv)
     try:

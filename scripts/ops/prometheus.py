@@ -108,7 +108,7 @@ def render_config(
 
 
 class Process:
-    """A background process of ours with a pid file; ours = its command line names the file `marker`."""
+    """A background process of ours with a pid file; ours = its command line contains `marker`."""
 
     def __init__(self, name: str, run_dir: Path, log: Path, marker: str):
         self.name, self.run_dir, self.log, self.marker = name, run_dir, log, marker
@@ -126,7 +126,7 @@ class Process:
         if not process_alive(pid):
             return False
         try:
-            return self.marker in psutil.Process(pid).cmdline()
+            return self.marker in " ".join(psutil.Process(pid).cmdline())
         except psutil.Error:
             return False
 
@@ -176,7 +176,9 @@ class Monitor:
         self.config = self.run_dir / "prometheus.yml"
         self.url = f"http://127.0.0.1:{port}"
         self.prometheus = Process("prometheus", self.run_dir, Path(log_dir) / "prometheus.log", str(self.config))
-        self.exporter = Process("queue-exporter", self.run_dir, Path(log_dir) / "queue-exporter.log", "scripts.ops.queue_exporter")
+        self.exporter = Process(
+            "queue-exporter", self.run_dir, Path(log_dir) / "queue-exporter.log", "scripts.ops.queue_exporter"
+        )
         self.exporter_url = f"http://127.0.0.1:{exporter_port}/metrics"
 
     def running(self) -> bool:
@@ -232,7 +234,7 @@ class Monitor:
 
 
 def host_port(url: str) -> str:
-    """"http://127.0.0.1:8082" -> "127.0.0.1:8082"."""
+    """ "http://127.0.0.1:8082" -> "127.0.0.1:8082"."""
     return url.split("//", 1)[-1].rstrip("/")
 
 
