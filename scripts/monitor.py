@@ -60,7 +60,8 @@ def start(monitor):
     if monitor.running():
         print(f"Prometheus is already running: {monitor.url} (`make monitor-stop` stops it)")
         return EXIT_OK
-    taken = [port for port in (monitor.port, monitor.exporter_port) if port_taken(port)]
+    ports = [monitor.port] + ([] if monitor.exporter.running() else [monitor.exporter_port])  # ours is reused
+    taken = [port for port in ports if port_taken(port)]
     if taken:
         for port in taken:
             print(f"error: {in_use_message(port)}", file=sys.stderr)

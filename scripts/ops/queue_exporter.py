@@ -26,7 +26,7 @@ import argparse
 import os
 import signal
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -99,13 +99,20 @@ def render(samples: Iterable[Sample]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def handler_for(client: ManagementClient) -> type[BaseHTTPRequestHandler]:
+def handler_for(client: Callable[[], ManagementClient]) -> type[BaseHTTPRequestHandler]:
+    """/metrics asks a client made by `client()` for each scrape (it re-reads a key file, whose keys expire)."""
+
     class MetricsHandler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
             if self.path.split("?")[0] != "/metrics":
                 self.send_error(404, "only /metrics is served here")
                 return
-            body = render(collect(client)).encode()
+            try:
+                samples = collect(client())
+            except ManagementError as error:  # an unreadable key file
+                print(f"queue exporter: {error}", file=sys.stderr)
+                samples = [(MANAGEMENT_UP, {}, 0.0)]
+            body = render(samples).encode()
             self.send_response(200)
             self.send_header("Content-Type", CONTENT_TYPE)
             self.send_header("Content-Length", str(len(body)))
@@ -118,7 +125,7 @@ def handler_for(client: ManagementClient) -> type[BaseHTTPRequestHandler]:
     return MetricsHandler
 
 
-def serve(address: str, port: int, client: ManagementClient) -> ThreadingHTTPServer:
+def serve(address: str, port: int, client: Callable[[], ManagementClient]) -> ThreadingHTTPServer:
     """The exporter's HTTP server, bound (not yet serving: call serve_forever)."""
     return ThreadingHTTPServer((address, port), handler_for(client))
 
@@ -136,12 +143,15 @@ def main(argv: list[str] | None = None) -> int:
         "--key-file", help="TorchServe's key_file.json, for a server with token authorization (management key)"
     )
     args = parser.parse_args(argv)
-    try:
-        client = ManagementClient.with_key_file(
+
+    def client() -> ManagementClient:
+        return ManagementClient.with_key_file(
             args.management_url, os.environ.get("TS_MANAGEMENT_TOKEN"), args.key_file, timeout=5
         )
+
+    try:
         server = serve(args.address, args.port, client)
-    except (ManagementError, OSError) as error:
+    except OSError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))

@@ -9,9 +9,11 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
+import requests
 import yaml
 
 from scripts.ops import prometheus, queue_exporter
@@ -240,6 +242,23 @@ def test_the_exporters_text_parses():
 def test_the_exporter_says_when_the_management_api_is_unreachable():
     client = ManagementClient(f"http://127.0.0.1:{free_ports(1)[0]}", timeout=2)
     assert series(queue_exporter.render(queue_exporter.collect(client))) == {"torchserve_management_up": 0}
+
+
+def test_the_exporter_answers_over_http_as_prometheus_scrapes_it():
+    nothing_there = f"http://127.0.0.1:{free_ports(1)[0]}"
+    port = free_ports(1)[0]
+    server = queue_exporter.serve("127.0.0.1", port, lambda: ManagementClient(nothing_there, timeout=2))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        answer = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=30)
+        assert answer.status_code == 200
+        assert answer.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        assert series(answer.text) == {"torchserve_management_up": 0}
+        assert requests.get(f"http://127.0.0.1:{port}/", timeout=30).status_code == 404
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_the_exporter_cli_refuses_a_bad_port():
