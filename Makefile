@@ -22,11 +22,16 @@ export TS_INFERENCE_TOKEN := $(TOKEN)
 endif
 
 .PHONY: help install mar serve stop status restart test test-fast lint clean reliability soak
+.PHONY: prometheus-tools monitor monitor-stop
 help:
 	@echo "make serve [PROFILE=production]   install, build archives, start TorchServe (config.properties), wait until READY"
 	@echo "make status  running or not: pid, URLs, READY workers per model"
 	@echo "make stop    stop it; says stopped once the server process has exited"
 	@echo "make restart [PROFILE=production]   rebuild changed archives, stop, start again, wait until READY"
+	@echo "make monitor [PROMETHEUS_PORT=9095 EXPORTER_PORT=8084]   Prometheus with the alert rules + queue exporter"
+	@echo "             watching the make serve server (deploy/monitoring/; Grafana dashboard there too)"
+	@echo "make monitor-stop   stop them"
+	@echo "make prometheus-tools   install prometheus + promtool (Debian package) if missing (make test does this)"
 	@echo "make test    the whole test suite against real TorchServe servers on free ports (what CI runs)"
 	@echo "make test-fast   unit tests that need no built archive and no server (under 2 minutes)"
 	@echo "make test-cpu-kinds   the precision/backend tests (marker cpu_kind) as each kind of CPU this machine can be"
@@ -120,7 +125,7 @@ grpc-stubs: install
 CPU_KIND_PASS = TS_TEST_MODELS=minilm $(WITH_JAVA) $(PY) -m pytest -m cpu_kind tests $(PYTEST_ARGS)
 # --durations: the slowest tests are listed at the end, so the suite's time budget (under 30 minutes on 2 cores) can
 # be watched as kinds grow.
-test: lint mar grpc-stubs
+test: lint mar grpc-stubs prometheus-tools
 	$(WITH_JAVA) $(PY) -m pytest tests --durations=25 $(PYTEST_ARGS)
 	TS_CPU_AS=avx2 $(CPU_KIND_PASS)
 
@@ -133,7 +138,7 @@ test-cpu-kinds: mar
 	done
 
 # The fast loop: unit tests that need no built archive and no server (markers set in tests/conftest.py).
-test-fast: install
+test-fast: install prometheus-tools
 	$(PY) -m pytest -m "unit and not slow" tests $(PYTEST_ARGS)
 
 # Settings in pyproject.toml: ruff's rules and format, mypy on handlers/ and scripts/ops/; then no import circle in
@@ -143,6 +148,21 @@ lint: install
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 	$(PY) -m scripts.import_graph
+
+# prometheus and promtool (the monitoring tests, `make monitor`): Debian's package, installed only when a binary is
+# missing (apt-get, as root; otherwise it says what to run). Nothing to do when both are on PATH.
+prometheus-tools: install
+	@command -v prometheus >/dev/null && command -v promtool >/dev/null || $(PY) -m scripts.ops.prometheus install
+
+# Prometheus (deploy/monitoring/prometheus.yml + rules.yml) and the queue exporter in the background, against the
+# server `make serve` starts (same PROFILE=); data in .run/monitor/, logs in logs/. `make monitor-stop` stops them.
+PROMETHEUS_PORT ?= 9095
+EXPORTER_PORT   ?= 8084
+monitor: prometheus-tools
+	@$(PY) -m scripts.monitor start --port $(PROMETHEUS_PORT) --exporter-port $(EXPORTER_PORT)
+
+monitor-stop: install
+	@$(PY) -m scripts.monitor stop
 
 reliability: mar
 	$(WITH_JAVA) $(PY) -m scripts.reliability $(RELIABILITY_ARGS)

@@ -163,6 +163,15 @@ class ModelWatch:
         return "\n".join(lines) + "\n"
 
 
+# What --metrics-port serves (deploy/monitoring/rules.yml alerts on them).
+METRICS = (
+    "ts_model_stuck",
+    "ts_model_stalled_seconds",
+    "ts_model_watchdog_restarts_total",
+    "ts_model_watchdog_last_check_timestamp_seconds",
+)
+
+
 def labels(model: str, version: str | None = None) -> str:
     quoted = model.replace("\\", "\\\\").replace('"', '\\"')
     return f'{{model_name="{quoted}"' + (f',model_version="{version}"' if version is not None else "") + "}"

@@ -14,7 +14,10 @@ from handlers.text.shared_cache import PASSWORD_FILE_ENV, URL_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
-MANIFESTS = sorted(path for folder in ("k8s", "kserve") for path in (DEPLOY / folder).glob("*.yaml"))
+MANIFESTS = sorted(
+    [*(path for folder in ("k8s", "kserve") for path in (DEPLOY / folder).glob("*.yaml"))]
+    + [DEPLOY / "monitoring" / "prometheus-adapter-config.yaml"]
+)
 # Custom resources: their schemas come with the operator, not with Kubernetes.
 CUSTOM_KINDS = {("serving.kserve.io/v1beta1", "InferenceService")}
 
@@ -59,7 +62,7 @@ def test_torchserve_pods_use_the_cache_service_with_the_secrets_password():
     settings = yaml.safe_load((DEPLOY / "deploy.yaml").read_text())
     cache_service = documents(DEPLOY / "k8s" / "cache-service.yaml")[0]
     pod = documents(DEPLOY / "k8s" / "deployment.yaml")[0]["spec"]["template"]["spec"]
-    container = next(c for c in pod["containers"] if c["name"] == "torchserve")
+    container = next(container for container in pod["containers"] if container["name"] == "torchserve")
     env = env_of(container)
     port = cache_service["spec"]["ports"][0]["port"]
     assert env[URL_ENV]["value"] == f"redis://{cache_service['metadata']['name']}:{port}/0"

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from scripts import deploy_manifests, package
+from scripts.ops import queue_exporter
 from scripts.ops.server import loaded_model_names, read_properties
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,14 +44,15 @@ def deployed_models():
 def test_deployment_has_probes_resources_ports_and_scrape_annotations(generated):
     out, _ = generated
     deployment = load(out, "k8s/deployment.yaml")
-    assert deployment["kind"] == "Deployment" and deployment["spec"]["replicas"] == SETTINGS["replicas"]
+    # The replica count is the HorizontalPodAutoscaler's (hpa.yaml), starting at deploy.yaml's replicas.
+    assert deployment["kind"] == "Deployment" and "replicas" not in deployment["spec"]
     template = deployment["spec"]["template"]
     assert deployment["spec"]["selector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
     annotations = template["metadata"]["annotations"]
     assert annotations["prometheus.io/scrape"] == "true"
     assert annotations["prometheus.io/port"] == str(SETTINGS["ports"]["metrics"])
     containers = {container["name"]: container for container in template["spec"]["containers"]}
-    assert set(containers) == {"torchserve", "model-watchdog"}
+    assert set(containers) == {"torchserve", "model-watchdog", "queue-exporter"}
     container = containers["torchserve"]
     assert container["image"] == SETTINGS["image"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
@@ -93,8 +95,9 @@ def test_service_network_policy_and_budget_select_the_pods(generated):
     policy = load(out, "k8s/networkpolicy.yaml")
     assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
     allowed_ports = {port["port"] for rule in policy["spec"]["ingress"] for port in rule["ports"]}
-    # Management is not reachable from outside the pod.
-    assert allowed_ports == {SETTINGS["ports"][name] for name in ("inference", "metrics", "watchdog_metrics")}
+    ports = SETTINGS["ports"]
+    # management is not reachable from outside the pod
+    assert allowed_ports == {ports[name] for name in ("inference", "metrics", "watchdog_metrics", "queue_metrics")}
     budget = load(out, "k8s/poddisruptionbudget.yaml")
     assert budget["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
 
@@ -168,7 +171,52 @@ def test_dockerfile_builds_what_the_deployment_runs():
     included = {line[1:] for line in (REPO / ".dockerignore").read_text().splitlines() if line.startswith("!")}
     assert copied <= included, "the build context leaves out a file the Dockerfile copies"
     exposed = {int(p) for p in re.findall(r"^EXPOSE (.+)$", dockerfile, re.M)[0].split()}
-    assert exposed == {SETTINGS["ports"]["inference"], SETTINGS["ports"]["metrics"]}
+    served = ("inference", "metrics", "watchdog_metrics", "queue_metrics")
+    assert exposed == {SETTINGS["ports"][name] for name in served}
+
+
+def test_the_autoscaler_scales_the_deployment_on_the_queue_exporters_metric(generated):
+    out, _ = generated
+    hpa = load(out, "k8s/hpa.yaml")
+    deployment = load(out, "k8s/deployment.yaml")
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": deployment["metadata"]["name"],
+    }
+    assert hpa["spec"]["minReplicas"] == SETTINGS["replicas"] < hpa["spec"]["maxReplicas"]
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["type"] == "Pods" and metric["pods"]["metric"]["name"] == queue_exporter.PENDING
+    assert metric["pods"]["target"] == {
+        "type": "AverageValue",
+        "averageValue": str(SETTINGS["autoscaling"]["queue_per_pod"]),
+    }
+    # The pod serves that metric: the sidecar runs the exporter the image carries, on the port Prometheus keeps.
+    sidecar = {c["name"]: c for c in deployment["spec"]["template"]["spec"]["containers"]}["queue-exporter"]
+    command = sidecar["command"]
+    assert command[:3] == ["python", "-m", "scripts.ops.queue_exporter"]
+    assert command[command.index("--management-url") + 1] == f"http://127.0.0.1:{SETTINGS['ports']['management']}"
+    assert command[command.index("--port") + 1] == str(SETTINGS["ports"]["queue_metrics"])
+    assert sidecar["ports"] == [{"name": "queue-metrics", "containerPort": SETTINGS["ports"]["queue_metrics"]}]
+    assert sidecar["resources"]["requests"] == sidecar["resources"]["limits"]  # Guaranteed QoS needs every container's
+    # prometheus-adapter turns the series into that metric of pods: the rule names it and maps namespace and pod.
+    adapter = load(out, "monitoring/prometheus-adapter-config.yaml")
+    (rule,) = yaml.safe_load(adapter["data"]["config.yaml"])["rules"]
+    assert rule["seriesQuery"].startswith(queue_exporter.PENDING + "{") and rule["name"]["as"] == queue_exporter.PENDING
+    assert rule["resources"]["overrides"] == {"namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}
+    # ... from series that carry those labels and the job names the alerts use.
+    scrape = load(out, "monitoring/prometheus-kubernetes.yml")
+    jobs = {job["job_name"]: job for job in scrape["scrape_configs"]}
+    assert set(jobs) == {"torchserve", "torchserve-queue", "torchserve-watchdog"}
+    for job, port in (("torchserve", "metrics"), ("torchserve-queue", "queue-metrics")):
+        relabels = jobs[job]["relabel_configs"]
+        assert {
+            "source_labels": ["__meta_kubernetes_pod_container_port_name"],
+            "regex": port,
+            "action": "keep",
+        } in relabels
+        assert {r.get("target_label") for r in relabels} >= {"namespace", "pod"}
 
 
 def test_missing_archive_is_a_clear_error(tmp_path, capsys):
