@@ -27,6 +27,7 @@ help:
 	@echo "make status  running or not: pid, URLs, READY workers per model"
 	@echo "make stop    stop it; says stopped once the server process has exited"
 	@echo "make restart [PROFILE=production]   rebuild changed archives, stop, start again, wait until READY"
+	@echo "make keep-keys-fresh   beside a production server: rotate its keys before they expire, until stopped"
 	@echo "make test    the whole test suite against real TorchServe servers on free ports (what CI runs)"
 	@echo "make test-fast   unit tests that need no built archive and no server (under 2 minutes)"
 	@echo "make test-cpu-kinds   the precision/backend tests (marker cpu_kind) as each kind of CPU this machine can be"
@@ -95,6 +96,12 @@ stop: install
 # Not running is an answer, not an error: no make failure line.
 status: install
 	@$(PY) -m scripts.server status || true
+
+# Beside `make serve PROFILE=production`: rotates .run/key_file.json's keys at half their lifetime until stopped
+# (docs/operations.md, Key rotation); the project's clients re-read the file.
+.PHONY: keep-keys-fresh
+keep-keys-fresh: install
+	@$(PY) -m scripts.modelctl keep-keys-fresh
 
 # After a handler or model change: rebuild what changed, then stop and start (pass make serve's PROFILE= again).
 restart: mar

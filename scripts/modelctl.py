@@ -47,7 +47,6 @@ import sys
 import time
 from pathlib import Path
 
-from handlers.core.config import ConfigError
 from scripts.ops import key_rotation, model_views
 from scripts.ops.auth import DEFAULT_KEY_FILE, TOKEN_ENV, KeyFileError, KeySource
 from scripts.ops.management import (
@@ -59,8 +58,6 @@ from scripts.ops.management import (
     ManagementError,
     ready_workers,
 )
-from scripts.ops.paraphrase import CheckError, run_check
-from scripts.ops.paraphrase import lines as check_lines
 from scripts.ops.rollout import archive_identity, find_registered, rollout
 
 REPO = Path(__file__).resolve().parent.parent
@@ -229,6 +226,11 @@ def cmd_keep_keys_fresh(client, args, log):
 
 def cmd_paraphrase(client, args, log):
     """Would the similarity cache answer NEW with STORED's answer, and why (scripts/ops/paraphrase.py)."""
+    # Imported here: it loads torch, which the other commands (keep-keys-fresh runs for days) have no use for.
+    from handlers.core.config import ConfigError
+    from scripts.ops.paraphrase import CheckError, run_check
+    from scripts.ops.paraphrase import lines as check_lines
+
     if bool(args.archive) == bool(args.embedder):
         raise ManagementError("name the models: --archive a generator .mar, or --embedder a served model", EXIT_USAGE)
     token = None

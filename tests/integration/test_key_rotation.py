@@ -124,7 +124,7 @@ def test_clients_get_200_through_rotations_and_past_the_expiry(server, tmp_path)
     assert outsider.returncode == 0, outsider_err
     outside = json.loads(outsider_out.strip().splitlines()[-1])
     assert set(outside["statuses"]) == {"200"} and outside["statuses"]["200"] > 0, outside
-    assert outside["renewals"] >= 2, outside
+    assert outside["renewals"] >= 1, outside
     assert expiry(read_key_file(server.key_file)["inference"]["expiration time"]).timestamp() > first_expiry
 
     # A rotated key is refused at once; a key nobody rotated (the management key) is refused after its expiry.

@@ -178,10 +178,10 @@ def test_a_load_test_given_the_key_file_goes_through_rotations(tmp_path):
 
     with stub_http_server(stub.answer) as url:
         keys = auth.KeySource.for_inference(None, stub.key_file)
-        rotator = threading.Thread(target=rotate_every, args=(0.5,))
+        rotator = threading.Thread(target=rotate_every, args=(1.0,))
         rotator.start()
         try:
-            settings = loadtest.settings_for("classifier", "smoke", users=2, duration=3)
+            settings = loadtest.settings_for("classifier", "smoke", users=2, duration=4)
             summary = loadtest.run(settings, url, report_dir=tmp_path / "report", log=lambda *_: None, token=keys)
         finally:
             stop.set()
