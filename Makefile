@@ -32,6 +32,7 @@ help:
 	@echo "             watching the make serve server (deploy/monitoring/; Grafana dashboard there too)"
 	@echo "make monitor-stop   stop them"
 	@echo "make prometheus-tools   install prometheus + promtool (Debian package) if missing (make test does this)"
+	@echo "make keep-keys-fresh   beside a production server: rotate its keys before they expire, until stopped"
 	@echo "make test    the whole test suite against real TorchServe servers on free ports (what CI runs)"
 	@echo "make test-fast   unit tests that need no built archive and no server (under 2 minutes)"
 	@echo "make test-cpu-kinds   the precision/backend tests (marker cpu_kind) as each kind of CPU this machine can be"
@@ -108,6 +109,12 @@ stop: install
 # Not running is an answer, not an error: no make failure line.
 status: install
 	@$(PY) -m scripts.server status || true
+
+# Beside `make serve PROFILE=production`: rotates .run/key_file.json's keys at half their lifetime until stopped
+# (docs/operations.md, Key rotation); the project's clients re-read the file.
+.PHONY: keep-keys-fresh
+keep-keys-fresh: install
+	@$(PY) -m scripts.modelctl keep-keys-fresh
 
 # After a handler or model change: rebuild what changed, then stop and start (pass make serve's PROFILE= again).
 restart: mar

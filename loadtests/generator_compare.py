@@ -43,7 +43,7 @@ from pathlib import Path
 import requests
 
 from loadtests import generator_systems as systems
-from scripts.ops import machine
+from scripts.ops import auth, machine
 from scripts.ops.server import exit_on_sigterm
 from scripts.ops.stats import percentile
 
@@ -140,6 +140,8 @@ def run_locust(endpoint, users, seconds, out_dir, schema_share=0.0):
         GENERATOR_MODEL=endpoint.model,
         GENERATOR_SCHEMA_SHARE=str(schema_share),
     )
+    for name in (auth.TOKEN_ENV, auth.KEY_FILE_ENV):  # every system compared is private and token-free
+        env.pop(name, None)
     command = [str(Path(sys.executable).parent / "locust"), "-f", str(REPO / "loadtests" / "generator_user.py")]
     command += ["--headless", "-H", endpoint.base_url, "-u", str(users), "-r", str(users), "-t", f"{seconds}s"]
     command += ["--only-summary", "--stop-timeout", "0", "CompletionsUser"]

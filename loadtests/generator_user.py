@@ -20,7 +20,8 @@ for a JSON document by ``response_format`` (loadtests/generator_schema.py: a bou
 close it); each such answer is parsed and validated against the schema with ``jsonschema``, and its sample says
 whether it was valid (an invalid one is counted, not a Locust failure, so the report can say valid / total).
 Importing this module registers nothing: settings are class attributes (subclass to change them). Against a server
-with token authorization set ``$TS_INFERENCE_TOKEN`` to the inference key: every request then carries
+with token authorization set ``$TS_INFERENCE_TOKEN`` to the inference key, or ``$TS_KEY_FILE`` to TorchServe's key file
+(re-read when it changes: keys rotated during the run are followed): every request then carries
 ``Authorization: Bearer <key>``.
 """
 
@@ -105,9 +106,7 @@ class GenerationUser(HttpUser):
         # Streamed requests use their own session: Locust's client would record one entry per request (at the
         # response headers), where we want the first-token and total times as two entries of our own.
         self.stream_session = requests.Session()
-        token_headers = auth.bearer(os.environ.get(auth.TOKEN_ENV))
-        self.stream_session.headers.update(token_headers)
-        self.client.headers.update(token_headers)
+        self.keys = auth.KeySource.from_environment(os.environ.get(auth.TOKEN_ENV))
         self.samples_path = os.environ.get(SAMPLES_ENV)
 
     def on_stop(self):
@@ -140,7 +139,7 @@ class GenerationUser(HttpUser):
         first_reported, error = False, None
         try:
             with self.stream_session.post(
-                self.host + self.path, json=self.body(generation), stream=True, timeout=600
+                self.host + self.path, json=self.body(generation), headers=self.keys.headers(), stream=True, timeout=600
             ) as response:
                 if response.status_code != 200:
                     raise RuntimeError(f"HTTP {response.status_code}: {response.text[:200]}")
@@ -164,7 +163,9 @@ class GenerationUser(HttpUser):
     def plain(self):
         generation = self.new_generation(False)
         error = None
-        with self.client.post(self.path, json=self.body(generation), name=PLAIN, catch_response=True) as response:
+        with self.client.post(
+            self.path, json=self.body(generation), headers=self.keys.headers(), name=PLAIN, catch_response=True
+        ) as response:
             try:
                 if response.status_code != 200:
                     raise ValueError(f"HTTP {response.status_code}: {response.text[:200]}")

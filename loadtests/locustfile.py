@@ -9,8 +9,10 @@ the load they offer drops when the server slows down. :class:`OpenLoopUser` star
 schedule at ``--rate`` requests/s in total (split over the open-loop users), whatever the responses do.
 
 Against a server with token authorization (the production profile) pass the inference token with ``--token`` or
-``$TS_INFERENCE_TOKEN`` (loadtests.run does, from --token or TorchServe's key file): every request then carries
-``Authorization: Bearer <key>``.
+``$TS_INFERENCE_TOKEN``, or TorchServe's key file with ``$TS_KEY_FILE`` (loadtests.run does, from --token or
+--key-file): every request then carries ``Authorization: Bearer <key>``. A key file is re-read when it changes, and a
+request refused because the key was rotated while it was sent is counted as a failure and sent again with the new key
+(scripts/ops/auth.py KeySource), so a run goes through `modelctl keep-keys-fresh` rotations.
 
 Every response is checked (status, JSON, shape) and a wrong one counts as a failure. A 503 is TorchServe's answer to a
 full job queue (its message wrongly says no worker is available): users count it as a failure, then retry with
@@ -33,6 +35,8 @@ from loadtests.report import stats_snapshot
 from scripts.ops import auth
 
 TOKEN_REFUSED_MESSAGE = "Token Authorization failed (TorchServe): the inference token is missing, wrong or expired"
+TOKEN_ROTATED_MESSAGE = "Token Authorization failed (TorchServe): the key was rotated as this was sent; sent again"
+KEYS = []  # this process's inference KeySource, taken at init from --token / $TS_KEY_FILE
 QUEUE_FULL_MESSAGE = "503 queue full (TorchServe's job queue; its message says 'no worker'): retried with backoff"
 OPEN_LOOP = OpenLoopCounters()  # this process's open-loop counters; a master sums its workers' into it
 ENVIRONMENT = []  # the Locust environment, kept at init for the quit hook (which is not given it)
@@ -85,6 +89,17 @@ def add_arguments(parser):
 
 
 @events.init.add_listener
+def take_key_source(environment, **_):
+    options = environment.parsed_options
+    if options is not None:
+        KEYS[:] = [auth.KeySource.from_environment(options.token)]
+
+
+def key_source(options):
+    return KEYS[0] if KEYS else auth.KeySource.from_environment(options.token)
+
+
+@events.init.add_listener
 def size_connection_pool(environment, **_):
     # One connection per open request, so requests never wait for a free connection inside the generator.
     options = environment.parsed_options
@@ -93,37 +108,51 @@ def size_connection_pool(environment, **_):
 
 
 def send_checked(client, model_traffic, body, options, rng):
-    """POST one body; judge the answer; on 503 retry with backoff (each 503 is reported as a failure)."""
-    sent, content_type = request_parts(body)  # JSON, or an image's raw bytes with its media type
-    headers = {**auth.bearer(options.token), "Content-Type": content_type}
-    for attempt in range(options.max_retries + 1):
+    """POST one body; judge the answer; on 503 retry with backoff (each 503 is reported as a failure); a key refused
+    because it was rotated meanwhile is reported as a failure too and sent once more with the new key."""
+    sent, content_type = request_parts(body)
+    keys = key_source(options)
+    attempt, renewed = 0, False
+    while True:
+        key = keys.key()
+        headers = {**auth.bearer(key), "Content-Type": content_type}
         with client.post(
             model_traffic.path, name=model_traffic.name, headers=headers, catch_response=True, **sent
         ) as response:
             if response.status_code == 503:
                 response.failure(QUEUE_FULL_MESSAGE)
-                if attempt < options.max_retries:
-                    gevent.sleep(rng.uniform(0, options.retry_base_ms * 2**attempt) / 1000.0)
-                    continue
-                return
-            if auth.refused(response.status_code, response.text):
-                response.failure(f"HTTP {response.status_code}: {TOKEN_REFUSED_MESSAGE}")
-                return
-            if response.status_code != 200:
-                reason = getattr(response, "error", None) or (response.text or "")[:160]
-                response.failure(f"HTTP {response.status_code}: {reason}")
-                return
-            try:
-                answer = response.json()
-            except ValueError:
-                response.failure("response is not JSON")
-                return
-            reason = model_traffic.check(answer)
-            if reason:
-                response.failure(reason)
-            else:
-                response.success()
+                if attempt >= options.max_retries:
+                    return
+                attempt += 1
+                gevent.sleep(rng.uniform(0, options.retry_base_ms * 2 ** (attempt - 1)) / 1000.0)
+                continue
+            if auth.refused(response.status_code, response.text) and not renewed and keys.renew(key):
+                response.failure(f"HTTP {response.status_code}: {TOKEN_ROTATED_MESSAGE}")
+                renewed = True
+                continue
+            judge(response, model_traffic)
             return
+
+
+def judge(response, model_traffic):
+    """Mark a (non-503) answer as Locust's success or failure, with the reason."""
+    if auth.refused(response.status_code, response.text):
+        response.failure(f"HTTP {response.status_code}: {TOKEN_REFUSED_MESSAGE}")
+        return
+    if response.status_code != 200:
+        reason = getattr(response, "error", None) or (response.text or "")[:160]
+        response.failure(f"HTTP {response.status_code}: {reason}")
+        return
+    try:
+        answer = response.json()
+    except ValueError:
+        response.failure("response is not JSON")
+        return
+    reason = model_traffic.check(answer)
+    if reason:
+        response.failure(reason)
+    else:
+        response.success()
 
 
 def stream_id(user):

@@ -10,10 +10,11 @@ from scripts.ops import auth
 
 
 def resolve_token(args, log=print):
-    """The inference token for this run from --token / --key-file (scripts/ops/auth.py); says where it came from."""
-    token, source = auth.resolve_inference_token(args.token, args.key_file)
-    log(f"inference token: {source}")
-    return token
+    """The inference token for this run from --token / --key-file (scripts/ops/auth.py), as a KeySource (a key file's
+    is re-read after rotations); says where it came from."""
+    keys = auth.KeySource.for_inference(args.token, args.key_file)
+    log(f"inference token: {keys.source}")
+    return keys
 
 
 def wait_for_prediction(url, body, check, timeout=300, headers=None):
@@ -43,12 +44,13 @@ def wait_for_prediction(url, body, check, timeout=300, headers=None):
 
 
 def wait_for_model(inference_url, model, timeout=30, token=None):
-    """One request of the model's own traffic answered correctly at `inference_url`, within `timeout` seconds."""
+    """One request of the model's own traffic answered correctly at `inference_url`, within `timeout` seconds
+    (`token`: a token or a KeySource)."""
     model_traffic = traffic(model)
     wait_for_prediction(
         f"{inference_url.rstrip('/')}{model_traffic.path}",
         model_traffic.payloads(0, 0).next(),
         model_traffic.check,
         timeout=timeout,
-        headers=auth.bearer(token),
+        headers=auth.KeySource.of(token).headers(),
     )

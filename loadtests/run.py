@@ -293,8 +293,8 @@ def run_locust(master, workers, log_path, env, timeout_s):
 
 
 def run(settings, host, metrics_url=None, report_dir=None, log=print, token=None):
-    """Run Locust for `settings` against `host` (sending `token` as a bearer token when given); write the report
-    folder; return the summary dict."""
+    """Run Locust for `settings` against `host` (sending `token` as a bearer token when given: a token, or a KeySource
+    whose key file Locust then reads itself, after rotations too); write the report folder; return the summary."""
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     report_dir = Path(report_dir or REPORTS / f"{settings.model}-{settings.profile}-{stamp}")
     report_dir.mkdir(parents=True, exist_ok=True)
@@ -304,10 +304,15 @@ def run(settings, host, metrics_url=None, report_dir=None, log=print, token=None
         settings, host, prefix, html, open_loop_file if settings.open_loop else "", final_stats
     )
     env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    # The token travels in the environment, not on Locust's command line (which the summary records).
+    # The token travels in the environment, not on Locust's command line (which the summary records); a key file's
+    # as the file's path, so Locust re-reads it when the server's keys are rotated during the run.
+    keys = auth.KeySource.of(token)
     env.pop(auth.TOKEN_ENV, None)
-    if token:
-        env[auth.TOKEN_ENV] = token
+    env.pop(auth.KEY_FILE_ENV, None)
+    if keys.renewable:
+        env[auth.KEY_FILE_ENV] = str(keys.key_file)
+    elif keys.key():
+        env[auth.TOKEN_ENV] = keys.key()
 
     before = prometheus.scrape(metrics_url) if metrics_url else None
     started_at = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
@@ -334,7 +339,7 @@ def run(settings, host, metrics_url=None, report_dir=None, log=print, token=None
         "duration_s": settings.duration,
         "users": settings.workers if settings.open_loop and settings.workers else settings.users,
         "workers": settings.workers,
-        "token": "sent (Authorization: Bearer)" if token else "none",
+        "token": token_summary(keys),
     }
     if final_stats.exists():
         summary.update(json.loads(final_stats.read_text()))
@@ -433,6 +438,13 @@ def settings_from_args(args, profile=None):
         )
     }
     return settings_for(args.model, profile or args.profile, **values)
+
+
+def token_summary(keys):
+    """How the run sent its token, for the summary (never the token itself)."""
+    if keys.renewable:
+        return f"sent (Authorization: Bearer), from {keys.key_file}, re-read after a rotation"
+    return "sent (Authorization: Bearer)" if keys.key() else "none"
 
 
 def add_server_arguments(parser, what):

@@ -8,7 +8,8 @@
     python -m scripts.modelctl set-default classifier 2.0
     python -m scripts.modelctl unregister classifier [1.0 | --all-versions] [--drain-seconds 2 | --no-drain]
     python -m scripts.modelctl rollout classifier-2.0.mar     # register, wait READY, make default, drain, retire old
-    python -m scripts.modelctl refresh-token [--type management|inference]
+    python -m scripts.modelctl rotate-keys [--type inference|management|all]   # new keys now (cron: every N minutes)
+    python -m scripts.modelctl keep-keys-fresh [--every SECONDS]   # beside the server: rotate at half the keys' life
     python -m scripts.modelctl paraphrase "Can I return it within 30 days?" "Can I return it after 30 days?" \
         --archive model_store/support-bot.mar          # or: --embedder minilm [--verifier my-reranker]
 
@@ -18,7 +19,10 @@ Note that an archive's own model-config.yaml wins over --initial-workers for min
 
 Token authorization: the management token is, in this order, --token, $TS_MANAGEMENT_TOKEN, or the "management" key
 of TorchServe's key file (key_file.json in the server's working directory; --key-file, default .run/key_file.json as
-written by `make serve`). A dev server without token authorization needs none.
+written by `make serve`). A dev server without token authorization needs none. A key from the key file is re-read
+when the file changes and after a refusal, so a command runs through a key rotation. TorchServe refuses a key from
+its expiration time (token_expiration_min) on and the moment it is rotated: `keep-keys-fresh` (or `rotate-keys` run
+by a scheduler more often than the keys expire) keeps the file's keys valid; clients re-read it (docs/operations.md).
 
 `paraphrase` shows whether a generator's similarity cache would answer the first text with the second one's stored
 answer, and why (cosine similarity against the threshold, numbers and negations, each reason of the lexical check,
@@ -38,13 +42,13 @@ Exit codes: 0 ok; 1 the operation failed (server error, timeout, rollout rolled 
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
 
-from handlers.core.config import ConfigError
-from scripts.ops import model_views
-from scripts.ops.auth import DEFAULT_KEY_FILE, TOKEN_ENV, KeyFileError, read_key_file, resolve_inference_token
+from scripts.ops import key_rotation, model_views
+from scripts.ops.auth import DEFAULT_KEY_FILE, TOKEN_ENV, KeyFileError, KeySource
 from scripts.ops.management import (
     DEFAULT_MANAGEMENT_URL,
     EXIT_AUTH,
@@ -54,8 +58,6 @@ from scripts.ops.management import (
     ManagementError,
     ready_workers,
 )
-from scripts.ops.paraphrase import CheckError, run_check
-from scripts.ops.paraphrase import lines as check_lines
 from scripts.ops.rollout import archive_identity, find_registered, rollout
 
 REPO = Path(__file__).resolve().parent.parent
@@ -193,31 +195,48 @@ def cmd_rollout(client, args, log):
     ).as_dict()
 
 
-def cmd_refresh_token(client, args, log):
-    """Ask TorchServe for a new management or inference key (it rewrites key_file.json); needs the file's API key."""
-    api_key = read_key_file(args.key_file).get("API", {}).get("key")
-    if not api_key:
-        raise ManagementError(f"{args.key_file} has no API key", EXIT_AUTH)
-    client.token, client.token_source = api_key, f"the API key in {args.key_file}"
-    response = client.refresh_token(args.type)
-    refreshed = read_key_file(args.key_file).get(args.type, {})
-    log(f"new {args.type} key written to {args.key_file}; expires {refreshed.get('expiration time', '?')}")
-    return {
-        "type": args.type,
-        "key_file": str(args.key_file),
-        "expires": refreshed.get("expiration time"),
-        "response": response,
-    }
+def rotation_kinds(args):
+    return key_rotation.KINDS if args.type == "all" else (args.type,)
+
+
+def cmd_rotate_keys(client, args, log):
+    """Have TorchServe issue new keys (it rewrites key_file.json); authenticated with the file's API key."""
+    result = key_rotation.rotate(client, args.key_file, rotation_kinds(args))
+    for kind, expires in result["expires"].items():
+        log(f"new {kind} key written to {args.key_file}; valid until {expires or '?'}")
+    return {"key_file": str(args.key_file), **result}
+
+
+def stop_on_signal(_signum, _frame):
+    raise KeyboardInterrupt
+
+
+def cmd_keep_keys_fresh(client, args, log):
+    """Rotate now and then every --every seconds (default: half the keys' lifetime) until stopped."""
+    if args.every is not None and args.every <= 0:
+        raise ManagementError("--every must be positive", EXIT_USAGE)
+    say = lambda line: print(line, flush=True)  # noqa: E731 -- a long-running loop logs even with --json
+    signal.signal(signal.SIGTERM, stop_on_signal)  # a supervisor's stop ends the loop like Ctrl-C: exit 0
+    try:
+        key_rotation.keep_fresh(client, args.key_file, rotation_kinds(args), args.every, args.retry_seconds, log=say)
+    except KeyboardInterrupt:
+        say("stopped")
+    return {"stopped": True}
 
 
 def cmd_paraphrase(client, args, log):
     """Would the similarity cache answer NEW with STORED's answer, and why (scripts/ops/paraphrase.py)."""
+    # Imported here: it loads torch, which the other commands (keep-keys-fresh runs for days) have no use for.
+    from handlers.core.config import ConfigError
+    from scripts.ops.paraphrase import CheckError, run_check
+    from scripts.ops.paraphrase import lines as check_lines
+
     if bool(args.archive) == bool(args.embedder):
         raise ManagementError("name the models: --archive a generator .mar, or --embedder a served model", EXIT_USAGE)
     token = None
     if args.embedder:
         try:
-            token, _ = resolve_inference_token(
+            token = KeySource.for_inference(
                 os.environ.get(TOKEN_ENV), args.key_file if args.key_file.is_file() else None
             )
         except KeyFileError as error:
@@ -372,8 +391,33 @@ def build_parser():
     )
     rollout_command.add_argument("--keep-old", action="store_true", help="switch the default but keep the old versions")
 
-    token = command("refresh-token", help="have TorchServe issue a new key (uses the key file's API key)")
-    token.add_argument("--type", choices=("management", "inference"), default="management")
+    rotate = command(
+        "rotate-keys",
+        help="have TorchServe issue new inference and management keys now (uses the key file's API key)",
+        description="TorchServe refuses the old key at once and rewrites the key file; clients that take their key "
+        "from the key file re-read it after a refusal (docs/operations.md, Key rotation).",
+    )
+    keep = command(
+        "keep-keys-fresh",
+        help="rotate the keys now and then before they expire, until stopped (run it beside the server)",
+        description="Rotates now, then every --every seconds, by default at half the keys' lifetime (the server's "
+        "token_expiration_min, read from the new keys' expiration time), so a rotation that fails (the server "
+        "restarting) is retried every --retry-seconds well before the keys expire. One line per rotation on "
+        "stdout. Stop it with SIGINT or SIGTERM (exit 0).",
+    )
+    keep.add_argument(
+        "--every", type=float, help="seconds between rotations (default: half the keys' lifetime); must be shorter"
+    )
+    keep.add_argument(
+        "--retry-seconds",
+        type=float,
+        default=key_rotation.RETRY_SECONDS,
+        help=f"after a failed rotation, try again this much later (default {key_rotation.RETRY_SECONDS:g})",
+    )
+    for sub in (rotate, keep):
+        sub.add_argument("--type", choices=("all", *key_rotation.KINDS), default="all", help="which keys (default all)")
+    token = command("refresh-token", help="the same as rotate-keys, one kind (default management)")
+    token.add_argument("--type", choices=key_rotation.KINDS, default="management")
 
     paraphrase = command(
         "paraphrase",
@@ -418,7 +462,9 @@ COMMANDS = {
     "set-default": cmd_set_default,
     "unregister": cmd_unregister,
     "rollout": cmd_rollout,
-    "refresh-token": cmd_refresh_token,
+    "rotate-keys": cmd_rotate_keys,
+    "keep-keys-fresh": cmd_keep_keys_fresh,
+    "refresh-token": cmd_rotate_keys,
     "paraphrase": cmd_paraphrase,
 }
 
@@ -426,8 +472,8 @@ COMMANDS = {
 def make_client(args):
     if args.command == "paraphrase":  # the inference URL or no server at all: no management client
         return None
-    if args.command == "refresh-token":  # authenticates with the key file's API key, not a management token
-        return ManagementClient(args.management_url, key_file=args.key_file, timeout=args.timeout)
+    if args.command in ("rotate-keys", "keep-keys-fresh", "refresh-token"):  # the key file's API key, not a token
+        return key_rotation.rotation_client(args.management_url, args.key_file, args.timeout)
     return ManagementClient.with_key_file(args.management_url, args.token, args.key_file, args.timeout)
 
 

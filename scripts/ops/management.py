@@ -17,7 +17,7 @@ from typing import Any
 
 import requests
 
-from scripts.ops.auth import KeyFileError, bearer, key_from_file
+from scripts.ops.auth import KeyFileError, KeySource, send_renewing
 
 DEFAULT_MANAGEMENT_URL = "http://127.0.0.1:8081"
 
@@ -60,13 +60,20 @@ class ManagementClient:
         token_source: str | None = None,
         key_file: str | os.PathLike | None = None,
         timeout: float = 30.0,
+        keys: KeySource | None = None,
     ):
+        """`token` is sent as it is; `keys` (a key file's management key, or its API key for /token) is re-read when
+        the file changes and after a refusal, so the client follows key rotations (scripts/ops/auth.py)."""
         self.url = url.rstrip("/")
-        self.token = token
-        self.token_source = token_source
-        self.key_file = key_file
+        self.keys = keys or KeySource("management", token=token)
+        self.token_source = token_source or self.keys.source
+        self.key_file = key_file or self.keys.key_file
         self.timeout = timeout
         self.session = requests.Session()
+
+    @property
+    def token(self) -> str | None:
+        return self.keys.key()
 
     @classmethod
     def with_key_file(
@@ -74,35 +81,43 @@ class ManagementClient:
     ) -> ManagementClient:
         """A client with `token`, else the key file's management key when the file exists (a dev server without
         token authorization needs none; one that wants a token says so, and the error names the key file)."""
-        source = "--token/$TS_MANAGEMENT_TOKEN"
-        if not token and key_file and Path(key_file).is_file():
-            try:
-                token = key_from_file(key_file, "management")
-            except KeyFileError as error:
-                raise ManagementError(str(error), EXIT_AUTH) from None
-            source = f"key file {key_file}"
-        return cls(url, token, source, key_file, timeout)
+        if token or not (key_file and Path(key_file).is_file()):
+            return cls(url, token, "--token/$TS_MANAGEMENT_TOKEN", key_file, timeout)
+        keys = KeySource("management", key_file)
+        try:
+            keys.key()
+        except KeyFileError as error:
+            raise ManagementError(str(error), EXIT_AUTH) from None
+        return cls(url, timeout=timeout, keys=keys)
 
     # ------------------------------------------------------------------------------------------- HTTP
     def request(
         self, method: str, path: str, params: dict[str, Any] | None = None, timeout: float | None = None
     ) -> requests.Response:
-        """The raw answer (any status); ManagementError only when nothing answered."""
+        """The raw answer (any status); ManagementError only when nothing answered. A key refused because it was
+        rotated is renewed from the key file and the call sent once more."""
         timeout = timeout or self.timeout
+
+        def send(headers: dict[str, str]) -> requests.Response:
+            try:
+                return self.session.request(
+                    method, f"{self.url}{path}", params=params, headers=headers, timeout=timeout
+                )
+            except requests.ConnectionError:
+                raise ManagementError(
+                    f"cannot reach TorchServe's management API at {self.url} (is the server running? "
+                    f"`make serve`; or pass --management-url)",
+                    EXIT_UNREACHABLE,
+                ) from None
+            except requests.Timeout:
+                raise ManagementError(
+                    f"{method} {path}: no answer from {self.url} within {timeout:.0f}s", EXIT_FAILED
+                ) from None
+
         try:
-            return self.session.request(
-                method, f"{self.url}{path}", params=params, headers=bearer(self.token), timeout=timeout
-            )
-        except requests.ConnectionError:
-            raise ManagementError(
-                f"cannot reach TorchServe's management API at {self.url} (is the server running? "
-                f"`make serve`; or pass --management-url)",
-                EXIT_UNREACHABLE,
-            ) from None
-        except requests.Timeout:
-            raise ManagementError(
-                f"{method} {path}: no answer from {self.url} within {timeout:.0f}s", EXIT_FAILED
-            ) from None
+            return send_renewing(send, self.keys)
+        except KeyFileError as error:
+            raise ManagementError(str(error), EXIT_AUTH) from None
 
     def call(self, method: str, path: str, params: dict[str, Any] | None = None, timeout: float | None = None) -> Any:
         """The JSON answer of a successful call; a ManagementError for any other."""
@@ -125,11 +140,13 @@ class ManagementClient:
         code = response.status_code
         # TorchServe 0.12 refuses a missing or wrong token with 400 InvalidKeyException (not 401).
         if kind == "InvalidKeyException" or code == 401 or (code == 403 and "Version" not in kind):
-            if self.token:
+            if self.keys.renewable:
+                hint = self.keys.refusal_hint()
+            elif self.token:
                 hint = (
                     f"the token from {self.token_source} was refused: it is for another server, or it expired "
-                    f"(tokens live token_expiration_min minutes; `modelctl refresh-token` renews it, "
-                    f"a restarted server writes a new key_file.json)"
+                    f"(tokens live token_expiration_min minutes unless rotated; pass --key-file instead of a "
+                    f"token, and it is re-read after each rotation)"
                 )
             else:
                 found = "not found" if not Path(self.key_file or "").is_file() else "it has no management key"

@@ -22,7 +22,7 @@ import requests
 import torch
 
 from handlers.text.cache import CachedRow
-from scripts.ops.auth import bearer
+from scripts.ops.auth import KeySource, send_renewing
 
 
 class CheckError(Exception):
@@ -117,14 +117,15 @@ def archive_sources(archive: Path, folder: Path) -> tuple[Sources, dict[str, Any
     return sources, settings
 
 
-def served_sources(inference_url: str, embedder: str, verifier: str | None, token: str | None) -> Sources:
-    """An embedding model and a text-classifier / reranker that a running TorchServe serves."""
-    headers = bearer(token)
+def served_sources(inference_url: str, embedder: str, verifier: str | None, token: str | KeySource | None) -> Sources:
+    """An embedding model and a text-classifier / reranker that a running TorchServe serves (`token`: a token, or a
+    KeySource whose key is renewed after a rotation)."""
+    keys = KeySource.of(token)
 
     def post(model: str, body: dict[str, Any]) -> Any:
         url = f"{inference_url.rstrip('/')}/predictions/{model}"
         try:
-            response = requests.post(url, json=body, headers=headers, timeout=60)
+            response = send_renewing(lambda headers: requests.post(url, json=body, headers=headers, timeout=60), keys)
         except requests.RequestException as error:
             raise CheckError(f"{url}: {type(error).__name__}: {error}") from None
         if response.status_code != 200:
@@ -262,7 +263,7 @@ def run_check(
     inference_url: str = "",
     embedder: str | None = None,
     verifier: str | None = None,
-    token: str | None = None,
+    token: str | KeySource | None = None,
     overrides: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The check with the models of an archive (in process) or served ones (through the inference URL)."""

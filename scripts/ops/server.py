@@ -27,7 +27,7 @@ import psutil
 import requests
 
 from handlers.core import cpu
-from scripts.ops.auth import bearer
+from scripts.ops.auth import KeySource, bearer
 from scripts.ops.management import ManagementClient, ManagementError, ready_workers
 
 REPO = Path(__file__).resolve().parents[2]
@@ -314,7 +314,11 @@ class Server:
         """A management-API client with this server's management token (when it has one; none if not `authorized`,
         to see the server refuse)."""
         token = self.tokens().get("management") if authorized else None
-        return ManagementClient(self.management_url, token, f"key file {self.key_file}", self.key_file, timeout)
+        if token is None:
+            return ManagementClient(self.management_url, None, f"key file {self.key_file}", self.key_file, timeout)
+        # Re-read after a rotation (modelctl keep-keys-fresh), starting from the key read above.
+        keys = KeySource("management", self.key_file, token)
+        return ManagementClient(self.management_url, timeout=timeout, keys=keys)
 
     def env(self) -> dict[str, str]:
         from handlers.core.answer_size import LIMIT_ENV, TORCHSERVE_DEFAULT  # handlers import torch: only when starting
