@@ -157,6 +157,9 @@ def test_describe_says_what_serves_and_how_images_are_prepared(server):
     assert described["model"]["kind"] == "image-classification"
     assert described["model"]["labels"] == list(tiny_image_models.LABELS)
     assert described["model"]["preprocessing"]["size"] == {"height": 32, "width": 32}
+    # the raw customized describe leaves the model serving (every spelling: tests/integration/test_management_safety.py)
+    image = base64.b64encode(encoded(photo(24, 16, 7), "PNG")).decode()
+    assert predict(server, json={"image": image}).status_code == 200
 
 
 class FineImage:

@@ -77,6 +77,18 @@ def test_a_raw_customized_describe_of_the_generator_is_answered_once_and_it_keep
         assert generates(ts_server)["completion_tokens"] == 2
 
 
+@pytest.mark.parametrize("model", [CLASSIFIER, "minilm"])
+def test_a_raw_customized_describe_of_a_whole_batch_model_is_answered_and_it_keeps_serving(ts_server, mgmt, model):
+    skip_unless_served(ts_server, model)
+    body = {"inputs": [0.1] * 128} if model == CLASSIFIER else {"text": "still serving"}
+    for spelling in (f"/models/{model}", f"/models/{model}/1.0"):
+        described = requests.get(mgmt + spelling, params={"customized": "true"}, timeout=ANSWER_TIMEOUT)
+        assert described.status_code == 200, described.text
+        assert handler_metadata(described.json()[0])["identity"].startswith("sha256:")
+        answer = requests.post(f"{ts_server.inference_url}/predictions/{model}", json=body, timeout=ANSWER_TIMEOUT)
+        assert answer.status_code == 200, answer.text
+
+
 def test_a_customized_describe_while_generating_is_answered_and_the_generation_finishes(ts_server, mgmt):
     skip_unless_served(ts_server, GENERATOR)
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
