@@ -1305,6 +1305,90 @@ def campaign(server, model, store, requests=5000, seed=0, clients=24, log=print)
     )
 
 
+# ------------------------------------------------------------------------------------------------ networks
+# A served network (handlers/network/) is fuzzed with the tensor grammar (scripts/reliability/tensor_grammar.py): its
+# requests carry headers of their own (the binary extension's), each invalid one has an exact status and the input it
+# must name, and each valid one's reference is the network engine's answer to it alone, computed here in process.
+NETWORK_CLASSES = {
+    "lost": "requests without an HTTP answer",
+    "server_error": "5xx answers",
+    "wrong_refusal": "invalid requests not refused with their status naming the input",
+    "good_failed": "valid requests not answered 200 (or 422 for an output JSON cannot carry)",
+    "wrong_answer": "200 answers that differ from the request alone in process",
+}
+
+
+def post_tensor_case(session, url, case, headers=None, timeout=60):
+    """One case's exact bytes and headers as curl --data-binary sends them: (status, headers, body); status 0 and
+    the error's text as the body when no HTTP answer came."""
+    import requests
+
+    try:
+        response = session.post(url, data=case.body, headers={**(headers or {}), **case.headers}, timeout=timeout)
+    except requests.RequestException as error:
+        return 0, {}, f"{type(error).__name__}: {error}".encode()
+    return response.status_code, dict(response.headers), response.content
+
+
+def network_verdict(case, status):
+    """The failure class (a key of NETWORK_CLASSES) of an answer the judge found wrong."""
+    if status == 0:
+        return "lost"
+    if status >= 500:
+        return "server_error"
+    if case.expect == ERROR:
+        return "wrong_refusal"
+    return "wrong_answer" if status == 200 else "good_failed"
+
+
+def network_campaign(
+    url, program, signature, options=None, requests=2000, seed=0, clients=8, headers=None, model="network", log=print
+):
+    """Fuzz a served network at ``url`` (its inference route) with ``requests`` tensor-grammar cases from ``clients``
+    threads; ``program`` and ``signature`` (handlers/network/signature.load of what the archive packs) and ``options``
+    (the served handler: section) give the in-process reference. Returns a scripts.reliability.rows.Row."""
+    import requests as http
+
+    from handlers.network.engine import NetworkEngine
+    from scripts.reliability.rows import Row
+    from scripts.reliability.tensor_grammar import TensorGrammar, judge, reference
+
+    engine = NetworkEngine(program, signature, options)
+    grammar = TensorGrammar(signature, seed, engine.max_rows_per_request, model)
+    cases = grammar.cases(requests)
+    expected = [reference(engine, case) for case in cases]
+    local = threading.local()
+
+    def send(case):
+        if getattr(local, "session", None) is None:
+            local.session = http.Session()
+        return post_tensor_case(local.session, url, case, headers)
+
+    with ThreadPoolExecutor(max_workers=clients) as pool:
+        answers = list(pool.map(send, cases))
+    counts, examples = Counter({name: 0 for name in NETWORK_CLASSES}), defaultdict(list)
+    for case, want, (status, got_headers, body) in zip(cases, expected, answers, strict=True):
+        problem = "no answer" if status == 0 else judge(case, status, got_headers, body, want, rtol=1e-4, atol=1e-5)
+        if problem is None:
+            continue
+        name = network_verdict(case, status)
+        counts[name] += 1
+        if len(examples[name]) < 5:
+            examples[name].append({"case": case.index, "production": case.production, "status": status, "why": problem})
+            log(
+                f"  [{name}] case {case.index} ({case.production}): {problem[:300]}\n      {case.reproducer(url)[:400]}"
+            )
+    kinds = Counter(case.expect for case in cases)
+    return Row(
+        f"{model}: fuzz {len(cases)} tensor requests ({clients} clients, seed {seed})",
+        f"{len(cases)} requests ({kinds[OK]} valid, {kinds[ERROR]} invalid, {kinds[EITHER]} either); "
+        + ", ".join(f"{counts[name]} {label}" for name, label in NETWORK_CLASSES.items()),
+        "every invalid request refused with its status naming its input, every valid one answered as alone, no 5xx",
+        not any(counts.values()),
+        {"counts": dict(counts), "examples": dict(examples), "statuses": dict(Counter(str(a[0]) for a in answers))},
+    )
+
+
 # ------------------------------------------------------------------------------------------------ CLI
 def show_case(model, store, seed, index, server, send):
     max_request_size = int(server.props.get("max_request_size", 6553500)) if server else 6553500
