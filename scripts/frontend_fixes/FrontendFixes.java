@@ -16,6 +16,7 @@ import org.pytorch.serve.util.ConfigManager;
 import org.pytorch.serve.util.NettyUtils;
 import org.pytorch.serve.util.messages.WorkerCommands;
 import org.pytorch.serve.wlm.Model;
+import org.pytorch.serve.wlm.ModelManager;
 import org.pytorch.serve.wlm.WorkerInitializationException;
 
 import io.netty.handler.codec.http.QueryStringDecoder;
@@ -37,6 +38,9 @@ import io.netty.handler.codec.http.QueryStringDecoder;
  *       stopped answering.
  *   <li>{@link #intParameter}: a management call's integer parameter that is not an integer is refused, not read as
  *       its default (min_worker=abc scaled a model to one worker).
+ *   <li>{@link #unregisterModel} and scaling to 0 ({@link #updateModelWorkers}): the requests still queued for the
+ *       model, and those its stopped workers held (TorchServe puts them back in the queue), are answered 503. 0.12
+ *       left them unanswered: the clients waited until their own timeout.
  * </ul>
  */
 public final class FrontendFixes {
@@ -153,8 +157,51 @@ public final class FrontendFixes {
             }
             throw new BadRequestException(problem);
         }
-        return ApiUtils.updateModelWorkers(
-                modelName, modelVersion, minWorkers, maxWorkers, synchronous, isInit, onError);
+        Model model = maxWorkers == 0 ? findModel(modelName, modelVersion) : null;
+        StatusResponse response =
+                ApiUtils.updateModelWorkers(
+                        modelName, modelVersion, minWorkers, maxWorkers, synchronous, isInit, onError);
+        if (model != null) {
+            // No worker will take them: what waits (and what the stopped workers held) gets TorchServe's own answer
+            // for a model without workers now, not silence.
+            answerQueued(
+                    model,
+                    "Model " + modelName + " was scaled to 0 workers before this request was served");
+        }
+        return response;
+    }
+
+    private static Model findModel(String modelName, String modelVersion) {
+        try {
+            return ModelManager.getInstance().getModel(modelName, modelVersion);
+        } catch (ModelVersionNotFoundException e) {
+            return null;
+        }
+    }
+
+    /** Answers 503 to every job still queued for {@code model} (its data queue and its workers' own queues). */
+    @SuppressWarnings("unchecked")
+    static int answerQueued(Model model, String message) {
+        int answered = 0;
+        for (LinkedBlockingDeque<Job> queue :
+                ((ConcurrentMap<String, LinkedBlockingDeque<Job>>) read(JOBS_DB, model)).values()) {
+            Job job;
+            while ((job = queue.poll()) != null) {
+                job.sendError(503, message);
+                answered++;
+            }
+        }
+        return answered;
+    }
+
+    /** Replaces {@code modelManager.unregisterModel(name, version)} in ApiUtils.unregisterModel (REST and gRPC). */
+    public static int unregisterModel(ModelManager manager, String modelName, String modelVersion) {
+        Model model = findModel(modelName, modelVersion);
+        int status = manager.unregisterModel(modelName, modelVersion);
+        if (model != null && status == 200) {
+            answerQueued(model, "Model " + modelName + " was unregistered before this request was served");
+        }
+        return status;
     }
 
     /** Replaces {@code NettyUtils.getIntParameter} in the management API's request parsing. */

@@ -9,7 +9,9 @@ host (docs/operations.md, "Management calls that cannot hurt serving"):
 - a `continuousBatching` model with two or more workers stops a running generation until another request arrives (an
   idle worker waits for work holding the queue's lock, which a busy worker waits for between steps);
 - a negative worker count takes every worker away, a huge one starts workers until the host stops answering, and a
-  non-numeric one is read as its default.
+  non-numeric one is read as its default;
+- unregistering a model, or scaling it to 0 workers, leaves the requests still queued for it (and those its stopped
+  workers held) without any answer: their clients wait until their own timeout. They get a 503 now.
 
 This rewrites the call sites involved in the installed `ts/frontend/model-server.jar` to the replacements in
 FrontendFixes.java (compiled here with javac), keeping the original beside it as `model-server.jar.orig`. Only the
@@ -89,6 +91,14 @@ REDIRECTS = (
         ("org/pytorch/serve/util/ApiUtils", "updateModelWorkers", UPDATE_WORKERS),
         "updateModelWorkers",
         UPDATE_WORKERS,
+        1,
+    ),
+    Redirect(
+        "org/pytorch/serve/util/ApiUtils.class",
+        "unregisterModel",
+        ("org/pytorch/serve/wlm/ModelManager", "unregisterModel", "(Ljava/lang/String;Ljava/lang/String;)I"),
+        "unregisterModel",
+        "(Lorg/pytorch/serve/wlm/ModelManager;Ljava/lang/String;Ljava/lang/String;)I",
         1,
     ),
     Redirect(

@@ -8,6 +8,8 @@ stopped answering.
 
 import concurrent.futures
 import json
+import threading
+import time
 import zipfile
 from pathlib import Path
 
@@ -174,6 +176,50 @@ def test_registering_with_a_huge_worker_count_is_refused_and_leaves_nothing_regi
         assert len(workers(mgmt, "classifier-huge")) == 1
     finally:
         requests.delete(f"{mgmt}/models/classifier-huge", timeout=120)
+    assert classifies(ts_server)["label"] in range(10)
+
+
+def flood(url, body, stop, answers):
+    """Post ``body`` to ``url`` until ``stop`` is set, recording each status (0: no answer within the timeout)."""
+    while not stop.is_set():
+        try:
+            answers.append(requests.post(url, json=body, timeout=ANSWER_TIMEOUT).status_code)
+        except requests.RequestException:
+            answers.append(0)
+
+
+@pytest.mark.parametrize("call", ["unregister", "scale to 0"])
+def test_every_request_in_flight_is_answered_when_a_model_is_unregistered_or_scaled_to_0(
+    ts_server, mgmt, archive_without_worker_counts, call
+):
+    """0.12 left the requests queued for the model (and those its stopped worker held) without an answer."""
+    skip_unless_served(ts_server, CLASSIFIER)
+    name = "classifier-flooded"
+    params = {"url": archive_without_worker_counts, "model_name": name, "initial_workers": 1, "batch_size": 4}
+    assert requests.post(f"{mgmt}/models", params=params, timeout=300).status_code == 200
+    url = f"{ts_server.inference_url}/predictions/{name}"
+    stop, answers = threading.Event(), []
+    clients = [
+        threading.Thread(target=flood, args=(url, {"inputs": [[0.1] * 128] * 64}, stop, answers)) for _ in range(6)
+    ]
+    try:
+        for client in clients:
+            client.start()
+        time.sleep(2)
+        if call == "unregister":
+            assert requests.delete(f"{mgmt}/models/{name}", timeout=120).status_code == 200
+        else:
+            scaled = requests.put(f"{mgmt}/models/{name}?min_worker=0&max_worker=0&synchronous=true", timeout=120)
+            assert scaled.status_code == 200, scaled.text
+        time.sleep(1)
+    finally:
+        stop.set()
+        for client in clients:
+            client.join(ANSWER_TIMEOUT + 10)
+        requests.delete(f"{mgmt}/models/{name}", timeout=120)
+    assert answers.count(200) > 0, answers
+    assert 0 not in answers, f"{answers.count(0)} requests got no answer"
+    assert set(answers) <= {200, 404, 500, 503}, answers
     assert classifies(ts_server)["label"] in range(10)
 
 
