@@ -446,6 +446,33 @@ class Reference:
     unit: str = "text"  # what one item is: ranked as ms_per_<unit>
     max_tokens: int = 0  # a text model's token limit (AOT's length bound); 0 for images
     builder_options: dict[str, Any] = field(default_factory=dict)  # an image model's input_dims
+    # A family whose candidates are built, loaded, gated and run as eager its own way (a network, load_network_
+    # reference) sets these; None: the text and image models' way (BUILDERS, load_candidate, cosine_gate,
+    # runtime.convert_model).
+    builders: dict[str, Callable[..., dict]] | None = None
+    load: Callable[[str, str], Encoder] | None = None
+    gate: Callable[[Encoder, str], Verdict] | None = None
+    eager: Callable[[str], Encoder] | None = None
+    route_lengths: bool = True  # the text side's per-length routing to eager (eager_buckets)
+    gate_record: dict[str, Any] = field(default_factory=dict)  # the manifest's gate section beyond the bound
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A candidate's gate: what the log prints, the refusal (None: it passes) and what the manifest records."""
+
+    value: float
+    refused: str | None
+    record: dict[str, Any]
+
+
+def cosine_gate(runner: Encoder, precision: str, reference: Reference) -> Verdict:
+    """The text and image models' gate: the kind's measure against eager fp32, at least --min-cosine."""
+    worst = gate_min_cosine(runner, reference)
+    refused = (
+        f"gate: min cosine to eager fp32 {worst:.6f} < {reference.min_cosine}" if worst < reference.min_cosine else None
+    )
+    return Verdict(worst, refused, {"gate_min_cosine": round(worst, 6)})
 
 
 def load_text_reference(model_dir: Path, device: str, threads: int, max_batch: int, min_cosine: float) -> Reference:
@@ -539,6 +566,173 @@ def load_image_reference(model_dir: Path, device: str, threads: int, max_batch: 
     )
 
 
+# --- networks (a team's own torch.export program, handlers/network) -----------------------------------------------
+NETWORK_KIND = "network"
+# Every backend, by default: a network's graph is the team's own, so which one wins is not known in advance.
+NETWORK_BACKENDS = ("aot", "openvino", "jit")
+NETWORK_CODE_INPUTS = ("scripts/build_backends.py", "handlers/network", "handlers/core/aot.py")
+NETWORK_RANK_ROWS = (1, 8, 64)  # the ranking's batch sizes (capped by the rows a pass may hold)
+
+
+class NetworkRunner:
+    """A loaded network backend called as the ranking calls every runner, one tensor per input in the signature's
+    order; the network's gate calls ``program`` itself."""
+
+    def __init__(self, program: Any, signature: Any) -> None:
+        self.program = program
+        self.signature = signature
+
+    def __call__(self, *tensors: Any) -> Any:
+        return self.signature.call(self.program, tensors)
+
+
+def network_dynamic_shapes(model: Any, signature: Any) -> tuple:
+    """torch.export dynamic_shapes for ``model`` taking the signature's inputs positionally: one Dim per symbol,
+    within the range the program was exported for."""
+    import torch
+
+    dims: dict[str, Any] = {}
+    for spec in signature.inputs:
+        for dim in spec.dims:
+            if dim.size is None and dim.symbol not in dims:
+                dims[dim.symbol] = torch.export.Dim(dim.symbol, min=max(dim.low, 1), max=dim.high)
+    shapes = [{axis: dims[d.symbol] for axis, d in enumerate(spec.dims) if d.size is None} for spec in signature.inputs]
+    return forward_shapes(model, shapes)
+
+
+def build_network_aot(
+    model_dir: Path, fp32_model: Any, example: tuple, precision: str, device: str, *_: Any, program: Any, signature: Any
+) -> dict:
+    """AOTInductor package: the ExportedProgram itself at fp32 on the CPU; otherwise the program at ``precision``
+    (handlers/network/backends.AtPrecision: float inputs cast in, float outputs back to fp32) exported again with
+    the program's own dynamic dims."""
+    import torch
+
+    from handlers.network import backends as network
+
+    exported = program
+    if precision != "fp32" or device != "cpu":
+        module = network.at_precision(fp32_model, precision).to(device)
+        with torch.inference_mode():
+            inputs = tuple(tensor.to(device) for tensor in example)
+            exported = torch.export.export(module, inputs, dynamic_shapes=network_dynamic_shapes(module, signature))
+    relative = network.aot_package(precision)
+    package = model_dir / relative
+    package.unlink(missing_ok=True)
+    # Inductor writes the thread count in force now into the package's kernels: the caller set the served one.
+    torch._inductor.aoti_compile_and_package(exported, package_path=str(package))
+    return {"files": [relative]}
+
+
+def build_network_openvino(
+    model_dir: Path, fp32_model: Any, example: tuple, precision: str, device: str, *_: Any, program: Any, signature: Any
+) -> dict:
+    """OpenVINO IR converted from the ExportedProgram (its dynamic dims kept; integer inputs stay integer), weights
+    kept in fp32 (an fp32 candidate must equal eager within 1e-5; fp16-stored weights would not); built once per run,
+    the precision is chosen at load."""
+    import openvino
+
+    from handlers.network import backends as network
+
+    if device != "cpu":
+        raise ValueError("built for CPU only (this build targets CUDA)")
+    xml = model_dir / network.OPENVINO_IR
+    folder = xml.parent
+    files = [network.OPENVINO_IR, network.OPENVINO_IR.replace(".xml", ".bin")]
+    if (folder / ".built").exists():
+        return {"files": files}
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    openvino.save_model(openvino.convert_model(program), str(xml), compress_to_fp16=False)
+    (folder / ".built").write_text("")
+    return {"files": files}
+
+
+def build_network_jit(*_: Any, **__: Any) -> dict:
+    """torch.compile has no artifact: the worker compiles at load; the build gates and ranks it all the same."""
+    return {"files": []}
+
+
+NETWORK_BUILDERS = {"aot": build_network_aot, "openvino": build_network_openvino, "jit": build_network_jit}
+
+
+def network_rank_inputs(signature: Any, most: int) -> dict[int, tuple[Any, ...]]:
+    import torch
+
+    from handlers.network.backends import generated_batch
+
+    generator = torch.Generator().manual_seed(1)
+    rows = sorted({min(max(count, signature.rows.low, 1), most) for count in NETWORK_RANK_ROWS})
+    return {count: generated_batch(signature, count, "mid", generator) for count in rows}
+
+
+def load_network_reference(model_dir: Path, device: str, threads: int, max_batch: int, min_cosine: float) -> Reference:
+    """A network's folder: its exported program (program.pt2) and its signature file if any (signature.yaml or
+    signature.json). The gate is the network's own (handlers/network/backends.gate: per output, cosine and relative
+    error for floats, exact for integers, against eager fp32 or fp64). Ranked by ms per row: each ranking batch size
+    is weighted 1 / (sizes x rows) per call, so the weighted sum is the mean over the sizes of the time per row."""
+    import torch
+
+    from handlers.network import backends as network
+    from handlers.network.signature import from_exported, read_file
+
+    program = torch.export.load(str(model_dir / network.PROGRAM_FILE))
+    files = [model_dir / name for name in network.SIGNATURE_FILES if (model_dir / name).is_file()]
+    signature = from_exported(program, read_file(files[0]) if files else None)
+    module = program.module().to(device)
+    most = min(
+        max_batch,
+        signature.rows.high or max_batch,
+        signature.limits.max_rows_per_pass or max_batch,
+        max(NETWORK_RANK_ROWS),
+    )
+    batches = network.gate_batches(signature, most)
+    reference = network.reference_for(module, signature, batches)
+    where = torch.device(device)
+
+    def load(backend: str, precision: str) -> NetworkRunner:
+        loaded = network.load_backend(backend, precision, model_dir, program, signature, threads, where)
+        network.warm_up(loaded, signature, most)  # torch.compile compiles here, not in the ranking's rounds
+        return NetworkRunner(loaded, signature)
+
+    def gate(runner: Any, precision: str) -> Verdict:
+        verdict = network.gate(runner.program, precision, signature, reference, min_cosine)
+        return Verdict(verdict.min_cosine, verdict.refused, verdict.record())
+
+    rank_inputs = network_rank_inputs(signature, most)
+    example = network.generated_batch(signature, max(4, signature.rows.low), "mid", torch.Generator().manual_seed(2))
+    return Reference(
+        model_dir,
+        module,
+        batches,
+        reference.outputs,
+        similarity=lambda expected, got, batch: 1.0,  # unused: the network's gate measures every output itself
+        gate_measure="per output: cosine and max relative error for floats, exact for integers and bools",
+        gate_shapes=[[list(tensor.shape) for tensor in batch] for batch in batches],
+        example=example,
+        rank_inputs=rank_inputs,
+        bucket_shares={count: 1 / (len(rank_inputs) * count) for count in rank_inputs},
+        payload_mix=f"generated batches of {', '.join(map(str, rank_inputs))} rows, mean ms per row over them",
+        device=device,
+        threads=threads,
+        max_batch=most,
+        min_cosine=min_cosine,
+        unit="row",
+        builder_options={"program": program, "signature": signature},
+        builders=NETWORK_BUILDERS,
+        load=load,
+        gate=gate,
+        eager=lambda precision: load("eager", precision),
+        route_lengths=False,
+        gate_record={
+            "reference": reference.name,
+            "fp32_bounds": {"min_cosine": network.FP32_MIN_COSINE, "max_relative": network.FP32_MAX_RELATIVE},
+            "integer_outputs": "exactly equal",
+            **reference.record,
+        },
+    )
+
+
 def build_candidate(reference: Reference, backend: str, precision: str) -> tuple[dict, Encoder | None]:
     """Build, load and gate one candidate: (its manifest entry, its runner), or (a refusal with its reason, None)."""
     import torch
@@ -555,7 +749,7 @@ def build_candidate(reference: Reference, backend: str, precision: str) -> tuple
     started = time.perf_counter()
     try:
         example = example_inputs(reference)
-        built = BUILDERS[backend](
+        built = (reference.builders or BUILDERS)[backend](
             model_dir,
             reference.fp32_model,
             example,
@@ -566,23 +760,27 @@ def build_candidate(reference: Reference, backend: str, precision: str) -> tuple
             **reference.builder_options,
         )
         built_seconds = time.perf_counter() - started
-        runner = load_candidate(
-            backend, precision, model_dir, reference.fp32_model, reference.threads, reference.device
+        if reference.load is None:
+            runner = load_candidate(
+                backend, precision, model_dir, reference.fp32_model, reference.threads, reference.device
+            )
+        else:
+            runner = reference.load(backend, precision)
+        verdict = (
+            cosine_gate(runner, precision, reference) if reference.gate is None else reference.gate(runner, precision)
         )
-        worst = gate_min_cosine(runner, reference)
     except Exception as error:  # a backend that cannot be built or loaded here is refused, not fatal
-        reason = f"build or load failed: {type(error).__name__}: {str(error).strip().splitlines()[0][:300]}"
+        reason = f"build or load failed: {type(error).__name__}: {(str(error).strip() or '?').splitlines()[0][:300]}"
         log(f"{where}: refused: {reason}")
         return {**entry, "reason": reason}, None
-    if worst < reference.min_cosine:
-        reason = f"gate: min cosine to eager fp32 {worst:.6f} < {reference.min_cosine}"
-        log(f"{where}: refused: {reason}")
-        return {**entry, "reason": reason, "gate_min_cosine": round(worst, 6)}, None
+    if verdict.refused:
+        log(f"{where}: refused: {verdict.refused}")
+        return {**entry, "reason": verdict.refused, **verdict.record}, None
     size = sum((model_dir / name).stat().st_size for name in built["files"])
-    log(f"{where}: built in {built_seconds:.0f}s, {size / 1e6:.0f} MB, gate min cosine {worst:.6f}")
+    log(f"{where}: built in {built_seconds:.0f}s, {size / 1e6:.0f} MB, gate min cosine {verdict.value:.6f}")
     entry.update(
         built,
-        gate_min_cosine=round(worst, 6),
+        **verdict.record,
         build_seconds=round(built_seconds, 1),
         megabytes=round(size / 1e6, 1),
     )
@@ -597,7 +795,11 @@ def eager_runners(reference: Reference, precisions: list[str]) -> dict[tuple[str
 
     runners: dict[tuple[str, str], Encoder] = {}
     for precision in precisions:
-        if not runtime.machine_can_run(precision, torch.device(reference.device)):
+        if runtime.machine_can_run(precision, torch.device(reference.device)):
+            continue
+        if reference.eager is not None:
+            runners[("eager", precision)] = reference.eager(precision)
+        else:
             runners[("eager", precision)] = runtime.convert_model(reference.fp32_model, precision).to(reference.device)
     return runners
 
@@ -607,8 +809,11 @@ def staged_kind(model_dir: Path) -> tuple[str, float, Callable[..., Reference]]:
     image_model.json, scripts/prepare_image_model.py) or a text model's (text_model.json and the reference
     sentences, scripts/prepare_text_model.py); BuildError for a folder not staged."""
     from handlers.image.folder import SERVED_FILE as IMAGE_SERVED_FILE
+    from handlers.network.backends import PROGRAM_FILE, REDUCED_MIN_COSINE
     from handlers.text.folder import SERVED_FILE, FolderError
 
+    if (model_dir / PROGRAM_FILE).is_file():
+        return NETWORK_KIND, REDUCED_MIN_COSINE, load_network_reference
     if (model_dir / IMAGE_SERVED_FILE).is_file():
         from handlers.image.kinds import inspect_folder as inspect_image_folder
         from handlers.image.kinds import kind_named as image_kind_named
@@ -654,7 +859,9 @@ def build(
     kind, default_min_cosine, load_reference = staged_kind(model_dir)
     min_cosine = min_cosine or default_min_cosine
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    backends = default_backends(device) if backends is None else list(backends)
+    if backends is None:
+        backends = list(NETWORK_BACKENDS) if kind == NETWORK_KIND else default_backends(device)
+    backends = list(backends)
     precisions = list(precisions or machine_precisions(device))
     options = {
         "min_cosine": min_cosine,
@@ -663,7 +870,9 @@ def build(
         "beat_eager": beat_eager,
         "kind": kind,
     }
-    code = IMAGE_CODE_INPUTS if load_reference is load_image_reference else CODE_INPUTS
+    code = {load_image_reference: IMAGE_CODE_INPUTS, load_network_reference: NETWORK_CODE_INPUTS}.get(
+        load_reference, CODE_INPUTS
+    )
     key = build_key(model_dir, backends, precisions, device, options, code)
     if not force and up_to_date(model_dir, key):
         log(f"{model_dir / BACKENDS_DIR} up to date (same weights, code, versions, CPU flags and options)")
@@ -699,7 +908,8 @@ def build(
     for candidate in candidates:
         own = ms_per_bucket[(candidate["backend"], candidate["precision"])]
         eager = ms_per_bucket.get(("eager", candidate["precision"]))
-        routed = route_to_eager(own, eager) if eager and candidate["backend"] != "eager" else own
+        routes = eager and reference.route_lengths and candidate["backend"] != "eager"
+        routed = route_to_eager(own, eager) if routes else own
         # The worker sends these lengths to eager at the same precision (handlers/text/backends.LengthRouted).
         candidate["eager_buckets"] = [bucket for bucket in routed if routed[bucket] != own[bucket]]
         candidate["ms_per_bucket"] = {str(bucket): ms for bucket, ms in own.items()}
@@ -718,6 +928,7 @@ def build(
             "measure": reference.gate_measure,
             "reference": "eager fp32",
             "shapes": reference.gate_shapes,
+            **reference.gate_record,
         },
         ranking_benchmark={
             "payload_mix": reference.payload_mix,
@@ -771,7 +982,9 @@ def order_candidates(
             reason = (
                 f"ranking: {candidate[key]} ms/{unit}, slower than eager/{candidate['precision']} ({eager} ms/{unit})"
             )
-            slower.append({k: candidate[k] for k in ("backend", "precision", "device")} | {"reason": reason})
+            # What it measured stays on record (describe shows it); its files are not packed.
+            measured = {k: v for k, v in candidate.items() if k not in ("files", "eager_buckets", "ms_per_bucket")}
+            slower.append(measured | {"reason": reason})
         else:
             kept.append({**candidate, "rank": len(kept) + 1})
     return kept, slower

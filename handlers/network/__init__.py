@@ -10,6 +10,13 @@ for curl; either way they become wire tensors, which the engine checks one reque
 (``inputs``: a bad request is refused alone, naming its input), then batches: requests of equal sizes beyond the rows
 are concatenated and computed together, in passes of bounded rows, and each answer is sliced back out (``engine``).
 
-Import direction: handlers.core <- handlers.network (datatypes <- signature <- inputs <- engine, oip); nothing here
-imports another model family.
+What computes the program (``backends``): eager, or a compiled candidate built at package time from the exported
+program (AOTInductor, OpenVINO; torch.compile at load), at fp32 or bf16 where the CPU has it natively, each gated
+against eager per output (fp32 within 1e-5 relative, integer outputs exactly) and ranked by speed by
+scripts/build_backends.py; a worker serves the recorded winner through :func:`backends.load_served` (eager fp32 with
+the reason where it cannot load here) and describes it with ``Served.describe``. docs/performance.md, "Networks:
+backends".
+
+Import direction: handlers.core <- handlers.network (datatypes <- signature <- inputs <- engine, oip, backends);
+nothing here imports another model family.
 """

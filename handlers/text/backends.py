@@ -27,6 +27,8 @@ from typing import Any
 import torch
 
 from handlers.core import runtime
+from handlers.core.aot import ISA_FLAGS
+from handlers.core.aot import AotPackage as AotEncoder
 from handlers.core.config import Option
 from handlers.core.engine import Candidate
 from handlers.core.runtime import BackendUnavailable, machine_can_run
@@ -50,25 +52,6 @@ BACKENDS_DIR = "backends"
 MANIFEST = f"{BACKENDS_DIR}/manifest.json"
 MANIFEST_FORMAT = 1
 OPENVINO_IR = f"{BACKENDS_DIR}/openvino/model.xml"
-# Instruction sets an AOTInductor package may have been compiled for: machine code built with one of them dies with
-# SIGILL (the worker, not an exception) on a CPU without it, so a package built elsewhere is checked before loading.
-ISA_FLAGS = frozenset(
-    {
-        "avx2",
-        "fma",
-        "avx512f",
-        "avx512bw",
-        "avx512vl",
-        "avx512dq",
-        "avx512_vnni",
-        "avx512_bf16",
-        "avx512_fp16",
-        "avx_vnni",
-        "amx_tile",
-        "amx_bf16",
-        "amx_int8",
-    }
-)
 OPENVINO_PRECISIONS = {"fp32": "f32", "bf16": "bf16"}
 
 
@@ -220,32 +203,6 @@ def load_aot(
     if problems:
         raise BackendUnavailable(f"{package} does not fit: " + "; ".join(problems))
     return AotEncoder(path)
-
-
-class AotEncoder:
-    """An AOTInductor package's compiled model behind the backend interface, opened as ``aoti_load_package`` opens it
-    but without two costs of that path (minilm's AOT fp32 worker start, 2-core EPYC with AVX2 emulated: 22 s before,
-    1.4 s after):
-
-    - its device check only warns when the package's vector ISA differs from the one inductor would compile for
-      here, and inductor finds that out by compiling a test program per ISA with the C++ compiler and loading each
-      in a fresh Python process (16.5 s of the 22 s wherever inductor's cache dir is empty: a new machine,
-      container or tmp). :func:`load_aot` has already compared the package's ISA flags with this CPU's;
-    - torch's wrapper class lives in modules that import torch._dynamo and inductor (~1.1 s), which running a
-      compiled package does not need.
-
-    What is left is the loader torch's wrappers build (model "model", the name ``aoti_compile_and_package`` gives
-    it) and their call: the tensors flattened in order, the outputs unflattened by the package's own spec."""
-
-    def __init__(self, path: Path) -> None:
-        from torch.utils import _pytree
-
-        self.loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
-        self.unflatten = _pytree.tree_unflatten
-        self.out_spec = _pytree.treespec_loads(self.loader.get_call_spec()[1])
-
-    def __call__(self, *tensors: torch.Tensor) -> torch.Tensor:
-        return self.unflatten(self.loader.boxed_run(list(tensors)), self.out_spec)
 
 
 class OpenVinoEncoder:

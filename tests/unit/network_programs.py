@@ -62,6 +62,18 @@ class TwoHeads(nn.Module):
         return {"logits": self.classes(embedding), "embedding": embedding}
 
 
+class Classes(nn.Module):
+    """Scores and the index of the best one: an integer output beside a float one."""
+
+    def __init__(self):
+        super().__init__()
+        self.scores = nn.Linear(4, 6)
+
+    def forward(self, x):
+        scores = self.scores(x)
+        return {"scores": scores, "best": scores.argmax(dim=1)}
+
+
 def seeded(module_class):
     torch.manual_seed(0)
     return module_class().eval()
@@ -100,6 +112,9 @@ def exported(name):
     elif name == "two_heads":
         module = seeded(TwoHeads)
         program = export(module, (torch.randn(3, 3),), dynamic_shapes={"x": {0: batch}})
+    elif name == "classes":
+        module = seeded(Classes)
+        program = export(module, (torch.randn(3, 4),), dynamic_shapes={"x": {0: batch}})
     else:
         raise KeyError(name)
     return module, save_and_load(name, program)
