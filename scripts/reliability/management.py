@@ -247,7 +247,14 @@ def copy_lifecycle(archive: str) -> tuple[list[Call], list[Call]]:
             model=COPY,
             timeout=CALL_TIMEOUT,
         ),
-        Call(f"describe {COPY} at 0 workers customized", "GET", path, codes(200, 503), "customized=true"),
+        Call(
+            f"describe {COPY} at 0 workers customized",
+            "GET",
+            path,
+            codes(200, 503),
+            "customized=true",
+            documented_5xx="503 'has no worker to serve inference request' while a model has 0 workers",
+        ),
         Call(
             f"scale {COPY} back to 1",
             "PUT",
