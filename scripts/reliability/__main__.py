@@ -10,7 +10,8 @@ overload at ~2x capacity (open loop against classifier-overload, heavy requests 
 must be rejected, fast; the accepted ones correct; normal service afterwards: scripts/reliability/overload.py),
 SIGKILL of a worker under load, a request that hangs past responseTimeout, the production profile's security
 settings, unsafe model loading, a memory soak, and a fuzz campaign per model (generated valid and invalid requests
-sent concurrently: scripts/reliability/fuzz.py).
+sent concurrently: scripts/reliability/fuzz.py), and a management-API campaign (every call TorchServe offers, good
+and bad parameters, sent raw while every model is under load: scripts/reliability/management.py).
 The report (table + JSON + markdown) goes to loadtests/reports/reliability-<time>/. Exit code 1 if a check failed.
 """
 
@@ -28,7 +29,7 @@ import yaml
 
 from scripts import package
 from scripts.ops.server import exit_on_sigterm, java_home, start_isolated
-from scripts.reliability import correctness, cost, fuzz, overload, resilience, security
+from scripts.reliability import correctness, cost, fuzz, management, overload, resilience, security
 from scripts.reliability.hang_handler import HANG_MARKER
 from scripts.reliability.logs import logs_check
 from scripts.reliability.references import WindowCursor, reference_for
@@ -48,6 +49,7 @@ ALL_CHECKS = (
     "soak",
     "fuzz",
     "cost",
+    "management",
 )
 HANG_TIMEOUT_S = 5
 
@@ -159,13 +161,29 @@ def production_checks(selected, models, store, workdir, java, started, add):
         add(security.unsafe_loading())
 
 
+def late_checks(server, store, selected, served, args, add):
+    """The hanging request, then the management campaign on every served model (last: it scales each to 0 and
+    back, and registers and unregisters a copy under load: scripts/reliability/management.py)."""
+    if "hang" in selected:
+        good = json.dumps({"inputs": [0.5] * 128}).encode()
+        hanging = json.dumps({"inputs": [HANG_MARKER] + [0.5] * 127}).encode()
+        add(resilience.hang(server, "classifier-hang", good, hanging, HANG_TIMEOUT_S))
+    if "management" in selected:  # every served model under load: last, it scales each to 0 and back
+        rows_of = management.campaign(
+            server, served, store, rounds=args.management_rounds, clients=3, scale_served=True
+        )
+        for row in rows_of:
+            add(row)
+
+
 def run(args):
     java = java_home()
     # --quick leaves the fuzzer out: `make test` runs its short form against the session server
-    # (tests/integration/test_fuzz_server.py).
-    selected = set(args.only.split(",")) if args.only else set(ALL_CHECKS) - ({"fuzz"} if args.quick else set())
+    # (tests/integration/test_fuzz_server.py). The management campaign scales every model to 0 and back: full form only.
+    quick_skips = {"fuzz", "management"} if args.quick else set()
+    selected = set(args.only.split(",")) if args.only else set(ALL_CHECKS) - quick_skips
     models = args.models.split(",")
-    fuzz_models = args.fuzz_models.split(",") if "fuzz" in selected else []
+    fuzz_models = args.fuzz_models.split(",") if selected & {"fuzz", "management"} else []
     cost_models = list(cost.COST_MODELS) if "cost" in selected else []
     extra = [model for model in dict.fromkeys(fuzz_models + cost_models) if model not in models]
     rows = []
@@ -204,10 +222,7 @@ def run(args):
             add(cost.cost_check(server, model, store, args.cost_requests, time_target=time_target))
         for model in fuzz_models:  # generated valid and invalid requests (scripts/reliability/fuzz.py)
             add(fuzz.campaign(server, model, store, args.fuzz_requests, args.fuzz_seed))
-        if "hang" in selected:
-            good = json.dumps({"inputs": [0.5] * 128}).encode()
-            hanging = json.dumps({"inputs": [HANG_MARKER] + [0.5] * 127}).encode()
-            add(resilience.hang(server, "classifier-hang", good, hanging, HANG_TIMEOUT_S))
+        late_checks(server, store, selected, list(dict.fromkeys(models + fuzz_models)), args, add)
         server.stop()
         started.remove(server)
         production_checks(selected, models, store, workdir, java, started, add)
@@ -261,6 +276,9 @@ def main(argv=None):
         "--cost-requests",
         type=int,
         help="maximum-size requests per model before the cost check reads worker RSS again (100)",
+    )
+    parser.add_argument(
+        "--management-rounds", type=int, default=3, help="rounds of every management call under load (3)"
     )
     parser.add_argument("--out", type=Path, help="report folder (default loadtests/reports/reliability-<time>)")
     args = parser.parse_args(argv)
