@@ -370,15 +370,20 @@ class LoadAnswer:
     detail: str = ""  # the start of a non-200 answer's body
 
 
+# TorchServe's answer to the batch a worker was computing when a scale to 0 stopped it.
+WORKER_STOPPED = "Worker died."
+
+
 def excused(answer: LoadAnswer, windows: list[Window]) -> str:
-    """ "zero" (a 503 while the model was deliberately at 0 workers), "drop" (any answer once its unregister began),
-    or ""."""
+    """ "zero" (a 503 while the model was deliberately at 0 workers, or the 500 of the batch its stopped worker was
+    computing), "drop" (any answer once its unregister began), or ""."""
     for window in windows:
         if window.model != answer.model or answer.ended < window.start or answer.started > window.end:
             continue
         if window.kind == "drop" and answer.status != 0:  # dropped with an answer, not left without one
             return "drop"
-        if window.kind == "zero" and answer.status == 503:
+        stopped_mid_batch = answer.status == 500 and WORKER_STOPPED in answer.detail
+        if window.kind == "zero" and (answer.status == 503 or stopped_mid_batch):
             return "zero"
     return ""
 

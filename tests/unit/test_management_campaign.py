@@ -90,8 +90,8 @@ def test_judge_call(call, status, body, verdict):
     assert (verdict in got and got) if verdict else got == ""
 
 
-def answer(model, status, started=0.0, ended=1.0, right=True):
-    return LoadAnswer(model, status, started, ended, right and status == 200)
+def answer(model, status, started=0.0, ended=1.0, right=True, detail=""):
+    return LoadAnswer(model, status, started, ended, right and status == 200, detail)
 
 
 def test_judge_load_excuses_only_what_a_call_documents():
@@ -102,6 +102,7 @@ def test_judge_load_excuses_only_what_a_call_documents():
         answer("a", 503, 12.0, 12.1),  # inside its zero window
         answer("a", 503, 25.0, 25.1),  # after it: not excused
         answer("a", 500, 12.0, 12.1),  # a 500 is not the documented 503, even at 0 workers
+        answer("a", 500, 11.0, 11.5, detail='{"code": 500, "message": "Worker died."}'),  # its batch, stopped
         answer("b", 503, 12.0, 12.1),  # another model's window excuses nothing
         answer("copy", 500, 29.0, 31.0),  # dropped by the unregister
         answer("copy", 404, 40.0, 40.1),
@@ -109,7 +110,7 @@ def test_judge_load_excuses_only_what_a_call_documents():
         answer("copy", 0, 1.0, 2.0),
     ]
     counts = judge_load(answers, windows)
-    assert (counts["a"]["ok"], counts["a"]["wrong"], counts["a"]["zero_503"], counts["a"]["failed"]) == (1, 1, 1, 2)
+    assert (counts["a"]["ok"], counts["a"]["wrong"], counts["a"]["zero_503"], counts["a"]["failed"]) == (1, 1, 2, 2)
     assert counts["b"]["failed"] == 1
     assert (counts["copy"]["dropped"], counts["copy"]["lost"]) == (2, 2)
     problems = load_problems(counts, ["a", "b", "copy", "never-sent"])
