@@ -217,7 +217,10 @@ class TorchServeGrpc:
     def scale(self, model: str, min_worker: int, max_worker: int, version: str | None = None) -> str:
         """ScaleWorker, synchronous: TorchServe's answer text ("Workers scaled to ...")."""
         request = self._mpb.ScaleWorkerRequest(
-            model_name=model, model_version=version or "", min_worker=min_worker, max_worker=max_worker,
+            model_name=model,
+            model_version=version or "",
+            min_worker=min_worker,
+            max_worker=max_worker,
             synchronous=True,
         )
         return self._manage("ScaleWorker", request, model)
