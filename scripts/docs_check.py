@@ -63,6 +63,7 @@ ENTRY_MODULES = (
     "handlers/text_model.py",
     "handlers/image_model.py",
     "handlers/generator.py",
+    "handlers/network_model.py",
 )
 # A repository path: a known top-level folder, then path characters (a trailing slash names a folder).
 PATH = re.compile(

@@ -115,10 +115,15 @@ def all_model_names(include_optional=False):
 
 
 def template_for(model_dir):
-    """The template `make package` builds a user's folder with: image-model for an image model's folder (what
-    handlers/image/kinds reads from it), else text-model (which reads the text kinds, and refuses what is neither)."""
+    """The template `make package` builds a user's folder with: network-model for a PyTorch network's folder (model.pt2,
+    TorchScript or model code, no transformers config.json: scripts/prepare_network_model.py), image-model for an
+    image model's folder (what handlers/image/kinds reads from it), else text-model (which reads the text kinds, and
+    refuses what is neither)."""
     from handlers.image.kinds import is_image_folder
+    from scripts.prepare_network_model import is_network_folder
 
+    if is_network_folder(model_dir):
+        return "network-model"
     return "image-model" if is_image_folder(model_dir) else "text-model"
 
 
@@ -642,8 +647,8 @@ def main(argv=None):
     parser.add_argument(
         "--template-for",
         metavar="FOLDER",
-        help="print the template a model folder is packaged with (image-model for an image model, else text-model; "
-        "what make package uses), then exit",
+        help="print the template a model folder is packaged with (network-model for a PyTorch network, image-model "
+        "for an image model, else text-model; what make package uses), then exit",
     )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument(

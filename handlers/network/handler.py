@@ -1,0 +1,265 @@
+"""The TorchServe side of a team's own network: one handler for every packaged program (handlers/network_model.py).
+
+What a worker loads (:class:`NetworkServingEngine`): the archive's ``model.pt2`` and optional ``signature.yaml``
+(handlers/network/program.py) and optional ``handler.py`` hooks (handlers/network/hooks.py). The backend walk starts
+from the program's callable; ``handler.backend`` is ``eager`` (the program as exported), and
+:meth:`NetworkServingEngine.load_backend` is where a compiled backend replaces that callable behind the same signature.
+
+What it answers:
+
+- ``POST /v2/models/<name>/infer``: the Open Inference Protocol v2, JSON or Triton's binary extension (tritonclient's
+  default); TorchServe hands it over like a prediction, without the ``url_path`` header a ``/predictions`` request
+  carries, which is how it is told apart. Answers and refusals (``{"error": "..."}``) in that protocol; a binary
+  answer sets ``Inference-Header-Content-Length``.
+- ``POST /predictions/<name>``: the native JSON form (an OIP body or a binary one is answered in OIP here too), or,
+  when the archive has ``handler.py``, whatever its ``preprocess`` reads and its ``postprocess`` writes.
+- ``/predictions/<name>/<version>/metadata``: the protocol's model metadata (each input's and output's name, datatype
+  and shape, -1 where dynamic). TorchServe answers ``GET /v2/models/<name>`` itself, with 404, so the metadata lives
+  here and in the management API's ``GET /models/<name>?customized=true``.
+
+Every request is checked, refused or computed on its own (handlers/network/engine.py): a bad tensor or a failing hook
+costs its own request a 4xx (or 500), never its neighbours in the batch, and the worker keeps serving.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from handlers.core.answer_size import answer_too_large
+from handlers.core.base import BatchScope, ServingHandler
+from handlers.core.config import COMMON_OPTIONS, Option
+from handlers.core.engine import Engine, EngineSettings, Loaded
+from handlers.core.errors import OIP, RequestError, ServerError, error_body, shaped
+from handlers.core.http import RequestView, to_json
+from handlers.network import binary, oip
+from handlers.network.engine import NETWORK_OPTIONS, NetworkEngine
+from handlers.network.hooks import HookRequest, Hooks, load_hooks
+from handlers.network.inputs import WireTensor, check_request, native_tensor
+from handlers.network.program import LoadedProgram, ProgramModule, load_program
+from handlers.network.signature import Signature, TensorSpec
+
+METADATA_ROUTE = "metadata"
+OCTET_STREAM = "application/octet-stream"
+NETWORK_HANDLER_OPTIONS: dict[str, Option] = {
+    **COMMON_OPTIONS,
+    "precision": Option(str, "fp32", ("fp32",), help="the program computes in the dtypes it was exported with"),
+    "backend": Option(str, "eager", ("eager",), help="what runs the program: eager = the exported program as saved"),
+    **NETWORK_OPTIONS,
+}
+
+
+@dataclass
+class LoadedNetwork(Loaded):
+    signature: Signature
+    hooks: Hooks
+    program: LoadedProgram
+
+
+@dataclass
+class NetworkPayload:
+    """One accepted request: how it asked (``oip``, ``native`` or ``hooks``) and its input tensors."""
+
+    dialect: str
+    wires: Mapping[str, WireTensor]
+    request: oip.InferRequest | None = None  # oip and native
+    hook_request: HookRequest | None = None  # hooks
+
+
+@dataclass
+class NetworkBatch:
+    requests: list[Mapping[str, WireTensor]] = field(default_factory=list)
+
+    @property
+    def rows(self) -> int:
+        return sum(rows_of(wires) for wires in self.requests)
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """One request's answer as it goes out."""
+
+    body: bytes
+    headers: Mapping[str, str]
+    content_type: str
+
+
+class NetworkServingEngine(Engine):
+    def __init__(self, settings: EngineSettings, options: dict[str, Option]) -> None:
+        super().__init__(settings, options)
+
+    def family_name(self) -> str:
+        return "network"
+
+    def load_model(self, model_dir: str) -> LoadedNetwork:
+        program = load_program(model_dir)
+        return LoadedNetwork(
+            model=ProgramModule(program), signature=program.signature, hooks=load_hooks(model_dir), program=program
+        )
+
+    def load_backend(self, backend: str, precision: str, fp32_model: torch.nn.Module, loaded: Any) -> Any:
+        """The callable that computes: the program itself (eager). A compiled backend of the program replaces it here,
+        taking and returning what ProgramModule does."""
+        return super().load_backend(backend, precision, fp32_model, loaded)
+
+    def reference_batch(self, loaded: LoadedNetwork) -> list[torch.Tensor]:
+        return reference_tensors(loaded.signature)
+
+    def warmup_batches(self, loaded: LoadedNetwork) -> list[list[torch.Tensor]]:
+        return [reference_tensors(loaded.signature)]
+
+    def forward(self, model: Any, batch: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Every output of one pass, flattened per row side by side (what the accuracy gate compares)."""
+        outputs = model(*batch)
+        return torch.cat([tensor.reshape(tensor.shape[0], -1).double() for tensor in outputs.values()], dim=1)
+
+
+class NetworkHandler(ServingHandler):
+    options = NETWORK_HANDLER_OPTIONS
+    routes = ("", METADATA_ROUTE)
+    loaded: LoadedNetwork
+
+    def create_engine(self, settings: EngineSettings) -> Engine:
+        return NetworkServingEngine(settings, self.options)
+
+    def initialize(self, context: Any) -> None:
+        super().initialize(context)
+        self.signature = self.loaded.signature
+        self.hooks = self.loaded.hooks
+        limits = {key: self.config[key] for key in NETWORK_OPTIONS}
+        # The request side computes with what the backend walk chose (self.model), checking the example at load.
+        self.network = NetworkEngine(self.model, self.signature, limits)
+
+    def describe(self) -> dict[str, Any]:
+        hooks = [name for name in ("preprocess", "postprocess") if getattr(self.hooks, name) is not None]
+        return {
+            **super().describe(),
+            "metadata": self.metadata(),
+            "hooks": hooks,
+            "max_rows_per_request": self.network.max_rows_per_request,
+            "max_rows_per_pass": self.network.max_rows_per_pass,
+        }
+
+    def metadata(self) -> dict[str, Any]:
+        return oip.metadata(self.signature, self.model_name, [self.model_version])
+
+    # ----------------------------------------------------------------------------------------------- per request
+    def parse_request(self, body: Any, request: RequestView) -> NetworkPayload | Encoded:
+        if request.url_path == METADATA_ROUTE:
+            return Encoded(to_json(self.metadata()).encode("utf-8"), {}, "application/json")
+        header = request.header(binary.HEADER)
+        # /v2/models/<name>/infer comes without the url_path header every /predictions request carries.
+        protocol_path = request.header("url_path") is None and not request.over_grpc
+        if protocol_path or header is not None:
+            try:
+                parsed = oip.parse_request(body, header, self.signature)
+            except RequestError as error:
+                raise shaped(error, OIP) from None
+            return NetworkPayload(parsed.dialect, parsed.inputs, request=parsed)
+        if self.hooks.preprocess is not None:
+            hook_request = HookRequest(body, request.header, request.content_type)
+            return NetworkPayload("hooks", self.hooks.inputs(hook_request), hook_request=hook_request)
+        parsed = oip.parse_request(body, None, self.signature)
+        if parsed.dialect == "native" and self.hooks.postprocess is not None:
+            hook_request = HookRequest(body, request.header, request.content_type)
+            return NetworkPayload("hooks", parsed.inputs, hook_request=hook_request)
+        return NetworkPayload(parsed.dialect, parsed.inputs, request=parsed)
+
+    # ----------------------------------------------------------------------------------------------- per batch
+    def preprocess(self, payloads: list[Any]) -> NetworkBatch:
+        return NetworkBatch([p.wires for p in payloads if isinstance(p, NetworkPayload)])
+
+    def inference(self, batch: NetworkBatch, scope: BatchScope) -> list[Any]:
+        return self.network.infer(batch.requests)
+
+    def postprocess(self, outputs: list[Any], payloads: list[Any]) -> list[Any]:
+        answers = iter(outputs)
+        return [
+            payload if isinstance(payload, Encoded) else self.encode(payload, next(answers)) for payload in payloads
+        ]
+
+    def encode(self, payload: NetworkPayload, result: Any) -> Encoded | RequestError:
+        if isinstance(result, RequestError):
+            return result
+        try:
+            if payload.request is not None:
+                body, headers = oip.encode_answer(
+                    payload.request, result, self.signature, self.model_name, self.model_version
+                )
+                content_type = OCTET_STREAM if headers else "application/json"
+                return Encoded(body, headers, content_type)
+            assert payload.hook_request is not None
+            if self.hooks.postprocess is None:
+                request = oip.InferRequest(
+                    "native", {}, tuple(oip.RequestedOutput(s.name) for s in self.signature.outputs)
+                )
+                body, headers = oip.encode_answer(request, result, self.signature)
+                return Encoded(body, headers, "application/json")
+            value = self.hooks.answer(result, payload.hook_request)
+            try:
+                text = to_json(value)
+            except (TypeError, ValueError) as error:
+                return ServerError(f"handler.py postprocess returned what JSON cannot carry: {error}"[:300])
+            return Encoded(text.encode("utf-8"), {}, "application/json")
+        except RequestError as error:
+            return error
+
+    # ----------------------------------------------------------------------------------------------- answers
+    def answer(self, scope: BatchScope, idx: int, payload: Any, result: Any) -> Any:
+        if isinstance(result, Encoded):
+            if len(result.body) > self.max_answer_bytes:
+                result = answer_too_large(len(result.body), self.max_answer_bytes, None, estimated=False)
+            else:
+                for key, value in result.headers.items():
+                    setter = getattr(scope.context, "set_response_header", None)
+                    if setter is not None:
+                        setter(idx, key, value)
+                content_setter = getattr(scope.context, "set_response_content_type", None)
+                if content_setter is not None:
+                    content_setter(idx, result.content_type)
+                return result.body
+        return super().answer(scope, idx, payload, result)
+
+    def error_value(self, payload: Any, error: RequestError) -> dict[str, Any]:
+        if isinstance(payload, NetworkPayload) and payload.dialect == "oip":
+            return error_body(error, OIP)
+        return error.to_body()
+
+
+def rows_of(wires: Mapping[str, WireTensor]) -> int:
+    first = next(iter(wires.values()), None)
+    if first is None or not first.shape:
+        return 1
+    return 1 if first.one_row and len(first.shape) == 1 else first.shape[0]
+
+
+def reference_tensors(signature: Signature) -> list[torch.Tensor]:
+    """Fixed inputs the program takes: the signature file's example when it has one, else seeded values of each
+    input's dtype and a size its dimensions admit (two rows, where the program takes two)."""
+    if signature.example is not None:
+        wires = {name: native_tensor(name, data) for name, data in signature.example.items()}
+        return list(check_request(wires, signature, 2**31).tensors)
+    generator = torch.Generator().manual_seed(1234)
+    sizes: dict[str, int] = {}
+    return [reference_tensor(spec, generator, sizes) for spec in signature.inputs]
+
+
+def reference_tensor(spec: TensorSpec, generator: torch.Generator, sizes: dict[str, int]) -> torch.Tensor:
+    shape = []
+    for dim in spec.dims:
+        if dim.size is not None:
+            shape.append(dim.size)
+            continue
+        wanted = max(dim.low, 2)
+        size = sizes.setdefault(dim.symbol or "", wanted if dim.high is None else min(wanted, dim.high))
+        shape.append(size)
+    if spec.dtype.is_floating_point:
+        return torch.randn(shape, generator=generator).to(spec.dtype)
+    if spec.dtype == torch.bool:
+        return torch.zeros(shape, dtype=torch.bool)
+    high = spec.value_range.high if spec.value_range is not None else 1
+    low = spec.value_range.low if spec.value_range is not None else 0
+    return torch.randint(low, high + 1, shape, generator=generator).to(spec.dtype)
