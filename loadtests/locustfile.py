@@ -28,7 +28,7 @@ from locust import FastHttpUser, constant, events, task
 from locust.runners import MasterRunner, WorkerRunner
 
 from loadtests.openloop import OpenLoopCounters, arrival_offsets
-from loadtests.payloads import MODELS, request_parts, traffic
+from loadtests.payloads import MODELS, answer_of, request_headers, request_parts, traffic
 from loadtests.report import stats_snapshot
 from scripts.ops import auth
 
@@ -95,7 +95,7 @@ def size_connection_pool(environment, **_):
 def send_checked(client, model_traffic, body, options, rng):
     """POST one body; judge the answer; on 503 retry with backoff (each 503 is reported as a failure)."""
     sent, content_type = request_parts(body)  # JSON, or an image's raw bytes with its media type
-    headers = {**auth.bearer(options.token), "Content-Type": content_type}
+    headers = {**auth.bearer(options.token), "Content-Type": content_type, **request_headers(body)}
     for attempt in range(options.max_retries + 1):
         with client.post(
             model_traffic.path, name=model_traffic.name, headers=headers, catch_response=True, **sent
@@ -114,9 +114,9 @@ def send_checked(client, model_traffic, body, options, rng):
                 response.failure(f"HTTP {response.status_code}: {reason}")
                 return
             try:
-                answer = response.json()
-            except ValueError:
-                response.failure("response is not JSON")
+                answer = answer_of(model_traffic, response.content, response.headers)
+            except ValueError as error:
+                response.failure(f"response is not readable: {str(error)[:120]}")
                 return
             reason = model_traffic.check(answer)
             if reason:

@@ -1,11 +1,11 @@
 """The baselines' own virtual environments: build/<name>-venv from loadtests/baselines/<name>-requirements.txt.
 
-    python -m loadtests.baselines.baseline_env ray|infinity|litserve|pytriton|transformers-serve|stock-image-classifier \
-        [--check]
+    python -m loadtests.baselines.baseline_env NAME [--check]
+    (NAME: ray, infinity, litserve, pytriton, transformers-serve, stock-image-classifier)
 
-Ray Serve, Infinity, LitServe and PyTriton are not dependencies of the project: each is installed on demand, only for the comparison,
-into its own venv (so its pins never touch .venv; Infinity needs numpy<2 and transformers 4.x). torch is pinned to
-the project's version in each file, so pip takes the local CPU wheel. A venv is reinstalled when its requirements
+Ray Serve, Infinity, LitServe and PyTriton are not dependencies of the project: each is installed on demand, only
+for the comparison, into its own venv (so its pins never touch .venv; Infinity needs numpy<2 and transformers 4.x).
+torch is pinned to the project's version in each file, so pip takes the local CPU wheel. A venv is reinstalled when its requirements
 file changes. Exit codes: 0 ready, 1 could not be installed (the comparison then reports that system as unavailable
 and measures the others).
 
