@@ -5,9 +5,9 @@
 
 Ray Serve, Infinity, LitServe and PyTriton are not dependencies of the project: each is installed on demand, only
 for the comparison, into its own venv (so its pins never touch .venv; Infinity needs numpy<2 and transformers 4.x).
-torch is pinned to the project's version in each file, so pip takes the local CPU wheel. A venv is reinstalled when its requirements
-file changes. Exit codes: 0 ready, 1 could not be installed (the comparison then reports that system as unavailable
-and measures the others).
+torch is pinned to the project's version in each file, so pip takes the local CPU wheel. A venv is reinstalled when
+its requirements file changes. Exit codes: 0 ready, 1 could not be installed (the comparison then reports that system
+as unavailable and measures the others).
 
 An overlay (stock-image-classifier) is not a venv: a baseline that needs only a few packages on top of the project's
 own stack gets them installed --no-deps into build/<name>-site, which goes on that baseline's PYTHONPATH (with its
