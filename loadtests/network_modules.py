@@ -74,7 +74,7 @@ class Ranker(nn.Module):
 
     def forward(self, user_id: torch.Tensor, item_ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         candidates = item_ids.shape[1]
-        user = self.users(user_id).unsqueeze(1).expand(-1, candidates, -1)
+        user = self.users(user_id).expand(-1, candidates, -1)  # user_id is [rows, 1]: [rows, 1, width]
         context = torch.relu(self.context(features)).unsqueeze(1).expand(-1, candidates, -1)
         joined = torch.cat([user, self.items(item_ids), context], dim=2)
         return self.mlp(joined).squeeze(2)

@@ -4,7 +4,7 @@
 
 - ``resnet50-size``: a ResNet-50 (bottleneck blocks 3-4-6-3, 64-2048 channels, ~25.6 M parameters, ~4.1 GFLOPs an
   image) with random weights: ``images`` float32 [rows, 3, 224, 224] -> ``logits`` float32 [rows, 1000].
-- ``ranking``: a small recommendation ranker: ``user_id`` int64 [rows] and ``item_ids`` int64 [rows, 8] through
+- ``ranking``: a small recommendation ranker: ``user_id`` int64 [rows, 1] and ``item_ids`` int64 [rows, 8] through
   embedding tables (10,000 users, 50,000 items, 32 wide), ``features`` float32 [rows, 16] (the request's context)
   through a linear layer, each of the 8 candidates scored by an MLP over [user, item, context] ->
   ``scores`` float32 [rows, 8].
@@ -88,9 +88,10 @@ NETWORKS: dict[str, Network] = {
     ),
     "ranking": Network(
         "ranking",
-        "ranker: user_id [rows] + item_ids [rows,8] (embeddings) + features [rows,16] -> MLP -> scores [rows,8]",
+        "ranker: user_id [rows,1] + item_ids [rows,8] (embeddings) + features [rows,16] -> MLP -> scores [rows,8]",
         (
-            TensorInput("user_id", "int64", (), ids=10_000),
+            # [rows, 1], not [rows]: Triton's batching models need at least one dimension besides the rows.
+            TensorInput("user_id", "int64", (1,), ids=10_000),
             TensorInput("item_ids", "int64", (8,), ids=50_000),
             TensorInput("features", "float32", (16,)),
         ),
