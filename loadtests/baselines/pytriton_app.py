@@ -14,6 +14,8 @@ another libpython3.11 on the library path than this venv's own Python's, the mod
 
 import argparse
 import json
+import signal
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +57,9 @@ def main():
         grpc_port=args.grpc_port,
         metrics_port=args.metrics_port,
     )
+    # Stopped with SIGTERM (systems.subprocess_server): leave through the `with`, whose exit stops tritonserver and its
+    # Python stub; Python's default would end this process alone and leave them running.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     with Triton(config=config) as triton:
         triton.bind(
             model_name=network["name"],

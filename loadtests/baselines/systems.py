@@ -192,7 +192,8 @@ def naive(model, workers, log):
 
 @contextlib.contextmanager
 def subprocess_server(command, name, log_dir, model, python_env=None, start_timeout=600, ready=None):
-    """A baseline HTTP server in its own process group; stopped (SIGTERM, then SIGKILL) afterwards.
+    """A baseline HTTP server in its own process group; stopped (SIGTERM, then SIGKILL) afterwards, with whatever it
+    left running in that group.
 
     `model` names the traffic (loadtests/payloads.py) whose first request must be answered correctly, or `ready(url)`
     says whether it answers (raising RuntimeError while it does not)."""
@@ -226,6 +227,10 @@ def subprocess_server(command, name, log_dir, model, python_env=None, start_time
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)  # our own process group: the server and what it started
                 process.wait()
+        # What the server started and left running in its group once it ended (LitServe's worker processes outlive
+        # their parent's SIGTERM; PyTriton's tritonserver and Python stub when its parent dies first).
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
         log_file.close()
 
 
