@@ -95,6 +95,7 @@ def test_answer_of_reads_json_or_the_traffics_own_format_and_reports_unreadable_
     oip = payloads.traffic("ranking-oip")
     with pytest.raises(ValueError):  # the locustfile counts a ValueError as an unreadable answer, not a crash
         payloads.answer_of(oip, b"not json", {})
+
     def lost(content, headers):
         raise KeyError("outputs")
 
