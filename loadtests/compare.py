@@ -22,6 +22,10 @@ Systems (each started alone on free loopback ports, measured, stopped before the
   ideal      the ideal batcher at the SLO (loadtests/baselines/ideal.py): the archive's handler in its configured
              workers behind a perfect dispatcher (same batchSize, maxBatchDelay), no HTTP or frontend, replaying
              the same open-loop schedules; the same capacity search. Also where a long text's time goes.
+  torchserve-network, litserve, pytriton   for a network of loadtests/networks.py (--model resnet50-size or ranking):
+             TorchServe's BaseHandler on its TorchScript trace, LitServe and Triton (PyTriton) on its exported program,
+             each with the network's batching and checked against the module in process before it is measured
+             (loadtests/baselines/network_peers.py); with ours (the hook there) and inprocess (model.pt2 in a loop)
 naive, flask, ray-* and infinity-onnx exist for minilm only; infinity also for an embedding model packaged from
 its folder (--model <its name>: Infinity serves the same folder, unpacked from the archive); stock-image-classifier
 for an image classifier. Ray and Infinity are installed on demand into their own venvs (build/ray-venv,
