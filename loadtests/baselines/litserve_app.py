@@ -13,9 +13,10 @@ import json
 from pathlib import Path
 
 import litserve as ls
+import numpy as np
 import torch
 
-DTYPES = {"float32": torch.float32, "int64": torch.int64}
+DTYPES = {"float32": np.float32, "int64": np.int64}
 
 
 class NetworkAPI(ls.LitAPI):
@@ -33,7 +34,8 @@ class NetworkAPI(ls.LitAPI):
         self.rows = []
 
     def decode_request(self, request):
-        return [torch.as_tensor(request[name], dtype=dtype) for name, dtype in self.input_specs]
+        # Through numpy: torch.as_tensor walks a nested list element by element (seconds for one 224x224 image).
+        return [torch.from_numpy(np.asarray(request[name], dtype=dtype)) for name, dtype in self.input_specs]
 
     def batch(self, inputs):
         self.rows = [len(tensors[0]) for tensors in inputs]

@@ -41,6 +41,7 @@ NETWORK_SYSTEMS = ("ours", "torchserve-network", "litserve", "pytriton", "inproc
 # The request format each system is sent (loadtests/network_traffic.py); ours speaks OIP, measured with Triton's client.
 FORMATS = {"ours": "oip", "pytriton": "oip", "litserve": "litserve", "torchserve-network": "torchserve"}
 PARITY_REQUESTS = 3
+MAX_JSON_BYTES = 64 * 1024 * 1024
 _REFERENCE_MODULES: dict[str, object] = {}
 
 
@@ -157,7 +158,11 @@ def torchserve_network(spec, folder, log_dir, log):
     store = build_torchserve_archive(spec, folder, REPO / "build" / "compare" / "network-store", log)
     threads = max(1, machine.cores() // TORCHSERVE_WORKERS)
     env = {"OMP_NUM_THREADS": str(threads)}
-    with private_server(f"compare-network-{spec.name}", store, [spec.name], env=env, keep_logs_in=log_dir) as server:
+    # One image as JSON is ~3 MB, over the project's 1 MiB request limit: raised as a TorchServe user serving such
+    # tensors raises it.
+    sizes = {"max_request_size": str(MAX_JSON_BYTES), "max_response_size": str(MAX_JSON_BYTES)}
+    name = f"compare-network-{spec.name}"
+    with private_server(name, store, [spec.name], overrides=sizes, env=env, keep_logs_in=log_dir) as server:
         info = {**describe_torchserve(server, spec.name), "backend": "torchscript", "threads": threads}
         info.update(check_parity("torchserve-network", server.inference_url, spec, log))
         yield server.inference_url, server.metrics_url, {**info, "precision": "fp32"}
