@@ -472,7 +472,7 @@ def load_served(
         loaded, verdict, reason = try_candidate(
             name, at, model_dir, program, signature, threads, device, max_rows, reference, min_cosine
         )
-        if reason:
+        if loaded is None or verdict is None:
             passed_over.append(f"{name}/{at}: {reason}")
             continue
         why = f"rank {place} of {len(entries)} in {MANIFEST}" if "rank" in entry else "configured"
