@@ -181,7 +181,12 @@ class NetworkHandler(ServingHandler):
         }
 
     def metadata(self) -> dict[str, Any]:
-        return oip.metadata(self.signature, self.model_name, [self.model_version])
+        """The protocol's metadata, with what computes the program in its ``parameters``: the backend, precision and
+        why, and each packaged candidate's gate values and speed (the customized describe's ``backends`` in full)."""
+        assert isinstance(self.engine, NetworkServingEngine)
+        served = self.engine.served.describe()
+        computed = {key: served[key] for key in ("backend", "precision", "why", "passed_over", "candidates")}
+        return {**oip.metadata(self.signature, self.model_name, [self.model_version]), "parameters": computed}
 
     # ----------------------------------------------------------------------------------------------- per request
     def parse_request(self, body: Any, request: RequestView) -> NetworkPayload | Encoded:
