@@ -14,7 +14,9 @@ out of loadtests/ and scripts/.
 One vocabulary for kinds: the text kinds are the words packaging writes into text_model.json (handlers/text/kinds:
 embedding, classification, sparse, multi-vector); ``mlp`` is the classifier's network on rows of numbers
 (handlers/mlp), ``generator`` a causal language model (handlers/generation); the image kinds are the words image
-packaging writes into model_source.json (handlers/image/kinds: image-classification, image-text).
+packaging writes into model_source.json (handlers/image/kinds: image-classification, image-text); ``network`` a
+team's own exported program (handlers/network, the network-model template), asked with tensors (its fuzzer is the
+tensor grammar's campaign, scripts/reliability/fuzz.py network_campaign).
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ class Kind:
 
     name: str
     entry: str  # the entry module that serves a model of this kind packaged from a template (handlers/<entry>)
-    # What one request carries: "rows" of numbers, "texts", "prompts" or "images" (payload builders branch on it).
+    # What one request carries: "rows" of numbers, "texts", "prompts", "images" or "tensors" (named tensors of a
+    # network's signature, in the Open Inference Protocol or the native form); payload builders branch on it.
     inputs: str
     # Comparison systems besides ours, ours-eager, inprocess and ideal (loadtests/baselines/systems.py) for a model of
     # this kind, and the targets its comparison reports.
@@ -85,6 +88,7 @@ KINDS: dict[str, Kind] = {
         10.0,
     ),
     "image-text": Kind("image-text", "handlers/image_model.py", "images", ("infinity",), IMAGE_TEXT_TARGETS, 10.0),
+    "network": Kind("network", "handlers/network_model.py", "tensors"),
 }
 TEXT_KINDS = ("embedding", "classification", "sparse", "multi-vector")
 IMAGE_KINDS = ("image-classification", "image-text")
