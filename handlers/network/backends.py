@@ -36,7 +36,6 @@ kept for describe.
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -49,6 +48,7 @@ from torch.utils import _pytree as pytree
 
 from handlers.core import runtime
 from handlers.core.aot import ISA_FLAGS, AotPackage
+from handlers.core.backend_manifest import BACKENDS_DIR, MANIFEST, read_manifest
 from handlers.core.runtime import BackendUnavailable
 from handlers.network.inputs import check_request, native_tensor
 from handlers.network.program import PROGRAM_FILE as PROGRAM_FILE  # the staged folder's files, for the build
@@ -57,9 +57,6 @@ from handlers.network.signature import Signature, TensorSpec
 
 logger = logging.getLogger(__name__)
 
-BACKENDS_DIR = "backends"
-MANIFEST = f"{BACKENDS_DIR}/manifest.json"
-MANIFEST_FORMAT = 1
 OPENVINO_IR = f"{BACKENDS_DIR}/openvino/model.xml"
 BACKENDS = ("aot", "openvino", "jit")
 CHOICES = ("auto", "eager", *BACKENDS)  # the handler's backend option
@@ -368,22 +365,6 @@ def gate(
 
 
 # --------------------------------------------------------------------------------------------- the manifest
-def read_manifest(model_dir: str | Path) -> tuple[dict[str, Any] | None, str]:
-    """(the archive's backends/manifest.json, "") or (None, why there is none usable)."""
-    path = Path(model_dir) / MANIFEST
-    if not path.is_file():
-        return None, f"the archive has no {MANIFEST}"
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        return None, f"{MANIFEST} is unreadable ({error})"
-    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
-        return None, f"{MANIFEST} is not format {MANIFEST_FORMAT}"
-    if not isinstance(manifest.get("candidates"), list):
-        return None, f"{MANIFEST} lists no candidates"
-    return manifest, ""
-
-
 def candidate_entry(manifest: dict[str, Any] | None, backend: str, precision: str) -> dict[str, Any]:
     candidates = (manifest or {}).get("candidates") or []
     return next((c for c in candidates if (c.get("backend"), c.get("precision")) == (backend, precision)), {})
