@@ -210,12 +210,30 @@ def pytriton(spec, folder, log_dir, log):
 
 @contextlib.contextmanager
 def ours(spec, folder, log_dir, log):
-    """The hook for this project's network engine (handlers/network/): once it is served, start it here on
-    ``folder`` (model.pt2) with the network's batching (spec.max_batch, spec.batch_delay_ms), call
-    ``check_parity("ours", url, spec, log)`` and yield (url, metrics_url, info). Its traffic is already OIP with
-    tritonclient's binary tensors (FORMATS["ours"])."""
-    raise RuntimeError("the network engine is not integrated into the comparison yet (network_peers.ours)")
-    yield  # pragma: no cover (a generator, for contextmanager)
+    """This project's network path on ``folder`` (model.pt2), packaged as a user would (`make package`: the network
+    template, its compiled backends built, gated and ranked on this machine) with the network's batching, served by
+    the project's own config (request size raised as for the stock handler), asked over OIP with tritonclient's
+    binary tensors."""
+    store = REPO / "build" / "compare" / "network-ours-store"
+    overrides = {"batchSize": spec.max_batch, "maxBatchDelay": max(1, round(spec.batch_delay_ms))}
+    try:
+        package.build(
+            "network-model",
+            store,
+            variables={"model_dir": str(folder)},
+            log=log,
+            model_name=spec.name,
+            overrides=overrides,
+        )
+    except package.PackagingError as error:
+        raise RuntimeError(f"packaging {spec.name} for ours: {error}") from None
+    sizes = {"max_request_size": str(MAX_JSON_BYTES), "max_response_size": str(MAX_JSON_BYTES)}
+    with private_server(
+        f"compare-ours-{spec.name}", store, [spec.name], overrides=sizes, keep_logs_in=log_dir
+    ) as server:
+        info = {**describe_torchserve(server, spec.name), **server.management().handler_choices(spec.name)}
+        info.update(check_parity("ours", server.inference_url, spec, log))
+        yield server.inference_url, server.metrics_url, {**info, **batching(spec)}
 
 
 STARTERS = {"ours": ours, "torchserve-network": torchserve_network, "litserve": litserve, "pytriton": pytriton}

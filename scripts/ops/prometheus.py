@@ -113,6 +113,14 @@ class Process:
     def __init__(self, name: str, run_dir: Path, log: Path, marker: str):
         self.name, self.run_dir, self.log, self.marker = name, run_dir, log, marker
         self.pid_file = run_dir / f"{name}.pid"
+        self.started: subprocess.Popen[bytes] | None = None  # when this process started it
+
+    def exited(self) -> bool:
+        """It stopped: for one this process started, its own exit status says so (a look at its command line just
+        after the start was seen to miss it on a busy machine); otherwise it is no longer running."""
+        if self.started is not None:
+            return self.started.poll() is not None
+        return not self.running()
 
     def pid(self) -> int | None:
         try:
@@ -138,6 +146,7 @@ class Process:
                 command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
             )
         self.pid_file.write_text(f"{process.pid}\n")
+        self.started = process
 
     def stop(self, grace: float = 10.0) -> bool:
         """Stop it if it runs (False when it did not); the pid file goes either way."""
@@ -205,7 +214,7 @@ class Monitor:
         )
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
-            if not self.prometheus.running():
+            if self.prometheus.exited():
                 raise RuntimeError(f"prometheus exited at start:\n{tail(self.prometheus.log)}")
             with contextlib.suppress(requests.RequestException):
                 if requests.get(f"{self.url}/-/ready", timeout=2).status_code == 200:

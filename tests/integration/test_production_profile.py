@@ -208,6 +208,7 @@ def test_modelctl_fails_clearly_without_or_with_a_wrong_token(server, tmp_path):
 
 def test_ready_probe_reads_the_key_file(server, tmp_path):
     probe = [sys.executable, "-m", "scripts.ready_probe", "--management-url", server.management_url]
+    probe += ["--metrics-url", server.metrics_url]
     ready = subprocess.run(
         [*probe, "--key-file", str(server.key_file)], cwd=REPO, capture_output=True, text=True, timeout=60
     )
