@@ -12,9 +12,10 @@ its inputs, its oracle), never on its name: ``tests/unit/test_model_registry.py`
 out of loadtests/ and scripts/.
 
 One vocabulary for kinds: the text kinds are the words packaging writes into text_model.json (handlers/text/kinds:
-embedding, classification, sparse, multi-vector); ``mlp`` is the classifier's network on rows of numbers
-(handlers/mlp), ``generator`` a causal language model (handlers/generation); the image kinds are the words image
-packaging writes into model_source.json (handlers/image/kinds: image-classification, image-text).
+embedding, classification, sparse, multi-vector); ``mlp`` is the classifier's network on rows of numbers (served by
+handlers/network_model.py; its training.json says its kind), ``generator`` a causal language model
+(handlers/generation); the image kinds are the words image packaging writes into model_source.json
+(handlers/image/kinds: image-classification, image-text).
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ TEXT_TARGETS = (Target("infinity", 3.0), Target("ours-eager", 1.3))
 IMAGE_TEXT_TARGETS = (Target("infinity", 1.5),)
 IMAGE_CLASSIFICATION_TARGETS = (Target("stock-image-classifier", 3.0),)
 KINDS: dict[str, Kind] = {
-    "mlp": Kind("mlp", "handlers/classifier.py", "rows"),
+    "mlp": Kind("mlp", "handlers/network_model.py", "rows"),
     "embedding": Kind("embedding", "handlers/embeddings.py", "texts", ("infinity",), TEXT_TARGETS),
     "classification": Kind("classification", "handlers/text_classifier.py", "texts"),
     "sparse": Kind("sparse", "handlers/text_model.py", "texts"),
@@ -89,14 +90,19 @@ KINDS: dict[str, Kind] = {
 TEXT_KINDS = ("embedding", "classification", "sparse", "multi-vector")
 IMAGE_KINDS = ("image-classification", "image-text")
 # An archive's entry module says its kind, except an entry that serves several kinds (handlers/text_model.py every
-# text kind, handlers/image_model.py every image kind): then the records packaging wrote say which.
+# text kind, handlers/image_model.py every image kind) or every team's network (handlers/network_model.py, of which the
+# classifier is one): then the records packaging wrote say which.
 _ENTRIES = [Path(kind.entry).name for kind in KINDS.values()]
+SHARED_ENTRIES = ("network_model.py",)
 ENTRY_KINDS = {
-    Path(kind.entry).name: kind.name for kind in KINDS.values() if _ENTRIES.count(Path(kind.entry).name) == 1
+    Path(kind.entry).name: kind.name
+    for kind in KINDS.values()
+    if _ENTRIES.count(Path(kind.entry).name) == 1 and Path(kind.entry).name not in SHARED_ENTRIES
 }
 # The records packaging writes beside a model, each naming its kind (text_model.json for a text model,
-# image_model.json for an image model, model_source.json for both): the first that names one wins.
-KIND_RECORDS = ("text_model.json", "image_model.json", "model_source.json")
+# image_model.json for an image model, model_source.json for both, training.json for the classifier's network): the
+# first that names one wins.
+KIND_RECORDS = ("text_model.json", "image_model.json", "model_source.json", "training.json")
 
 
 @dataclass(frozen=True)
@@ -142,7 +148,7 @@ class Model:
 
 
 def entry_class(handler_path: str | Path) -> type:
-    """The one class an entry module (e.g. handlers/classifier.py) defines; TorchServe's rule: exactly one, imported
+    """The one class an entry module (e.g. handlers/embeddings.py) defines; TorchServe's rule: exactly one, imported
     classes do not count."""
     module = importlib.import_module(Path(handler_path).with_suffix("").as_posix().replace("/", "."))
     classes = [c for _, c in inspect.getmembers(module, inspect.isclass) if c.__module__ == module.__name__]
