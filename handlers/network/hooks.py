@@ -54,16 +54,15 @@ class HookRequest:
     """One request as a hook sees it."""
 
     def __init__(self, body: Any, headers: Callable[[str], str | None], content_type: str) -> None:
-        self._raw: bytes | None
-        if isinstance(body, bytes | bytearray):
-            self._raw = bytes(body)
-        elif isinstance(body, str):
-            self._raw = body.encode("utf-8")
-        elif body is None:
-            self._raw = b""
-        else:  # TorchServe already parsed a JSON body: re-encoded only when a hook reads the bytes
-            self._raw = None
-        self._parsed = body if not isinstance(body, bytes | bytearray | str) and body is not None else None
+        # TorchServe parses a body sent as application/json (a JSON string arrives as a str, JSON null as None) and
+        # hands any other body over as bytes (text/* as str).
+        self._is_parsed = not isinstance(body, bytes | bytearray | str | None) or (
+            content_type == "application/json" and not isinstance(body, bytes | bytearray)
+        )
+        self._parsed: Any = body if self._is_parsed else None
+        self._raw: bytes | None = None  # a parsed body is re-encoded only when a hook reads the bytes
+        if not self._is_parsed:
+            self._raw = body.encode("utf-8") if isinstance(body, str) else bytes(body or b"")
         self._headers = headers
         self.content_type = content_type
 
@@ -80,10 +79,13 @@ class HookRequest:
         return self.body.decode("utf-8")
 
     def json(self) -> Any:
-        """The body parsed as JSON (json.JSONDecodeError, a ValueError, when it is not JSON)."""
-        if self._parsed is not None:
+        """The body parsed as JSON (json.JSONDecodeError, a ValueError, when it is not JSON, or nests too deeply)."""
+        if self._is_parsed:
             return self._parsed
-        return json.loads(self.text)
+        try:
+            return json.loads(self.text)
+        except RecursionError:
+            raise ValueError("body is not valid JSON: nested too deeply") from None
 
     def header(self, name: str) -> str | None:
         return self._headers(name)
