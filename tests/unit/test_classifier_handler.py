@@ -103,6 +103,10 @@ def test_requests_with_different_row_counts_get_their_own_rows(classifier, refer
 BAD_BODIES = {
     "not json": (b"{not json", "not valid JSON"),
     "not an object": ([1, 2, 3], "JSON object"),
+    # TorchServe hands a JSON body over parsed: null as None, a JSON string as a str.
+    "json null": (None, "got null"),
+    "json string": ("inputs", "got str"),
+    "nested too deeply": (b"[" * 100000, "nested too deeply"),
     "missing inputs": ({"rows": [[0.0] * 128]}, "unknown field"),
     "empty object": ({}, "missing field 'inputs'"),
     "wrong length": ({"inputs": [0.0] * 127}, "127 values; expected 128"),
