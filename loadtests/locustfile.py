@@ -30,7 +30,7 @@ from locust import FastHttpUser, constant, events, task
 from locust.runners import MasterRunner, WorkerRunner
 
 from loadtests.openloop import OpenLoopCounters, arrival_offsets
-from loadtests.payloads import MODELS, request_parts, traffic
+from loadtests.payloads import MODELS, answer_of, request_headers, request_parts, traffic
 from loadtests.report import stats_snapshot
 from scripts.ops import auth
 
@@ -115,7 +115,7 @@ def send_checked(client, model_traffic, body, options, rng):
     attempt, renewed = 0, False
     while True:
         key = keys.key()
-        headers = {**auth.bearer(key), "Content-Type": content_type}
+        headers = {**auth.bearer(key), "Content-Type": content_type, **request_headers(body)}
         with client.post(
             model_traffic.path, name=model_traffic.name, headers=headers, catch_response=True, **sent
         ) as response:
@@ -144,9 +144,9 @@ def judge(response, model_traffic):
         response.failure(f"HTTP {response.status_code}: {reason}")
         return
     try:
-        answer = response.json()
-    except ValueError:
-        response.failure("response is not JSON")
+        answer = answer_of(model_traffic, response.content, response.headers)
+    except ValueError as error:
+        response.failure(f"response is not readable: {str(error)[:120]}")
         return
     reason = model_traffic.check(answer)
     if reason:

@@ -14,12 +14,14 @@ The payloads are seeded streams, so two runs (and the side-by-side systems) see 
 A check returns ``None`` for a good response body or a short reason, which the load test reports as a failure.
 """
 
+import json
 import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from loadtests import network_traffic as network_payloads
 from loadtests.images import ImagePayloads, OpenAIImagePayloads, RawBody, RawImagePayloads
 from scripts.ops import registry
 from scripts.ops.payloads import MINILM_REPEAT_HEAVY_SHARE, ReadmeTextMix
@@ -132,7 +134,36 @@ class ModelTraffic:
     name: str
     path: str
     payloads: Callable  # (seed, stream) -> an object with .next() -> JSON body
-    check: Callable  # JSON body -> None or a failure reason
+    check: Callable  # JSON body (or what `decode` made of the answer) -> None or a failure reason
+    # (content bytes, headers) -> the answer `check` judges; None: the body parsed as JSON. A network's OIP traffic
+    # reads the binary extension with tritonclient's parser (loadtests/network_traffic.py).
+    decode: Callable | None = None
+
+
+def answer_of(model_traffic: ModelTraffic, content: bytes, headers) -> Any:
+    """The answer in a response, as the traffic's check takes it; raises ValueError for one it cannot read."""
+    if model_traffic.decode is None:
+        return json.loads(content)
+    try:
+        return model_traffic.decode(content, headers)
+    except ValueError:
+        raise
+    except Exception as error:  # a decoder's own error type (tritonclient's) is a bad answer, not a crash
+        raise ValueError(f"unreadable answer: {type(error).__name__}: {error}") from None
+
+
+def network_traffic(name: str) -> ModelTraffic | None:
+    """The traffic of a network of the network comparison (``<network>-<format>``, loadtests/network_traffic.py)."""
+    parsed = network_payloads.parse_name(name)
+    if parsed is None:
+        return None
+    spec, form = parsed
+
+    def payloads(seed=0, stream=0):
+        return network_payloads.NetworkPayloads(seed, stream, spec, form)
+
+    path = network_payloads.path_of(spec, form)
+    return ModelTraffic(name, path, payloads, network_payloads.shape_check(spec), network_payloads.decode(form))
 
 
 MODELS = {
@@ -199,6 +230,9 @@ def traffic(model):
     embedding model of that name."""
     if model in MODELS:
         return MODELS[model]
+    found = network_traffic(model)
+    if found is not None:
+        return found
     if not model or not all(char.isalnum() or char in "-_." for char in model):
         raise ValueError(f"{model!r} is not a model name; the bundled ones are {sorted(MODELS)}")
     kind = image_kind(model.removesuffix(STOCK_SUFFIX).removesuffix(OPENAI_SUFFIX))
@@ -213,6 +247,11 @@ def request_parts(body) -> tuple[dict[str, Any], str]:
     if isinstance(body, RawBody):
         return {"data": body.data}, body.content_type
     return {"json": body}, "application/json"
+
+
+def request_headers(body) -> dict[str, str]:
+    """The headers a body needs besides its Content-Type (an OIP binary body's JSON length)."""
+    return dict(body.headers) if isinstance(body, RawBody) else {}
 
 
 def worker_requests(bodies) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:

@@ -667,18 +667,18 @@ def network_rank_inputs(signature: Any, most: int) -> dict[int, tuple[Any, ...]]
 
 
 def load_network_reference(model_dir: Path, device: str, threads: int, max_batch: int, min_cosine: float) -> Reference:
-    """A network's folder: its exported program (program.pt2) and its signature file if any (signature.yaml or
-    signature.json). The gate is the network's own (handlers/network/backends.gate: per output, cosine and relative
-    error for floats, exact for integers, against eager fp32 or fp64). Ranked by ms per row: each ranking batch size
+    """A network's staged folder (scripts/prepare_network_model.py): its exported program (model.pt2) and its
+    signature file if any, read as a worker reads them (handlers/network/program.py). The gate is the network's own
+    (handlers/network/backends.gate: per output, cosine and relative error for floats, exact for integers, against
+    eager fp32 or fp64). Ranked by ms per row: each ranking batch size
     is weighted 1 / (sizes x rows) per call, so the weighted sum is the mean over the sizes of the time per row."""
     import torch
 
     from handlers.network import backends as network
-    from handlers.network.signature import from_exported, read_file
+    from handlers.network.program import load_program
 
-    program = torch.export.load(str(model_dir / network.PROGRAM_FILE))
-    files = [model_dir / name for name in network.SIGNATURE_FILES if (model_dir / name).is_file()]
-    signature = from_exported(program, read_file(files[0]) if files else None)
+    loaded = load_program(model_dir)
+    program, signature = loaded.program, loaded.signature
     module = program.module().to(device)
     most = min(
         max_batch,

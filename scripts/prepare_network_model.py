@@ -24,7 +24,14 @@ example computed, ``handler.py`` imported and its hooks found. ``signature.yaml`
 ``model.pt2``, with the folder's data files (``.json``, ``.txt``, ``.csv``, ``.yaml``) a handler.py may read. A refusal
 names the file and the fix, and nothing is staged (so nothing reaches model_store/).
 
+Last, the compiled backends (scripts/build_backends.py, the network family): each candidate (AOTInductor, OpenVINO,
+torch.compile; at fp32, and bf16 where this CPU has it natively) built from the staged program into backends/, gated
+against eager per output (fp32 within 1e-5 relative, integer outputs exactly) and ranked by speed; the survivors are
+recorded best first in backends/manifest.json, which a worker's ``backend: auto`` serves from. ``--backends none``
+records none (workers serve eager); ``default`` builds every backend, since which one wins depends on the network.
+
     python -m scripts.prepare_network_model --source /path/to/folder --out build/my-net/model
+    python -m scripts.prepare_network_model --source /path/to/folder --out build/my-net/model --backends openvino
 Exit codes: 0 staged, 1 the folder was refused, 2 bad arguments.
 """
 
@@ -41,6 +48,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from scripts import build_backends
+from scripts.build_backends import NETWORK_BACKENDS
 
 PROGRAM = "model.pt2"
 HOOKS = "handler.py"
@@ -377,15 +387,48 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--source", required=True, help="the network's folder")
     parser.add_argument("--out", type=Path, required=True, help="folder to stage the archive's model files in")
+    parser.add_argument(
+        "--backends",
+        default="default",
+        help="compiled backends to build: default (all of them), none, or a comma-separated list of "
+        f"{', '.join(NETWORK_BACKENDS)} (scripts/build_backends.py)",
+    )
+    parser.add_argument("--rank-seconds", type=float, default=30.0, help="backend ranking budget (default 30 s)")
+    parser.add_argument(
+        "--keep-slower",
+        choices=("true", "false"),
+        default="false",
+        help="true: pack a candidate that ranked slower than eager at its precision too (default false: refused)",
+    )
     args = parser.parse_args(argv)
+    backends = parse_backends(parser, args.backends)
+    if args.rank_seconds <= 0:
+        parser.error("--rank-seconds must be positive")
     try:
         summary = stage(args.source, args.out)
     except NetworkFolderError as error:
         print(f"error: {args.source}: {error}", file=sys.stderr)
         shutil.rmtree(args.out, ignore_errors=True)
         return 1
-    print(f"staged network {args.source} -> {args.out}: {summary}")
+    print(f"staged network {args.source} -> {args.out}: {summary}", flush=True)
+    try:
+        build_backends.build(args.out, backends, rank_seconds=args.rank_seconds, beat_eager=args.keep_slower == "false")
+    except build_backends.BuildError as error:
+        print(f"error: {error}", file=sys.stderr)
+        shutil.rmtree(args.out, ignore_errors=True)
+        return 1
     return 0
+
+
+def parse_backends(parser: argparse.ArgumentParser, text: str) -> list[str] | None:
+    """default (None: every network backend), none ([]), or a comma-separated list of them."""
+    if text in ("default", "none"):
+        return None if text == "default" else []
+    values = [value.strip() for value in text.split(",") if value.strip()]
+    unknown = [value for value in values if value not in NETWORK_BACKENDS]
+    if unknown or not values:
+        parser.error(f"--backends: choose default, none, or from {', '.join(NETWORK_BACKENDS)} (comma-separated)")
+    return values
 
 
 if __name__ == "__main__":

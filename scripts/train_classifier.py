@@ -97,6 +97,12 @@ def main(argv=None):
     )
     parser.add_argument("--stage", type=Path, help="then stage the folder for the archive here (prepare_network_model)")
     parser.add_argument(
+        "--backends",
+        default="none",
+        help="compiled backends the staging builds (prepare_network_model --backends; default none: the classifier "
+        "ships eager, which a 128x128 MLP gains nothing over)",
+    )
+    parser.add_argument(
         "--seed", type=int, default=0, help="seed of data, init and order (another seed = a retrained model)"
     )
     parser.add_argument("--epochs", type=int, default=20)
@@ -121,7 +127,7 @@ def main(argv=None):
     if args.stage is not None:
         from scripts.prepare_network_model import main as stage
 
-        return stage(["--source", str(args.out), "--out", str(args.stage)])
+        return stage(["--source", str(args.out), "--out", str(args.stage), "--backends", args.backends])
     return 0
 
 

@@ -36,7 +36,6 @@ kept for describe.
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -49,19 +48,19 @@ from torch.utils import _pytree as pytree
 
 from handlers.core import runtime
 from handlers.core.aot import ISA_FLAGS, AotPackage
+from handlers.core.backend_manifest import BACKENDS_DIR, MANIFEST, read_manifest
 from handlers.core.runtime import BackendUnavailable
 from handlers.network.inputs import check_request, native_tensor
+from handlers.network.program import PROGRAM_FILE as PROGRAM_FILE  # the staged folder's files, for the build
+from handlers.network.program import SIGNATURE_FILES as SIGNATURE_FILES
 from handlers.network.signature import Signature, TensorSpec
 
 logger = logging.getLogger(__name__)
 
-PROGRAM_FILE = "program.pt2"  # the exported program in a network's folder (torch.export.save)
-SIGNATURE_FILES = ("signature.yaml", "signature.json")  # its signature file, if any (the first found)
-BACKENDS_DIR = "backends"
-MANIFEST = f"{BACKENDS_DIR}/manifest.json"
-MANIFEST_FORMAT = 1
 OPENVINO_IR = f"{BACKENDS_DIR}/openvino/model.xml"
 BACKENDS = ("aot", "openvino", "jit")
+CHOICES = ("auto", "eager", *BACKENDS)  # the handler's backend option
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # the handler's precision option
 OPENVINO_PRECISIONS = {"fp32": "f32", "bf16": "bf16"}
 FP32_MIN_COSINE = 0.9999
 FP32_MAX_RELATIVE = 1e-5
@@ -366,22 +365,6 @@ def gate(
 
 
 # --------------------------------------------------------------------------------------------- the manifest
-def read_manifest(model_dir: str | Path) -> tuple[dict[str, Any] | None, str]:
-    """(the archive's backends/manifest.json, "") or (None, why there is none usable)."""
-    path = Path(model_dir) / MANIFEST
-    if not path.is_file():
-        return None, f"the archive has no {MANIFEST}"
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        return None, f"{MANIFEST} is unreadable ({error})"
-    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
-        return None, f"{MANIFEST} is not format {MANIFEST_FORMAT}"
-    if not isinstance(manifest.get("candidates"), list):
-        return None, f"{MANIFEST} lists no candidates"
-    return manifest, ""
-
-
 def candidate_entry(manifest: dict[str, Any] | None, backend: str, precision: str) -> dict[str, Any]:
     candidates = (manifest or {}).get("candidates") or []
     return next((c for c in candidates if (c.get("backend"), c.get("precision")) == (backend, precision)), {})
@@ -447,47 +430,90 @@ def load_served(
     device: torch.device | None = None,
     max_rows: int = GATE_MAX_ROWS,
     min_cosine: float | None = None,
+    backend: str = "auto",
+    precision: str = "auto",
 ) -> Served:
-    """The callable a worker serves: the manifest's best candidate that loads here and passes the gate again on this
-    machine (against eager fp32, on the gate's generated inputs), else eager fp32; each candidate passed over is kept
-    with its reason. ``max_rows``: the largest forward pass the engine makes (warm-up and gate sizes)."""
+    """The callable a worker serves: the best candidate asked for (:func:`requested`: ``backend``/``precision``
+    ``auto`` = the manifest's ranking) that loads here and passes the gate again on this machine (against eager
+    fp32, on the gate's generated inputs), else eager fp32; each candidate passed over is kept with its reason.
+    ``max_rows``: the largest forward pass the engine makes (warm-up and gate sizes)."""
     device = device or torch.device("cpu")
     started = time.perf_counter()
     module = program.module().to(device)
     manifest, problem = read_manifest(model_dir)
+    if backend == "eager" and precision in ("auto", "fp32"):
+        return Served(module, "eager", "fp32", "configured: backend eager", manifest=manifest)
+    entries, why_none = requested(manifest, problem, backend, precision)
+    if not entries:
+        return Served(module, "eager", "fp32", f"eager: {why_none}", [], manifest, {}, time.perf_counter() - started)
     passed_over: list[str] = []
-    if manifest is None:
-        return Served(
-            module, "eager", "fp32", f"eager: {problem}", manifest=None, load_seconds=time.perf_counter() - started
-        )
     reference = reference_for(module, signature, gate_batches(signature, min(max_rows, GATE_MAX_ROWS)))
-    entries = ranked(manifest)
     for place, entry in enumerate(entries, start=1):
-        backend, precision = str(entry.get("backend")), str(entry.get("precision"))
-        where = f"{backend}/{precision}"
-        try:
-            loaded = load_backend(backend, precision, model_dir, program, signature, threads, device)
-            warm_up(loaded, signature, max_rows)
-            verdict = gate(loaded, precision, signature, reference, min_cosine)
-        except BackendUnavailable as error:
-            passed_over.append(f"{where}: {error}")
+        name, at = str(entry.get("backend")), str(entry.get("precision"))
+        loaded, verdict, reason = try_candidate(
+            name, at, model_dir, program, signature, threads, device, max_rows, reference, min_cosine
+        )
+        if loaded is None or verdict is None:
+            passed_over.append(f"{name}/{at}: {reason}")
             continue
-        except Exception as error:  # an artifact that fails on this machine falls back, it does not stop the worker
-            passed_over.append(f"{where}: failed to load or run here: {type(error).__name__}: {first_line(error)}")
-            continue
-        if verdict.refused:
-            passed_over.append(f"{where}: {verdict.refused}")
-            continue
-        why = f"rank {place} of {len(entries)} in {MANIFEST}"
+        why = f"rank {place} of {len(entries)} in {MANIFEST}" if "rank" in entry else "configured"
         if "ms_per_row" in entry:
             why += f", {entry['ms_per_row']} ms/row at build"
-        return Served(
-            loaded, backend, precision, why, passed_over, manifest, verdict.record(), time.perf_counter() - started
-        )
+        return Served(loaded, name, at, why, passed_over, manifest, verdict.record(), time.perf_counter() - started)
     for reason in passed_over:
         logger.warning("network backend passed over: %s", reason)
-    why = "eager: " + ("every candidate in the manifest was passed over" if entries else f"{MANIFEST} lists none")
+    why = "eager: every candidate asked for was passed over"
     return Served(module, "eager", "fp32", why, passed_over, manifest, load_seconds=time.perf_counter() - started)
+
+
+def requested(
+    manifest: dict[str, Any] | None, problem: str, backend: str, precision: str
+) -> tuple[list[dict[str, Any]], str]:
+    """(the candidates to try, best first; why there are none). ``auto`` takes the manifest's ranking, restricted to
+    an explicit backend or precision where one is named; an explicit backend the manifest does not list is tried
+    as named (jit needs no artifact; aot and openvino then say which file is missing), at fp32 unless a precision is
+    named."""
+    listed = ranked(manifest) if manifest is not None else []
+    chosen = [
+        entry
+        for entry in listed
+        if backend in ("auto", entry.get("backend")) and precision in ("auto", entry.get("precision"))
+    ]
+    if chosen:
+        return chosen, ""
+    if backend != "auto":
+        return [{"backend": backend, "precision": "fp32" if precision == "auto" else precision}], ""
+    if manifest is None:
+        return [], problem
+    if precision != "auto":
+        return [], f"{MANIFEST} lists no candidate at {precision}"
+    return [], f"{MANIFEST} lists none" + (f" ({manifest['not_built']})" if manifest.get("not_built") else "")
+
+
+def try_candidate(
+    name: str,
+    precision: str,
+    model_dir: str | Path,
+    program: torch.export.ExportedProgram,
+    signature: Signature,
+    threads: int,
+    device: torch.device,
+    max_rows: int,
+    reference: Reference,
+    min_cosine: float | None,
+) -> tuple[Program | None, Verdict | None, str]:
+    """(the loaded candidate, its gate here, "") or (None, None, why it cannot serve here)."""
+    try:
+        loaded = load_backend(name, precision, model_dir, program, signature, threads, device)
+        warm_up(loaded, signature, max_rows)
+        verdict = gate(loaded, precision, signature, reference, min_cosine)
+    except BackendUnavailable as error:
+        return None, None, str(error)
+    except Exception as error:  # an artifact that fails on this machine falls back, it does not stop the worker
+        return None, None, f"failed to load or run here: {type(error).__name__}: {first_line(error)}"
+    if verdict.refused:
+        return None, None, verdict.refused
+    return loaded, verdict, ""
 
 
 def first_line(error: BaseException) -> str:

@@ -1,9 +1,12 @@
 """The TorchServe side of a team's own network: one handler for every packaged program (handlers/network_model.py).
 
 What a worker loads (:class:`NetworkServingEngine`): the archive's ``model.pt2`` and optional ``signature.yaml``
-(handlers/network/program.py) and optional ``handler.py`` hooks (handlers/network/hooks.py). The backend walk starts
-from the program's callable; ``handler.backend`` is ``eager`` (the program as exported), and
-:meth:`NetworkServingEngine.load_backend` is where a compiled backend replaces that callable behind the same signature.
+(handlers/network/program.py), optional ``handler.py`` hooks (handlers/network/hooks.py), and what computes the
+program (handlers/network/backends.load_served): ``handler.backend`` / ``handler.precision`` ``auto`` serve the best
+candidate packaging recorded in ``backends/manifest.json`` that loads and passes the gate again here, else eager fp32
+with the reason; an explicit value (``eager``, ``aot``, ``openvino``, ``jit``; ``fp32``, ``bf16``, ``fp16``) serves
+that one, or eager fp32 with the reason where it cannot. Describe shows the choice, why, and each candidate's gate
+values and speed (``backends``).
 
 What it answers:
 
@@ -32,11 +35,11 @@ import torch
 from handlers.core.answer_size import answer_too_large
 from handlers.core.base import BatchScope, ServingHandler
 from handlers.core.config import COMMON_OPTIONS, Option
-from handlers.core.engine import Engine, EngineSettings, Loaded
+from handlers.core.engine import BackendChoice, Engine, EngineSettings, Loaded
 from handlers.core.errors import OIP, RequestError, ServerError, error_body, shaped
 from handlers.core.http import RequestView, to_json
-from handlers.network import binary, oip
-from handlers.network.engine import NETWORK_OPTIONS, NetworkEngine
+from handlers.network import backends, binary, oip
+from handlers.network.engine import NETWORK_OPTIONS, NetworkEngine, lowest
 from handlers.network.hooks import HookRequest, Hooks, load_hooks
 from handlers.network.inputs import WireTensor, check_request, native_tensor
 from handlers.network.program import LoadedProgram, ProgramModule, load_program
@@ -46,8 +49,21 @@ METADATA_ROUTE = "metadata"
 OCTET_STREAM = "application/octet-stream"
 NETWORK_HANDLER_OPTIONS: dict[str, Option] = {
     **COMMON_OPTIONS,
-    "precision": Option(str, "fp32", ("fp32",), help="the program computes in the dtypes it was exported with"),
-    "backend": Option(str, "eager", ("eager",), help="what runs the program: eager = the exported program as saved"),
+    "precision": Option(
+        str,
+        "auto",
+        backends.PRECISIONS,
+        help="auto = the recorded winner's; fp32 = the dtypes the program was exported with; bf16 (native bf16 CPUs) "
+        "and fp16 (CUDA) cast float inputs, weights and outputs",
+    ),
+    "backend": Option(
+        str,
+        "auto",
+        backends.CHOICES,
+        help="what runs the program: auto = the best candidate in backends/manifest.json that passes the gate here "
+        "(else eager); eager = the exported program as saved; aot, openvino = the packaged artifact; jit = "
+        "torch.compile at load",
+    ),
     **NETWORK_OPTIONS,
 }
 
@@ -96,14 +112,35 @@ class NetworkServingEngine(Engine):
 
     def load_model(self, model_dir: str) -> LoadedNetwork:
         program = load_program(model_dir)
+        self.signature = program.signature
         return LoadedNetwork(
             model=ProgramModule(program), signature=program.signature, hooks=load_hooks(model_dir), program=program
         )
 
-    def load_backend(self, backend: str, precision: str, fp32_model: torch.nn.Module, loaded: Any) -> Any:
-        """The callable that computes: the program itself (eager). A compiled backend of the program replaces it here,
-        taking and returning what ProgramModule does."""
-        return super().load_backend(backend, precision, fp32_model, loaded)
+    def select_backend(self, fp32_model: torch.nn.Module, loaded: Any, reference: Any) -> BackendChoice:
+        """The requested backend and precision through the network's own walk and gate (backends.load_served):
+        every output compared with eager, fp32 within 1e-5; what is passed over is kept with its reason."""
+        signature = loaded.signature
+        rows = lowest(self.config["max_rows_per_pass"], signature.limits.max_rows_per_pass, signature.rows.high)
+        with self.load_phases.phase("backend_load"):
+            served = backends.load_served(
+                self.model_dir,
+                loaded.program.program,
+                signature,
+                self.threads,
+                self.device,
+                max_rows=max(rows, signature.rows.low, 1),
+                min_cosine=self.config["min_cosine"],
+                backend=self.config["backend"],
+                precision=self.config["precision"],
+            )
+        self.served = served
+        fallbacks = [fallback(reason) for reason in served.passed_over]
+        similarity = float(served.gate.get("gate_min_cosine", 1.0))
+        return BackendChoice(served.program, served.backend, served.precision, similarity, served.why, fallbacks)
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "backends": self.served.describe()}
 
     def reference_batch(self, loaded: LoadedNetwork) -> list[torch.Tensor]:
         return reference_tensors(loaded.signature)
@@ -112,8 +149,8 @@ class NetworkServingEngine(Engine):
         return [reference_tensors(loaded.signature)]
 
     def forward(self, model: Any, batch: Sequence[torch.Tensor]) -> torch.Tensor:
-        """Every output of one pass, flattened per row side by side (what the accuracy gate compares)."""
-        outputs = model(*batch)
+        """Every output of one pass, flattened per row side by side (the warm-up's pass)."""
+        outputs = self.signature.call(model, batch)
         return torch.cat([tensor.reshape(tensor.shape[0], -1).double() for tensor in outputs.values()], dim=1)
 
 
@@ -144,7 +181,12 @@ class NetworkHandler(ServingHandler):
         }
 
     def metadata(self) -> dict[str, Any]:
-        return oip.metadata(self.signature, self.model_name, [self.model_version])
+        """The protocol's metadata, with what computes the program in its ``parameters``: the backend, precision and
+        why, and each packaged candidate's gate values and speed (the customized describe's ``backends`` in full)."""
+        assert isinstance(self.engine, NetworkServingEngine)
+        served = self.engine.served.describe()
+        computed = {key: served[key] for key in ("backend", "precision", "why", "passed_over", "candidates")}
+        return {**oip.metadata(self.signature, self.model_name, [self.model_version]), "parameters": computed}
 
     # ----------------------------------------------------------------------------------------------- per request
     def parse_request(self, body: Any, request: RequestView) -> NetworkPayload | Encoded:
@@ -227,6 +269,13 @@ class NetworkHandler(ServingHandler):
         if isinstance(payload, NetworkPayload) and payload.dialect == "oip":
             return error_body(error, OIP)
         return error.to_body()
+
+
+def fallback(reason: str) -> dict[str, str]:
+    """A passed-over candidate (``backend/precision: why``) as the engine's describe lists fallbacks."""
+    where, _, why = reason.partition(": ")
+    backend, _, precision = where.partition("/")
+    return {"backend": backend, "precision": precision, "reason": why}
 
 
 def rows_of(wires: Mapping[str, WireTensor]) -> int:

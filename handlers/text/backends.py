@@ -18,7 +18,6 @@ Archive layout (written by scripts/build_backends.py at package time)::
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +28,7 @@ import torch
 from handlers.core import runtime
 from handlers.core.aot import ISA_FLAGS
 from handlers.core.aot import AotPackage as AotEncoder
+from handlers.core.backend_manifest import BACKENDS_DIR, MANIFEST, read_manifest
 from handlers.core.config import Option
 from handlers.core.engine import Candidate
 from handlers.core.runtime import BackendUnavailable, machine_can_run
@@ -48,35 +48,12 @@ __all__ = [
 
 Encode = Callable[..., torch.Tensor]  # (input_ids, attention_mask[, token_type_ids]) -> fp32 rows
 
-BACKENDS_DIR = "backends"
-MANIFEST = f"{BACKENDS_DIR}/manifest.json"
-MANIFEST_FORMAT = 1
 OPENVINO_IR = f"{BACKENDS_DIR}/openvino/model.xml"
 OPENVINO_PRECISIONS = {"fp32": "f32", "bf16": "bf16"}
 
 
 def aot_package(precision: str) -> str:
     return f"{BACKENDS_DIR}/aot-{precision}.pt2"
-
-
-def read_manifest(model_dir: str | Path) -> tuple[dict[str, Any] | None, str]:
-    """(the archive's backends/manifest.json, "") or (None, why there is none usable)."""
-    path = Path(model_dir) / MANIFEST
-    if not path.is_file():
-        return None, f"the archive has no {MANIFEST}"
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        return None, f"{MANIFEST} is unreadable ({error})"
-    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
-        return None, f"{MANIFEST} is not format {MANIFEST_FORMAT}"
-    candidates = manifest.get("candidates")
-    if not isinstance(candidates, list) or not all(
-        isinstance(c, dict) and isinstance(c.get("backend"), str) and isinstance(c.get("precision"), str)
-        for c in candidates
-    ):
-        return None, f"{MANIFEST}: candidates must be a list of {{backend, precision, ...}}"
-    return manifest, ""
 
 
 def ranked_candidates(manifest: dict[str, Any]) -> list[dict[str, Any]]:

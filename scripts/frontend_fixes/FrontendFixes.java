@@ -3,7 +3,10 @@ package servingfixes;
 import java.lang.reflect.Field;
 import java.util.Map;
 import java.util.concurrent.ConcurrentMap;
+import java.util.concurrent.Executors;
 import java.util.concurrent.LinkedBlockingDeque;
+import java.util.concurrent.ScheduledExecutorService;
+import java.util.concurrent.TimeUnit;
 import java.util.concurrent.locks.ReentrantLock;
 import java.util.function.Function;
 import org.pytorch.serve.archive.model.ModelNotFoundException;
@@ -39,14 +42,26 @@ import io.netty.handler.codec.http.QueryStringDecoder;
  *   <li>{@link #intParameter}: a management call's integer parameter that is not an integer is refused, not read as
  *       its default (min_worker=abc scaled a model to one worker).
  *   <li>{@link #unregisterModel} and scaling to 0 ({@link #updateModelWorkers}): the requests still queued for the
- *       model, and those its stopped workers held (TorchServe puts them back in the queue), are answered 503. 0.12
- *       left them unanswered: the clients waited until their own timeout.
+ *       model, and those its stopped workers held (TorchServe puts them back in the queue), are answered 503 (after
+ *       unregistering at once; after a scale to 0 once the model has stayed without workers for {@value
+ *       #ZERO_WORKERS_GRACE_SECONDS} s, so a restart of its workers keeps its queue). 0.12 left them unanswered: the
+ *       clients waited until their own timeout.
  * </ul>
  */
 public final class FrontendFixes {
     /** config.properties key: the most workers one model may be scaled or registered to. */
     public static final String MAX_WORKERS_KEY = "max_workers_per_model";
 
+    /** How long requests queued for a model scaled to 0 wait for workers to come back before they are answered. */
+    public static final long ZERO_WORKERS_GRACE_SECONDS = 10;
+
+    private static final ScheduledExecutorService LATER =
+            Executors.newSingleThreadScheduledExecutor(
+                    work -> {
+                        Thread thread = new Thread(work, "serving-fixes");
+                        thread.setDaemon(true);
+                        return thread;
+                    });
     private static final Field LOCK = field("lock");
     private static final Field JOBS_DB = field("jobsDb");
 
@@ -162,11 +177,22 @@ public final class FrontendFixes {
                 ApiUtils.updateModelWorkers(
                         modelName, modelVersion, minWorkers, maxWorkers, synchronous, isInit, onError);
         if (model != null) {
-            // No worker will take them: what waits (and what the stopped workers held) gets TorchServe's own answer
-            // for a model without workers now, not silence.
-            answerQueued(
-                    model,
-                    "Model " + modelName + " was scaled to 0 workers before this request was served");
+            // No worker will take what waits (and what the stopped workers held) unless workers come back: a scale
+            // to 0 and back (a restart of the workers) keeps its queue; a model left at 0 answers it 503, TorchServe's
+            // own answer to a request for a model without workers, instead of silence.
+            Model scaled = model;
+            LATER.schedule(
+                    () -> {
+                        if (scaled.getMaxWorkers() == 0) {
+                            answerQueued(
+                                    scaled,
+                                    "Model "
+                                            + modelName
+                                            + " was scaled to 0 workers before this request was served");
+                        }
+                    },
+                    ZERO_WORKERS_GRACE_SECONDS,
+                    TimeUnit.SECONDS);
         }
         return response;
     }

@@ -13,9 +13,11 @@ out of loadtests/ and scripts/.
 
 One vocabulary for kinds: the text kinds are the words packaging writes into text_model.json (handlers/text/kinds:
 embedding, classification, sparse, multi-vector); ``mlp`` is the classifier's network on rows of numbers (served by
-handlers/network_model.py; its training.json says its kind), ``generator`` a causal language model
-(handlers/generation); the image kinds are the words image packaging writes into model_source.json
-(handlers/image/kinds: image-classification, image-text).
+handlers/network_model.py with the classifier folder's hooks; its training.json says its kind), ``generator`` a causal
+language model (handlers/generation); the image kinds are the words image packaging writes into model_source.json
+(handlers/image/kinds: image-classification, image-text); ``network`` a team's own exported program (handlers/network,
+the network-model template), asked with tensors (its fuzzer is the tensor grammar's campaign,
+scripts/reliability/fuzz.py network_campaign).
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ class Kind:
 
     name: str
     entry: str  # the entry module that serves a model of this kind packaged from a template (handlers/<entry>)
-    # What one request carries: "rows" of numbers, "texts", "prompts" or "images" (payload builders branch on it).
+    # What one request carries: "rows" of numbers, "texts", "prompts", "images" or "tensors" (named tensors of a
+    # network's signature, in the Open Inference Protocol or the native form); payload builders branch on it.
     inputs: str
     # Comparison systems besides ours, ours-eager, inprocess and ideal (loadtests/baselines/systems.py) for a model of
     # this kind, and the targets its comparison reports.
@@ -86,19 +89,22 @@ KINDS: dict[str, Kind] = {
         10.0,
     ),
     "image-text": Kind("image-text", "handlers/image_model.py", "images", ("infinity",), IMAGE_TEXT_TARGETS, 10.0),
+    "network": Kind("network", "handlers/network_model.py", "tensors"),
 }
 TEXT_KINDS = ("embedding", "classification", "sparse", "multi-vector")
 IMAGE_KINDS = ("image-classification", "image-text")
 # An archive's entry module says its kind, except an entry that serves several kinds (handlers/text_model.py every
-# text kind, handlers/image_model.py every image kind) or every team's network (handlers/network_model.py, of which the
-# classifier is one): then the records packaging wrote say which.
-_ENTRIES = [Path(kind.entry).name for kind in KINDS.values()]
-SHARED_ENTRIES = ("network_model.py",)
+# text kind, handlers/image_model.py every image kind): then the records packaging wrote say which. The network entry
+# (handlers/network_model.py) serves every team's network (kind network) and the classifier (kind mlp, which the
+# record its training step wrote says): for it a record's kind comes first (RECORDED_FIRST).
+RECORDED_KINDS = ("mlp",)  # kinds an archive's record names, never its entry alone
+_ENTRIES = [Path(kind.entry).name for kind in KINDS.values() if kind.name not in RECORDED_KINDS]
 ENTRY_KINDS = {
     Path(kind.entry).name: kind.name
     for kind in KINDS.values()
-    if _ENTRIES.count(Path(kind.entry).name) == 1 and Path(kind.entry).name not in SHARED_ENTRIES
+    if kind.name not in RECORDED_KINDS and _ENTRIES.count(Path(kind.entry).name) == 1
 }
+RECORDED_FIRST = {Path(kind.entry).name for kind in KINDS.values() if kind.name in RECORDED_KINDS}
 # The records packaging writes beside a model, each naming its kind (text_model.json for a text model,
 # image_model.json for an image model, model_source.json for both, training.json for the classifier's network): the
 # first that names one wins.
@@ -227,7 +233,8 @@ def archive_model(archive: str | Path, name: str | None = None) -> Model:
                 recorded = {**json.loads(mar.read(record)), **recorded}
     model_name = name or str((manifest.get("model") or {}).get("modelName") or archive.stem)
     entry = Path(str((manifest.get("model") or {}).get("handler") or "")).name
-    kind = ENTRY_KINDS.get(entry) or recorded.get("kind")
+    first = recorded.get("kind") if entry in RECORDED_FIRST else None
+    kind = first or ENTRY_KINDS.get(entry) or recorded.get("kind")
     if kind not in KINDS:
         raise ValueError(
             f"{archive}: not a model the tools know (served by {entry or 'an unknown handler'!r}, kind {kind!r}; "

@@ -1242,10 +1242,12 @@ def grammar_and_oracle(model, store, seed, max_request_size):
 
 
 def campaign(server, model, store, requests=5000, seed=0, clients=24, log=print):
-    """Fuzz one model (``store/<model>.mar``, any kind archive_kind knows) on a running server; returns a
-    scripts.reliability.rows.Row."""
+    """Fuzz one model (``store/<model>.mar``, any kind archive_kind knows, or a network: the tensor grammar's
+    campaign) on a running server; returns a scripts.reliability.rows.Row."""
     from scripts.reliability.rows import Row
 
+    if registry.archive_model(Path(store) / f"{model}.mar", model).oracle == NETWORK_ORACLE:
+        return archive_network_campaign(server, model, store, requests, seed, clients, log)
     started = time.perf_counter()
     max_request_size = int(server.props.get("max_request_size", 6553500))
     grammar, oracle = grammar_and_oracle(model, store, seed, max_request_size)
@@ -1309,6 +1311,7 @@ def campaign(server, model, store, requests=5000, seed=0, clients=24, log=print)
 # A served network (handlers/network/) is fuzzed with the tensor grammar (scripts/reliability/tensor_grammar.py): its
 # requests carry headers of their own (the binary extension's), each invalid one has an exact status and the input it
 # must name, and each valid one's reference is the network engine's answer to it alone, computed here in process.
+NETWORK_ORACLE = "network"  # the registry's network kind: fuzzed by network_campaign, not by a grammar of ORACLES
 NETWORK_CLASSES = {
     "lost": "requests without an HTTP answer",
     "server_error": "5xx answers",
@@ -1342,18 +1345,30 @@ def network_verdict(case, status):
 
 
 def network_campaign(
-    url, program, signature, options=None, requests=2000, seed=0, clients=8, headers=None, model="network", log=print
+    url,
+    program,
+    signature,
+    options=None,
+    requests=2000,
+    seed=0,
+    clients=8,
+    headers=None,
+    model="network",
+    log=print,
+    management=None,
 ):
     """Fuzz a served network at ``url`` (its inference route) with ``requests`` tensor-grammar cases from ``clients``
-    threads; ``program`` and ``signature`` (handlers/network/signature.load of what the archive packs) and ``options``
-    (the served handler: section) give the in-process reference. Returns a scripts.reliability.rows.Row."""
+    threads; ``program`` and ``signature`` (handlers/network/program.load_program of what the archive packs) and
+    ``options`` (the served handler: section, :func:`network_reference`) give the in-process reference. With
+    ``management`` (scripts/ops/management.py's client of the same server) the model's worker PIDs are read before
+    and after: a worker that died and restarted during the campaign fails it. Returns a scripts.reliability.rows.Row."""
     import requests as http
 
-    from handlers.network.engine import NetworkEngine
+    from handlers.network.engine import NETWORK_OPTIONS, NetworkEngine
     from scripts.reliability.rows import Row
     from scripts.reliability.tensor_grammar import TensorGrammar, judge, reference
 
-    engine = NetworkEngine(program, signature, options)
+    engine = NetworkEngine(program, signature, {k: v for k, v in (options or {}).items() if k in NETWORK_OPTIONS})
     grammar = TensorGrammar(signature, seed, engine.max_rows_per_request, model)
     cases = grammar.cases(requests)
     expected = [reference(engine, case) for case in cases]
@@ -1364,8 +1379,11 @@ def network_campaign(
             local.session = http.Session()
         return post_tensor_case(local.session, url, case, headers)
 
+    pids_before = management.worker_pids(model) if management is not None else []
     with ThreadPoolExecutor(max_workers=clients) as pool:
         answers = list(pool.map(send, cases))
+    pids_after = management.worker_pids(model) if management is not None else []
+    restarts = len(set(pids_before) - set(pids_after))
     counts, examples = Counter({name: 0 for name in NETWORK_CLASSES}), defaultdict(list)
     for case, want, (status, got_headers, body) in zip(cases, expected, answers, strict=True):
         problem = "no answer" if status == 0 else judge(case, status, got_headers, body, want, rtol=1e-4, atol=1e-5)
@@ -1382,10 +1400,53 @@ def network_campaign(
     return Row(
         f"{model}: fuzz {len(cases)} tensor requests ({clients} clients, seed {seed})",
         f"{len(cases)} requests ({kinds[OK]} valid, {kinds[ERROR]} invalid, {kinds[EITHER]} either); "
-        + ", ".join(f"{counts[name]} {label}" for name, label in NETWORK_CLASSES.items()),
-        "every invalid request refused with its status naming its input, every valid one answered as alone, no 5xx",
-        not any(counts.values()),
-        {"counts": dict(counts), "examples": dict(examples), "statuses": dict(Counter(str(a[0]) for a in answers))},
+        + ", ".join(f"{counts[name]} {label}" for name, label in NETWORK_CLASSES.items())
+        + (f"; worker restarts {restarts}" if management is not None else ""),
+        "every invalid request refused with its status naming its input, every valid one answered as alone, no 5xx"
+        + (", 0 worker restarts" if management is not None else ""),
+        not any(counts.values()) and restarts == 0,
+        {
+            "counts": dict(counts),
+            "examples": dict(examples),
+            "statuses": dict(Counter(str(a[0]) for a in answers)),
+            "worker_restarts": restarts,
+            "pids_before": pids_before,
+            "pids_after": pids_after,
+        },
+    )
+
+
+def network_reference(archive, max_request_size=6553500):
+    """(the program's module, its signature, the served handler: section) of a network archive, read as its worker
+    reads them: the archive's files extracted and loaded (handlers/network/program.py), the handler section of its
+    model-config.yaml with the handler's defaults filled in."""
+    from handlers.network.program import load_program
+
+    with tempfile.TemporaryDirectory(prefix="fuzz-network-") as folder:
+        with zipfile.ZipFile(archive) as mar:
+            mar.extractall(folder)
+        loaded = load_program(folder)
+    return loaded.program.module(), loaded.signature, handler_limits(archive, max_request_size).handler
+
+
+def archive_network_campaign(server, model, store, requests=2000, seed=0, clients=8, log=print):
+    """network_campaign against ``store/<model>.mar`` served by ``server`` (scripts/ops/server.py), at the route
+    /predictions/<model>, with the server's inference headers and its management client for the PID check."""
+    archive = Path(store) / f"{model}.mar"
+    program, signature, options = network_reference(archive, int(server.props.get("max_request_size", 6553500)))
+    url = f"{server.inference_url}/predictions/{model}"
+    return network_campaign(
+        url,
+        program,
+        signature,
+        options,
+        requests,
+        seed,
+        clients,
+        server.headers("inference"),
+        model,
+        log,
+        management=server.management(),
     )
 
 

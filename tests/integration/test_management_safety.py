@@ -211,6 +211,7 @@ def test_every_request_in_flight_is_answered_when_a_model_is_unregistered_or_sca
         else:
             scaled = requests.put(f"{mgmt}/models/{name}?min_worker=0&max_worker=0&synchronous=true", timeout=120)
             assert scaled.status_code == 200, scaled.text
+            time.sleep(12)  # what waits is answered once the model has stayed without workers for 10 s
         time.sleep(1)
     finally:
         stop.set()

