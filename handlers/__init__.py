@@ -5,9 +5,13 @@ class, a thin list of stages that call the model kind's subpackage. ``core`` hol
 
 Where each model's request is parsed, batched, computed and answered (paths under handlers/):
 
-- classifier (``classifier.py``): parsed in mlp/requests.py ``parse_classifier_request``; batched there as
-  a ``ClassifierBatch`` (every request's rows in one tensor); computed by mlp/nets.py ``MLPClassifier``;
-  answered by mlp/requests.py ``answer_requests``.
+- every team's own network (``network_model.py``), the classifier among them: parsed by network/oip.py (the Open
+  Inference Protocol, JSON or binary; the native JSON form) or by the archive's own ``handler.py`` preprocess hook
+  (network/hooks.py; the classifier's is models/classifier/handler.py), each request's tensors checked against the
+  program's signature (network/inputs.py); batched and computed by network/engine.py ``NetworkEngine`` (requests of
+  equal shapes concatenated, passes of bounded rows) through the program (network/program.py) or the backend that
+  serves it (network/backends.py); answered by network/handler.py ``NetworkHandler.encode`` in the protocol it was
+  asked in, or by the archive's postprocess hook.
 - minilm and every text model packaged from its folder, of any kind (``embeddings.py``, ``text_classifier.py``,
   ``text_model.py``): routed by the URL path to one row of the kind's route table (text/routes.py ``Route``; the rows
   are listed by the kind's class, handlers/text/kinds/), and parsed by that row's parser: one module per API dialect,
@@ -38,10 +42,10 @@ Where each model's request is parsed, batched, computed and answered (paths unde
 
 Every handler answers through core/base.py (``answer``/``reject``: status, content type, strict JSON).
 
-Entry modules: ``classifier.py`` (ClassifierHandler), ``embeddings.py`` (EmbeddingHandler), ``text_classifier.py``
+Entry modules: ``network_model.py`` (NetworkModelHandler), ``embeddings.py`` (EmbeddingHandler), ``text_classifier.py``
 (TextClassifierHandler), ``text_model.py`` (TextHandler, any kind), ``image_model.py`` (ImageHandler, any image
 kind), ``generator.py`` (GeneratorHandler). Each model's
-files are loaded by ``mlp/nets.py``, ``text/model.py`` (``read_model_files``, ``build_module``; into
+files are loaded by ``network/program.py``, ``text/model.py`` (``read_model_files``, ``build_module``; into
 text/engine.py's ``LoadedTextModel``) and ``generation/model.py`` into a typed ``Loaded*`` object.
 
 text/: the one engine of every text model (docs/your-model.md): ``folder.py`` reads and checks a model's folder,

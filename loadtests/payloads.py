@@ -259,10 +259,12 @@ def worker_requests(bodies) -> tuple[list[dict[str, Any]], list[dict[str, str]]]
     bytearray) and each request's headers: for the baselines that call a handler in process."""
     requests, headers = [], []
     for body in bodies:
+        # url_path: TorchServe's header on every POST /predictions/<name> (empty: the model's own route); a network
+        # handler reads a request without it as the Open Inference Protocol's /v2/models/<name>/infer.
         if isinstance(body, RawBody):
             requests.append({"body": bytearray(body.data)})
-            headers.append({"Content-Type": body.content_type})
+            headers.append({"Content-Type": body.content_type, "url_path": ""})
         else:
             requests.append({"body": body})
-            headers.append({"Content-Type": "application/json"})
+            headers.append({"Content-Type": "application/json", "url_path": ""})
     return requests, headers

@@ -59,7 +59,6 @@ HELP_CACHE = REPO / "build" / "docs-check-help"  # each CLI's --help, per state 
 RECORD = "docs/results.md"  # the dated record of measurements: history is allowed there
 # Handler entry modules whose ``handler:`` schema the docs may name.
 ENTRY_MODULES = (
-    "handlers/classifier.py",
     "handlers/text_model.py",
     "handlers/image_model.py",
     "handlers/generator.py",

@@ -19,6 +19,8 @@ own request only, and the worker keeps serving:
 
 - ``ValueError`` (also ``json.JSONDecodeError`` and ``UnicodeDecodeError``, its subclasses): the client sent something
   the hook cannot use: 400 with the exception's message;
+- ``handlers.core.errors.RequestError(message, code=..., error_type=...)``: that status and error type (e.g. 413 for a
+  request over a limit, 422 for one the model cannot compute);
 - any other exception: our side failed: 500 naming the hook and the exception type (its traceback is logged).
 """
 
@@ -37,7 +39,7 @@ import numpy as np
 import torch
 
 from handlers.core.errors import RequestError, ServerError
-from handlers.core.http import to_json
+from handlers.core.http import Float32List
 from handlers.network.datatypes import of_dtype, to_bytes
 from handlers.network.inputs import WireTensor, native_tensor
 from handlers.network.signature import SignatureError
@@ -52,17 +54,24 @@ class HookRequest:
     """One request as a hook sees it."""
 
     def __init__(self, body: Any, headers: Callable[[str], str | None], content_type: str) -> None:
-        if isinstance(body, bytes | bytearray):
-            self.body = bytes(body)
-        elif isinstance(body, str):
-            self.body = body.encode("utf-8")
-        elif body is None:
-            self.body = b""
-        else:  # TorchServe already parsed a JSON body: the same JSON, re-encoded
-            self.body = to_json(body).encode("utf-8")
-        self._parsed = body if not isinstance(body, bytes | bytearray | str) and body is not None else None
+        # TorchServe parses a body sent as application/json (a JSON string arrives as a str, JSON null as None) and
+        # hands any other body over as bytes (text/* as str).
+        self._is_parsed = not isinstance(body, bytes | bytearray | str | None) or (
+            content_type == "application/json" and not isinstance(body, bytes | bytearray)
+        )
+        self._parsed: Any = body if self._is_parsed else None
+        self._raw: bytes | None = None  # a parsed body is re-encoded only when a hook reads the bytes
+        if not self._is_parsed:
+            self._raw = body.encode("utf-8") if isinstance(body, str) else bytes(body or b"")
         self._headers = headers
         self.content_type = content_type
+
+    @property
+    def body(self) -> bytes:
+        """The raw body bytes (a body TorchServe parsed as JSON: that JSON again, NaN and Infinity tokens as sent)."""
+        if self._raw is None:
+            self._raw = json.dumps(self._parsed, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        return self._raw
 
     @property
     def text(self) -> str:
@@ -70,10 +79,13 @@ class HookRequest:
         return self.body.decode("utf-8")
 
     def json(self) -> Any:
-        """The body parsed as JSON (json.JSONDecodeError, a ValueError, when it is not JSON)."""
-        if self._parsed is not None:
+        """The body parsed as JSON (json.JSONDecodeError, a ValueError, when it is not JSON, or nests too deeply)."""
+        if self._is_parsed:
             return self._parsed
-        return json.loads(self.text)
+        try:
+            return json.loads(self.text)
+        except RecursionError:
+            raise ValueError("body is not valid JSON: nested too deeply") from None
 
     def header(self, name: str) -> str | None:
         return self._headers(name)
@@ -107,6 +119,8 @@ class Hooks:
 def call_hook(name: str, hook: Callable[..., Any], *args: Any) -> Any:
     try:
         return hook(*args)
+    except RequestError:
+        raise
     except ValueError as error:
         raise RequestError(str(error) or f"{HOOKS_FILE} {name} refused the request ({type(error).__name__})") from None
     except Exception as error:
@@ -130,6 +144,8 @@ def wire_tensor(name: str, value: Any) -> WireTensor:
 
 
 def json_value(value: Any) -> Any:
+    if isinstance(value, Float32List):  # already JSON, and marked for float32's shortest text (handlers/core/http.py)
+        return value
     if isinstance(value, torch.Tensor):
         return value.detach().to("cpu").tolist()
     if isinstance(value, np.ndarray | np.generic):

@@ -86,8 +86,8 @@ def raw_forward_ms(handler, model, inputs, repeats=200):
 
     engine = handler.engine  # what the handler computes with, called without the request side
     payload = traffic(model).payloads(0, 0).next()
-    if inputs == "rows":
-        batch = torch.tensor([payload["inputs"]], dtype=torch.float32)
+    if inputs == "rows":  # a network (handlers/network/): its engine takes one tensor per program input
+        batch = [torch.tensor([payload["inputs"]], dtype=torch.float32)]
     else:
         batch = engine.encode_padded([payload["text"]])
     times = []

@@ -12,11 +12,12 @@ its inputs, its oracle), never on its name: ``tests/unit/test_model_registry.py`
 out of loadtests/ and scripts/.
 
 One vocabulary for kinds: the text kinds are the words packaging writes into text_model.json (handlers/text/kinds:
-embedding, classification, sparse, multi-vector); ``mlp`` is the classifier's network on rows of numbers
-(handlers/mlp), ``generator`` a causal language model (handlers/generation); the image kinds are the words image
-packaging writes into model_source.json (handlers/image/kinds: image-classification, image-text); ``network`` a
-team's own exported program (handlers/network, the network-model template), asked with tensors (its fuzzer is the
-tensor grammar's campaign, scripts/reliability/fuzz.py network_campaign).
+embedding, classification, sparse, multi-vector); ``mlp`` is the classifier's network on rows of numbers (served by
+handlers/network_model.py with the classifier folder's hooks; its training.json says its kind), ``generator`` a causal
+language model (handlers/generation); the image kinds are the words image packaging writes into model_source.json
+(handlers/image/kinds: image-classification, image-text); ``network`` a team's own exported program (handlers/network,
+the network-model template), asked with tensors (its fuzzer is the tensor grammar's campaign,
+scripts/reliability/fuzz.py network_campaign).
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ TEXT_TARGETS = (Target("infinity", 3.0), Target("ours-eager", 1.3))
 IMAGE_TEXT_TARGETS = (Target("infinity", 1.5),)
 IMAGE_CLASSIFICATION_TARGETS = (Target("stock-image-classifier", 3.0),)
 KINDS: dict[str, Kind] = {
-    "mlp": Kind("mlp", "handlers/classifier.py", "rows"),
+    "mlp": Kind("mlp", "handlers/network_model.py", "rows"),
     "embedding": Kind("embedding", "handlers/embeddings.py", "texts", ("infinity",), TEXT_TARGETS),
     "classification": Kind("classification", "handlers/text_classifier.py", "texts"),
     "sparse": Kind("sparse", "handlers/text_model.py", "texts"),
@@ -93,14 +94,21 @@ KINDS: dict[str, Kind] = {
 TEXT_KINDS = ("embedding", "classification", "sparse", "multi-vector")
 IMAGE_KINDS = ("image-classification", "image-text")
 # An archive's entry module says its kind, except an entry that serves several kinds (handlers/text_model.py every
-# text kind, handlers/image_model.py every image kind): then the records packaging wrote say which.
-_ENTRIES = [Path(kind.entry).name for kind in KINDS.values()]
+# text kind, handlers/image_model.py every image kind): then the records packaging wrote say which. The network entry
+# (handlers/network_model.py) serves every team's network (kind network) and the classifier (kind mlp, which the
+# record its training step wrote says): for it a record's kind comes first (RECORDED_FIRST).
+RECORDED_KINDS = ("mlp",)  # kinds an archive's record names, never its entry alone
+_ENTRIES = [Path(kind.entry).name for kind in KINDS.values() if kind.name not in RECORDED_KINDS]
 ENTRY_KINDS = {
-    Path(kind.entry).name: kind.name for kind in KINDS.values() if _ENTRIES.count(Path(kind.entry).name) == 1
+    Path(kind.entry).name: kind.name
+    for kind in KINDS.values()
+    if kind.name not in RECORDED_KINDS and _ENTRIES.count(Path(kind.entry).name) == 1
 }
+RECORDED_FIRST = {Path(kind.entry).name for kind in KINDS.values() if kind.name in RECORDED_KINDS}
 # The records packaging writes beside a model, each naming its kind (text_model.json for a text model,
-# image_model.json for an image model, model_source.json for both): the first that names one wins.
-KIND_RECORDS = ("text_model.json", "image_model.json", "model_source.json")
+# image_model.json for an image model, model_source.json for both, training.json for the classifier's network): the
+# first that names one wins.
+KIND_RECORDS = ("text_model.json", "image_model.json", "model_source.json", "training.json")
 
 
 @dataclass(frozen=True)
@@ -146,7 +154,7 @@ class Model:
 
 
 def entry_class(handler_path: str | Path) -> type:
-    """The one class an entry module (e.g. handlers/classifier.py) defines; TorchServe's rule: exactly one, imported
+    """The one class an entry module (e.g. handlers/embeddings.py) defines; TorchServe's rule: exactly one, imported
     classes do not count."""
     module = importlib.import_module(Path(handler_path).with_suffix("").as_posix().replace("/", "."))
     classes = [c for _, c in inspect.getmembers(module, inspect.isclass) if c.__module__ == module.__name__]
@@ -225,7 +233,8 @@ def archive_model(archive: str | Path, name: str | None = None) -> Model:
                 recorded = {**json.loads(mar.read(record)), **recorded}
     model_name = name or str((manifest.get("model") or {}).get("modelName") or archive.stem)
     entry = Path(str((manifest.get("model") or {}).get("handler") or "")).name
-    kind = ENTRY_KINDS.get(entry) or recorded.get("kind")
+    first = recorded.get("kind") if entry in RECORDED_FIRST else None
+    kind = first or ENTRY_KINDS.get(entry) or recorded.get("kind")
     if kind not in KINDS:
         raise ValueError(
             f"{archive}: not a model the tools know (served by {entry or 'an unknown handler'!r}, kind {kind!r}; "

@@ -64,7 +64,7 @@ def build_hang_archive(store):
         "classifier-hang",
         "1.0",
         REPO / "scripts/reliability/hang_handler.py",
-        [(REPO / "build/classifier/classifier.pt", "classifier.pt")],
+        [(path, path.name) for path in sorted((REPO / "build/classifier/model").iterdir())],
         config_path,
         store / "classifier-hang.mar",
     )

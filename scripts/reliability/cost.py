@@ -171,8 +171,9 @@ def minilm_requests(limits, max_request_size):
 
 
 def classifier_requests(limits, max_request_size, in_features=128):
-    """max_rows rows of full-precision numbers; and the same padded with JSON whitespace to max_request_size."""
-    rows = limits["max_rows"]
+    """max_rows_per_request rows of full-precision numbers; and the same padded with JSON whitespace to
+    max_request_size."""
+    rows = limits["max_rows_per_request"]
 
     def body(n, size=0):
         rng = random.Random(f"classifier-{n}")

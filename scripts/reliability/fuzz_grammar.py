@@ -350,7 +350,7 @@ class ClassifierProductions:
 
     def __init__(self, limits, seed, pool_size):  # rows are drawn per case: no pool, no seed of its own
         self.limits = limits
-        self.features, self.max_rows = limits.features, limits.handler["max_rows"]
+        self.features, self.max_rows = limits.features, limits.handler["max_rows_per_request"]
 
     def good(self, rng):
         return (*json_case(rng, classifier_body(rng, self.limits)), OK)

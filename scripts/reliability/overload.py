@@ -41,7 +41,7 @@ MANIFEST = "MAR-INF/MANIFEST.json"
 
 def build_archive(source, store):
     """``store/classifier-overload.mar``: a copy of classifier.mar served under that name, with jobQueueSize
-    QUEUE_SIZE and handler.max_rows ROWS in its model-config.yaml."""
+    QUEUE_SIZE and handler.max_rows_per_request ROWS in its model-config.yaml."""
     destination = Path(store) / f"{MODEL}.mar"
     with zipfile.ZipFile(source) as archive, zipfile.ZipFile(destination, "w", zipfile.ZIP_DEFLATED) as variant:
         manifest = json.loads(archive.read(MANIFEST))
@@ -49,7 +49,7 @@ def build_archive(source, store):
         manifest["model"]["modelName"] = MODEL
         config = yaml.safe_load(archive.read(config_name)) or {}
         config["jobQueueSize"] = QUEUE_SIZE
-        config["handler"] = {**(config.get("handler") or {}), "max_rows": ROWS}
+        config["handler"] = {**(config.get("handler") or {}), "max_rows_per_request": ROWS}
         for item in archive.infolist():
             data = archive.read(item.filename)
             if item.filename == MANIFEST:

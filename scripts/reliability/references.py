@@ -1,7 +1,8 @@
 """Distinct inputs per model and their reference answers computed in-process, to verify every served answer.
 
-The classifier's reference is the archived state_dict run in fp32; MiniLM's is sentence-transformers' encode() of the
-same model in fp32 (served answers may be bf16: they must reach cosine >= 0.999 to their own reference).
+The classifier's reference is the archived program's weights in the training script's module, run in fp32; MiniLM's
+is sentence-transformers' encode() of the same model in fp32 (served answers may be bf16: they must reach cosine >=
+0.999 to their own reference).
 """
 
 import io
@@ -16,15 +17,27 @@ from scripts.ops import payloads, registry
 
 # Served answers may be bf16: each must reach this cosine similarity to its fp32 reference.
 MIN_COSINE = 0.999
+CLASSIFIER_PROGRAM = "model.pt2"
 
 
 def load_classifier(archive_path):
-    """The archived classifier weights as an fp32 model in eval mode."""
+    """The archived classifier (its exported program's weights) as an fp32 model in eval mode."""
     with zipfile.ZipFile(archive_path) as mar:
-        state_dict = torch.load(io.BytesIO(mar.read("classifier.pt")), map_location="cpu", weights_only=True)
-    from handlers.mlp.nets import MLPClassifier
+        program = torch.export.load(io.BytesIO(mar.read(CLASSIFIER_PROGRAM)))
+    return classifier_of(program)
 
-    return MLPClassifier.from_state_dict(state_dict).eval()
+
+def classifier_of(program):
+    """The classifier's module (scripts/train_classifier.py) holding an exported classifier program's weights: a plain
+    module, so a reference can also run it in float64 (``.double()``)."""
+    from scripts.train_classifier import MLPClassifier
+
+    return MLPClassifier.from_state_dict(dict(program.state_dict)).eval()
+
+
+def load_classifier_dir(model_dir):
+    """The classifier of an unpacked archive or a staged model folder (its model.pt2)."""
+    return classifier_of(torch.export.load(str(Path(model_dir) / CLASSIFIER_PROGRAM)))
 
 
 class ClassifierReference:

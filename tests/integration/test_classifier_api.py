@@ -1,21 +1,24 @@
-"""The classifier through a real TorchServe started from config.properties (session server, free ports)."""
+"""The classifier through a real TorchServe started from config.properties (session server, free ports): its native
+JSON at /predictions/classifier (the network handler with the classifier folder's hooks) and the Open Inference
+Protocol at /v2/models/classifier/infer (tritonclient.http with its defaults)."""
 
 import concurrent.futures
 import json
 
+import numpy as np
 import pytest
 import requests
 import torch
+import tritonclient.http as httpclient
 
-from handlers.mlp.nets import MLPClassifier
+from scripts.reliability.references import load_classifier_dir
 
 MODEL = "classifier"
 
 
 @pytest.fixture(scope="module")
 def reference_model(unpacked_model):
-    state_dict = torch.load(unpacked_model(MODEL) / "classifier.pt", map_location="cpu", weights_only=True)
-    return MLPClassifier.from_state_dict(state_dict).eval()
+    return load_classifier_dir(unpacked_model(MODEL))
 
 
 def expected(model, rows):
@@ -149,3 +152,29 @@ def test_describe_shows_the_precision_the_worker_chose(ts_server):
     assert description["workers"][0]["status"] == "READY"
     metadata = client.handler_choices(MODEL)
     assert metadata["precision"] == "fp32" and metadata["device"] == "cpu"
+    assert metadata["hooks"] == ["preprocess", "postprocess"]
+
+
+def test_open_inference_protocol_with_tritonclient_defaults(ts_server, reference_model):
+    """infer() as tritonclient sends it by default (binary tensors): the program's logits, rows as sent."""
+    rows = np.array(random_rows(3, seed=31), dtype=np.float32)
+    client = httpclient.InferenceServerClient(ts_server.inference_url.removeprefix("http://"), network_timeout=60)
+    tensor = httpclient.InferInput("inputs", list(rows.shape), "FP32")
+    tensor.set_data_from_numpy(rows)
+    result = client.infer(MODEL, [tensor])
+    with torch.inference_mode():
+        logits = reference_model(torch.from_numpy(rows)).numpy()
+    assert result.as_numpy("logits").shape == (3, 10)
+    assert np.allclose(result.as_numpy("logits"), logits, atol=1e-5)
+
+
+def test_open_inference_protocol_as_curl_sends_it(ts_server, reference_model):
+    row = random_rows(1, seed=32)[0]
+    body = {"inputs": [{"name": "inputs", "shape": [1, 128], "datatype": "FP32", "data": row}]}
+    response = requests.post(f"{ts_server.inference_url}/v2/models/{MODEL}/infer", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    [output] = response.json()["outputs"]
+    assert output["name"] == "logits" and output["shape"] == [1, 10]
+    with torch.inference_mode():
+        logits = reference_model(torch.tensor([row]))
+    assert torch.allclose(torch.tensor(output["data"]), logits[0], atol=1e-5)

@@ -148,7 +148,7 @@ def test_rollout_under_traffic_has_no_failed_requests(server, versions_built):
 
 
 def broken_archive(source, target, version):
-    """A copy of an archive under another version whose weights file is garbage: its workers cannot load."""
+    """A copy of an archive under another version whose program file is garbage: its workers cannot load."""
     with zipfile.ZipFile(source) as original, zipfile.ZipFile(target, "w") as copy:
         for item in original.infolist():
             data = original.read(item.filename)
@@ -156,8 +156,8 @@ def broken_archive(source, target, version):
                 manifest = json.loads(data)
                 manifest["model"]["modelVersion"] = version
                 data = json.dumps(manifest).encode()
-            elif item.filename.endswith("classifier.pt"):
-                data = b"not a state dict"
+            elif item.filename.endswith("model.pt2"):
+                data = b"not an exported program"
             copy.writestr(item, data)
 
 

@@ -1,13 +1,21 @@
-"""The classifier handler called directly (no server): validation, batching bookkeeping, precision, backend."""
+"""The classifier called directly (no server): the network handler with the classifier folder's hooks
+(models/classifier/handler.py): its native request and answer, validation, batching bookkeeping."""
 
 import json
 import math
+import re
 
+import numpy as np
 import pytest
 import torch
 
 from handlers.core.config import ConfigError
+from handlers.network_model import NetworkModelHandler
 from scripts.ops.handler_loader import load_handler, set_requests, statuses
+from scripts.reliability.references import load_classifier_dir
+
+# A POST /predictions/classifier request as TorchServe hands it over (the url_path header tells it from /v2/.../infer).
+PREDICTIONS = {"Content-Type": "application/json", "url_path": ""}
 
 
 def load(model_dir, **handler_overrides):
@@ -19,30 +27,63 @@ def classifier(prepared_model_dir):
     return load(prepared_model_dir("classifier"))
 
 
-def reference(handler, rows):
+@pytest.fixture(scope="module")
+def reference_model(prepared_model_dir):
+    return load_classifier_dir(prepared_model_dir("classifier"))
+
+
+def reference(model, rows):
     with torch.inference_mode():
-        return torch.softmax(handler.model(torch.tensor(rows, dtype=torch.float32)), dim=-1)
+        return torch.softmax(model(torch.tensor(rows, dtype=torch.float32)), dim=-1)
+
+
+def test_the_classifier_is_served_by_the_network_handler_with_its_hooks(classifier):
+    handler, _ = classifier
+    assert isinstance(handler, NetworkModelHandler)
+    description = handler.describe()
+    assert description["hooks"] == ["preprocess", "postprocess"]
+    assert description["max_rows_per_request"] == 64
+    [inputs] = description["metadata"]["inputs"]
+    assert inputs["name"] == "inputs" and inputs["datatype"] == "FP32" and inputs["shape"] == [-1, 128]
+    assert [output["name"] for output in description["metadata"]["outputs"]] == ["logits"]
 
 
 def run(handler, context, bodies):
-    set_requests(context, [{"Content-Type": "application/json"}] * len(bodies))
+    set_requests(context, [PREDICTIONS] * len(bodies))
     answers = handler.handle([{"body": body} for body in bodies], context)
-    assert all(isinstance(answer, str) for answer in answers)  # compact JSON, not a dict TorchServe would indent
+    # compact JSON text, not a dict TorchServe would indent
+    assert all(isinstance(answer, str | bytes) for answer in answers)
     return [json.loads(answer) for answer in answers]
 
 
-def test_single_row_answers_label_and_probabilities(classifier):
+def test_single_row_answers_label_and_probabilities(classifier, reference_model):
     handler, context = classifier
     row = torch.randn(128, generator=torch.Generator().manual_seed(3)).tolist()
     [answer] = run(handler, context, [{"inputs": row}])
-    expected = reference(handler, [row])[0]
+    expected = reference(reference_model, [row])[0]
     assert answer["label"] == int(expected.argmax())
     assert len(answer["probabilities"]) == 10
     assert math.isclose(sum(answer["probabilities"]), 1.0, rel_tol=1e-5)
     assert torch.allclose(torch.tensor(answer["probabilities"]), expected, atol=1e-6)
 
 
-def test_requests_with_different_row_counts_get_their_own_rows(classifier):
+def test_probabilities_are_written_as_float32_shortest_text(classifier):
+    """Each probability is the shortest text that reads back as its float32 (at most 9 significant digits), not the
+    float64 repr of that float32 (17 digits: 0.10000000149011612)."""
+    handler, context = classifier
+    row = torch.randn(128, generator=torch.Generator().manual_seed(6)).tolist()
+    set_requests(context, [PREDICTIONS])
+    [raw] = handler.handle([{"body": {"inputs": row}}], context)
+    raw = raw.decode() if isinstance(raw, bytes) else raw
+    tokens = re.search(r'"probabilities":\[([^\]]*)\]', raw).group(1).split(",")
+    assert len(tokens) == 10
+    for token in tokens:
+        digits = re.sub(r"e.*$", "", token).lstrip("-").replace(".", "").lstrip("0")
+        assert len(digits) <= 9, token
+        assert np.float32(token) == np.float32(float(token))
+
+
+def test_requests_with_different_row_counts_get_their_own_rows(classifier, reference_model):
     handler, context = classifier
     generator = torch.Generator().manual_seed(4)
     bodies = [{"inputs": torch.randn(n, 128, generator=generator).tolist()} for n in (3, 1, 5)]
@@ -54,7 +95,7 @@ def test_requests_with_different_row_counts_get_their_own_rows(classifier):
         rows = body["inputs"] if isinstance(body["inputs"][0], list) else [body["inputs"]]
         got = answer if isinstance(answer, list) else [answer]
         assert len(got) == len(rows)
-        expected = reference(handler, rows)
+        expected = reference(reference_model, rows)
         assert [g["label"] for g in got] == expected.argmax(1).tolist()
         assert torch.allclose(torch.tensor([g["probabilities"] for g in got]), expected, atol=1e-6)
 
@@ -62,6 +103,10 @@ def test_requests_with_different_row_counts_get_their_own_rows(classifier):
 BAD_BODIES = {
     "not json": (b"{not json", "not valid JSON"),
     "not an object": ([1, 2, 3], "JSON object"),
+    # TorchServe hands a JSON body over parsed: null as None, a JSON string as a str.
+    "json null": (None, "got null"),
+    "json string": ("inputs", "got str"),
+    "nested too deeply": (b"[" * 100000, "nested too deeply"),
     "missing inputs": ({"rows": [[0.0] * 128]}, "unknown field"),
     "empty object": ({}, "missing field 'inputs'"),
     "wrong length": ({"inputs": [0.0] * 127}, "127 values; expected 128"),
@@ -93,19 +138,14 @@ def test_too_many_rows_is_a_413_naming_the_limit(classifier):
     good = {"inputs": [0.5] * 128}
     answers = run(handler, context, [good, {"inputs": [[0.0] * 128] * 65}, good])
     assert statuses(context, 3) == [200, 413, 200]
-    assert answers[1]["type"] == "RequestTooLarge" and "65 rows; handler.max_rows is 64" in answers[1]["message"]
+    assert answers[1]["type"] == "RequestTooLarge" and "65 rows; at most 64" in answers[1]["message"]
 
 
-def test_bf16_passes_the_accuracy_gate_and_matches_fp32(prepared_model_dir):
-    handler, _ = load(prepared_model_dir("classifier"), precision="bf16")
-    assert handler.precision == "bf16" and handler.min_cosine >= 0.999
-    assert next(handler.model.parameters()).dtype == torch.bfloat16
-
-
-def test_an_impossible_bound_makes_the_gate_fall_back_to_fp32(prepared_model_dir):
-    handler, _ = load(prepared_model_dir("classifier"), precision="bf16", min_cosine=1.0)
-    assert handler.precision == "fp32" and handler.gate_rejected == "bf16"
-    assert handler.describe()["gate_rejected"] == "bf16"
+def test_the_row_limit_is_the_handlers_max_rows_per_request(prepared_model_dir):
+    handler, context = load(prepared_model_dir("classifier"), max_rows_per_request=3)
+    answers = run(handler, context, [{"inputs": [[0.5] * 128] * 3}, {"inputs": [[0.5] * 128] * 4}])
+    assert statuses(context, 2) == [200, 413]
+    assert len(answers[0]) == 3 and "4 rows; at most 3" in answers[1]["message"]
 
 
 def test_unknown_handler_option_is_refused_with_its_name(prepared_model_dir):
@@ -113,28 +153,13 @@ def test_unknown_handler_option_is_refused_with_its_name(prepared_model_dir):
         load(prepared_model_dir("classifier"), precison="bf16")
 
 
-def test_jit_compile_warms_up_every_served_size_so_load_causes_no_recompilation(prepared_model_dir):
-    from handlers.core import runtime
-
-    handler, context = load(prepared_model_dir("classifier"), backend="jit")
-    compiled_before = runtime.compile_count()
-    generator = torch.Generator().manual_seed(5)
-    for rows in (1, 2, 7, 64, 3, 100, 16 * 64):
-        chunks = [
-            {"inputs": torch.randn(min(64, rows - i), 128, generator=generator).tolist()} for i in range(0, rows, 64)
-        ]
-        answers = run(handler, context, chunks)
-        assert all(isinstance(a, list) for a in answers)
-    assert runtime.compile_count() == compiled_before
-
-
-def test_inputs_that_overflow_inside_the_model_get_a_422_and_the_batch_mates_are_answered(classifier):
+def test_inputs_that_overflow_inside_the_model_get_a_422_and_the_batch_mates_are_answered(classifier, reference_model):
     """Regression (issue 11, repro 2): 1e38 x 128 used to answer 200 with NaN probabilities (not JSON)."""
     handler, context = classifier
     good = torch.randn(128, generator=torch.Generator().manual_seed(5)).tolist()
     overflow = {"inputs": [1e38] * 128}
     mixed = {"inputs": [good, [-2.9e38, 2.9e38] * 64]}
-    set_requests(context, [{"Content-Type": "application/json"}] * 4)
+    set_requests(context, [PREDICTIONS] * 4)
     raw = handler.handle([{"body": body} for body in ({"inputs": good}, overflow, mixed, {"inputs": good})], context)
 
     def strict_loads(answer):
@@ -144,7 +169,7 @@ def test_inputs_that_overflow_inside_the_model_get_a_422_and_the_batch_mates_are
     assert statuses(context, 4) == [200, 422, 422, 200]
     assert answers[1]["type"] == "InputOverflow" and "overflow inside the model" in answers[1]["message"]
     assert "rows [1]" in answers[2]["message"]
-    assert answers[0] == answers[3] and answers[0]["label"] == int(reference(handler, [good])[0].argmax())
+    assert answers[0] == answers[3] and answers[0]["label"] == int(reference(reference_model, [good])[0].argmax())
 
 
 def test_every_finite_float32_value_is_accepted_and_larger_ones_are_refused(classifier):

@@ -99,6 +99,6 @@ def test_classifier_max_requests_carry_max_rows(model_store):
     rows, body = classifier_requests(limits, 1 << 20)
     assert [len(body.make(n)) for n in range(5)] == [(1 << 20) - 64] * 5  # whatever the numbers' lengths
     for kind in (rows, body):
-        assert len(json.loads(kind.make(0))["inputs"]) == limits["max_rows"]
-        assert kind.problem(json.dumps([{"label": 0}] * limits["max_rows"]).encode()) is None
+        assert len(json.loads(kind.make(0))["inputs"]) == limits["max_rows_per_request"]
+        assert kind.problem(json.dumps([{"label": 0}] * limits["max_rows_per_request"]).encode()) is None
         assert kind.problem(json.dumps([{"label": 0}]).encode()) is not None

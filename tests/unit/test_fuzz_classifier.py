@@ -1,7 +1,9 @@
-"""Property-based fuzzing of the classifier's request parsing: no input makes it raise anything but RequestError."""
+"""Property-based fuzzing of the classifier's request parsing (the network handler with the classifier folder's
+preprocess hook): no input makes it raise anything but RequestError."""
 
 import json
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -20,8 +22,17 @@ near_valid = st.fixed_dictionaries({"inputs": rows | st.lists(rows, max_size=3) 
 
 
 class Request:
+    """A POST /predictions/classifier request's view (TorchServe's url_path header: the model's own route)."""
+
+    over_grpc = False
+    url_path = ""
+
     def __init__(self, content_type):
         self.content_type = content_type
+        self.headers = {"url_path": "", "Content-Type": content_type}
+
+    def header(self, name):
+        return self.headers.get(name)
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +47,9 @@ def parse_or_reject(handler, body, content_type="application/json"):
     except RequestError as error:
         assert 400 <= error.code < 500 and error.message
         return None
-    assert payload.rows.shape[1] == 128 and payload.rows.isfinite().all()
+    [(name, rows)] = payload.wires.items()
+    assert payload.dialect == "hooks" and name == "inputs" and rows.shape[1] == 128
+    assert np.isfinite(np.frombuffer(rows.raw, dtype=np.float32)).all()
     return payload
 
 

@@ -125,7 +125,7 @@ def test_dumps_writes_what_the_standard_encoder_cannot():
 
 
 def test_grammar_is_reproducible_and_walks_every_production():
-    limits = Limits(max_request_size=4096, handler={"max_rows": 4})
+    limits = Limits(max_request_size=4096, handler={"max_rows_per_request": 4})
     first, again = Grammar("classifier", limits, seed=3), Grammar("classifier", limits, seed=3)
     count = len(first.productions) + 50
     cases = first.cases(count)
@@ -154,7 +154,7 @@ def test_classifier_oracle_expects_overflow_to_be_refused(model_store):
 @pytest.mark.parametrize(
     "model, handler",
     [
-        ("classifier", {"max_rows": 64}),
+        ("classifier", {"max_rows_per_request": 64}),
         ("minilm", {"max_inputs": 64, "max_text_chars": 20000}),
         ("generator", {"max_new_tokens": 256, "max_prompt_tokens": 256, "max_temperature": 5.0, "max_n": 8}),
     ],

@@ -82,7 +82,10 @@ def test_bodies_are_sent_as_json_or_raw_bytes_with_their_media_type():
     assert payloads.request_parts({"text": "hi"}) == ({"json": {"text": "hi"}}, "application/json")
     requests, headers = payloads.worker_requests([raw, {"text": "hi"}])
     assert requests == [{"body": bytearray(b"\xff\xd8jpeg")}, {"body": {"text": "hi"}}]
-    assert headers == [{"Content-Type": "image/jpeg"}, {"Content-Type": "application/json"}]
+    assert headers == [
+        {"Content-Type": "image/jpeg", "url_path": ""},
+        {"Content-Type": "application/json", "url_path": ""},
+    ]
 
 
 def test_image_kinds_carry_the_issues_targets_and_the_ratio_is_reported(monkeypatch):

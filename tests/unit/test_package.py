@@ -2,8 +2,8 @@
 cannot harm: a model folder at $TMPDIR/<name> left intact, links out of a model folder refused, archives replaced
 whole and one build of a name at a time.
 
-Each test builds a small throw-away model spec (the classifier's handler, a tiny extra file, no prepare step) into a
-temporary model store, so model_store/ and the real specs are never touched.
+Each test builds a small throw-away model spec (an entry module whose options take every precision, a tiny extra file,
+no prepare step) into a temporary model store, so model_store/ and the real specs are never touched.
 """
 
 import json
@@ -45,7 +45,7 @@ def spec(monkeypatch):
             {
                 "name": "unitpkg",
                 "version": "1.0",
-                "handler": "handlers/classifier.py",
+                "handler": "handlers/embeddings.py",
                 "config": "model-config.yaml",
                 "files": ["notes.txt"],
             }
@@ -213,8 +213,8 @@ def test_the_archive_holds_the_handlers_subpackages_and_a_change_in_one_rebuilds
         "handlers/core/base.py",
         "handlers/text/batch.py",
         "handlers/generation/decoding.py",
-        "handlers/mlp/nets.py",
-        "classifier.py",
+        "handlers/network/engine.py",
+        "embeddings.py",
     ):
         assert module in names, module
     nested = handlers_copy / "text" / "requests" / "embedding.py"

@@ -321,25 +321,30 @@ def test_overload_reports_a_capped_rate_and_still_fails_without_rejections(monke
 # ------------------------------------------------------------------------------------------------ overload model
 @pytest.fixture
 def classifier_archive(tmp_path):
-    """A classifier.mar as scripts/package.py packs it: manifest, model-config.yaml, the state_dict."""
+    """A classifier.mar as scripts/package.py packs it: manifest, model-config.yaml, the exported program."""
     import io
     import zipfile
 
     import torch
     import yaml
 
-    from handlers.mlp.nets import MLPClassifier
+    from scripts.train_classifier import MLPClassifier, export
 
     torch.manual_seed(0)
-    weights = io.BytesIO()
-    torch.save(MLPClassifier(in_features=8, hidden=16, classes=4).state_dict(), weights)
+    program = io.BytesIO()
+    torch.export.save(export(MLPClassifier(in_features=8, hidden=16, classes=4).eval()), program)
     path = tmp_path / "classifier.mar"
-    manifest = {"model": {"modelName": "classifier", "configFile": "model-config.yaml", "handler": "classifier.py"}}
-    config = {"minWorkers": 1, "batchSize": 16, "maxBatchDelay": 5, "handler": {"threads": 1, "max_rows": 64}}
+    manifest = {"model": {"modelName": "classifier", "configFile": "model-config.yaml", "handler": "network_model.py"}}
+    config = {
+        "minWorkers": 1,
+        "batchSize": 16,
+        "maxBatchDelay": 5,
+        "handler": {"threads": 1, "max_rows_per_request": 64},
+    }
     with zipfile.ZipFile(path, "w") as archive:
         archive.writestr("MAR-INF/MANIFEST.json", json.dumps(manifest))
         archive.writestr("model-config.yaml", yaml.safe_dump(config))
-        archive.writestr("classifier.pt", weights.getvalue())
+        archive.writestr("model.pt2", program.getvalue())
     return path
 
 
@@ -357,9 +362,9 @@ def test_overload_archive_is_the_classifier_with_a_short_queue_under_its_own_nam
     with zipfile.ZipFile(built) as archive:
         manifest = json.loads(archive.read("MAR-INF/MANIFEST.json"))
         config = yaml.safe_load(archive.read("model-config.yaml"))
-        assert archive.read("classifier.pt") == zipfile.ZipFile(classifier_archive).read("classifier.pt")
+        assert archive.read("model.pt2") == zipfile.ZipFile(classifier_archive).read("model.pt2")
     assert manifest["model"]["modelName"] == "classifier-overload"
-    assert config["jobQueueSize"] == overload.QUEUE_SIZE and config["handler"]["max_rows"] == overload.ROWS
+    assert config["jobQueueSize"] == overload.QUEUE_SIZE and config["handler"]["max_rows_per_request"] == overload.ROWS
     assert config["handler"]["threads"] == 1 and config["batchSize"] == 16  # the rest as shipped
     assert overload.QUEUE_SIZE >= 16  # the capacity estimate's 16 closed-loop clients always fit in the queue
 
