@@ -105,6 +105,16 @@ class ModelWatch:
             if verdict.stuck:
                 self.replace_workers(verdict)
 
+    def ready_description(self, name: str, version: str, wanted: int, timeout: float) -> dict:
+        """The version's description once ``wanted`` workers are READY (a synchronous scale returns when they
+        started, before they loaded), or as it is after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            description = self.client.description(name, version)
+            if len(ready_workers(description)) >= wanted or time.monotonic() > deadline:
+                return description
+            time.sleep(0.25)
+
     def replace_workers(self, verdict: Verdict) -> None:
         """Scale the stuck version to 0 workers and back; say so before and after."""
         name, version = verdict.model, verdict.version
@@ -124,7 +134,7 @@ class ModelWatch:
             load_timeout = float(description.get("startupTimeout") or 120) + 60
             self.client.scale(name, version, 0, 0, timeout=60)
             self.client.scale(name, version, low, high, timeout=load_timeout)
-            after = self.client.description(name, version)
+            after = self.ready_description(name, version, max(1, low), load_timeout)
             pids = sorted(w.get("pid") for w in after.get("workers", []))
             logger.warning(
                 "%s %s workers replaced: %d/%d READY (pids %s -> %s)",

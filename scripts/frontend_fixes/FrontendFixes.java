@@ -1,6 +1,9 @@
 package servingfixes;
 
 import java.lang.reflect.Field;
+import java.util.ArrayList;
+import java.util.ConcurrentModificationException;
+import java.util.List;
 import java.util.Map;
 import java.util.concurrent.ConcurrentMap;
 import java.util.concurrent.Executors;
@@ -18,6 +21,7 @@ import org.pytorch.serve.util.ApiUtils;
 import org.pytorch.serve.util.ConfigManager;
 import org.pytorch.serve.util.NettyUtils;
 import org.pytorch.serve.util.messages.WorkerCommands;
+import org.pytorch.serve.wlm.BatchAggregator;
 import org.pytorch.serve.wlm.Model;
 import org.pytorch.serve.wlm.ModelManager;
 import org.pytorch.serve.wlm.WorkerInitializationException;
@@ -46,6 +50,9 @@ import io.netty.handler.codec.http.QueryStringDecoder;
  *       unregistering at once; after a scale to 0 once the model has stayed without workers for {@value
  *       #ZERO_WORKERS_GRACE_SECONDS} s, so a restart of its workers keeps its queue). 0.12 left them unanswered: the
  *       clients waited until their own timeout.
+ *   <li>{@link #releaseJobs}: a worker thread that stops (scaled down, unregistered, its process died) while it was
+ *       collecting a batch dropped the requests it had taken but not yet sent to its process; they go back to the
+ *       queue for another worker now, or are answered 503 when the model has no workers left.
  * </ul>
  */
 public final class FrontendFixes {
@@ -67,19 +74,28 @@ public final class FrontendFixes {
 
     private FrontendFixes() {}
 
+    private static final Field AGGREGATOR_JOBS = field(BatchAggregator.class, "jobs");
+    private static final Field AGGREGATOR_MODEL = field(BatchAggregator.class, "model");
+
     private static Field field(String name) {
+        return field(Model.class, name);
+    }
+
+    private static Field field(Class<?> owner, String name) {
         try {
-            Field found = Model.class.getDeclaredField(name);
+            Field found = owner.getDeclaredField(name);
             found.setAccessible(true);
             return found;
         } catch (NoSuchFieldException e) {
-            throw new IllegalStateException("TorchServe's Model has no field " + name + ": not the 0.12.0 frontend", e);
+            throw new IllegalStateException(
+                    "TorchServe's " + owner.getSimpleName() + " has no field " + name + ": not the 0.12.0 frontend",
+                    e);
         }
     }
 
-    private static Object read(Field field, Model model) {
+    private static Object read(Field field, Object owner) {
         try {
-            return field.get(model);
+            return field.get(owner);
         } catch (IllegalAccessException e) {
             throw new IllegalStateException(e);
         }
@@ -241,6 +257,47 @@ public final class FrontendFixes {
         } catch (NumberFormatException e) {
             throw new BadRequestException(
                     "parameter " + key + " must be an integer; got '" + value + "'");
+        }
+    }
+
+    /** Replaces {@code aggregator.cleanJobs()} where a worker thread stops (WorkerThread.run's finally). */
+    @SuppressWarnings("unchecked")
+    public static void releaseJobs(BatchAggregator aggregator) {
+        Map<String, Job> jobs = (Map<String, Job>) read(AGGREGATOR_JOBS, aggregator);
+        Model model = (Model) read(AGGREGATOR_MODEL, aggregator);
+        List<Job> left = new ArrayList<>();
+        for (int attempt = 0; attempt < 3; attempt++) {
+            try {
+                left = new ArrayList<>(jobs.values());
+                break;
+            } catch (ConcurrentModificationException e) {
+                // the scale-down's own sendError is going over the same jobs: look again
+                left = new ArrayList<>();
+            }
+        }
+        aggregator.cleanJobs();
+        boolean served = model.getMaxWorkers() > 0 && stillRegistered(model);
+        for (Job job : left) {
+            if (job == null || job.isControlCmd()) {
+                continue;
+            }
+            if (served) {
+                model.addFirst(job);
+            } else {
+                job.sendError(
+                        503,
+                        "Model "
+                                + model.getModelName()
+                                + " stopped its workers before this request was served");
+            }
+        }
+    }
+
+    private static boolean stillRegistered(Model model) {
+        try {
+            return ModelManager.getInstance().getModel(model.getModelName(), model.getVersion()) == model;
+        } catch (ModelVersionNotFoundException | RuntimeException e) {
+            return false;
         }
     }
 }

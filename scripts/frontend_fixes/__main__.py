@@ -11,7 +11,9 @@ host (docs/operations.md, "Management calls that cannot hurt serving"):
 - a negative worker count takes every worker away, a huge one starts workers until the host stops answering, and a
   non-numeric one is read as its default;
 - unregistering a model, or scaling it to 0 workers, leaves the requests still queued for it (and those its stopped
-  workers held) without any answer: their clients wait until their own timeout. They get a 503 now.
+  workers held) without any answer: their clients wait until their own timeout. They get a 503 now;
+- a worker thread that stops while collecting a batch drops the requests it had taken but not yet sent: they go back
+  to the queue for another worker, or get a 503 when the model has no workers left.
 
 This rewrites the call sites involved in the installed `ts/frontend/model-server.jar` to the replacements in
 FrontendFixes.java (compiled here with javac), keeping the original beside it as `model-server.jar.orig`. Only the
@@ -100,6 +102,14 @@ REDIRECTS = (
         "unregisterModel",
         "(Lorg/pytorch/serve/wlm/ModelManager;Ljava/lang/String;Ljava/lang/String;)I",
         1,
+    ),
+    Redirect(
+        "org/pytorch/serve/wlm/WorkerThread.class",
+        "run",
+        ("org/pytorch/serve/wlm/BatchAggregator", "cleanJobs", "()V"),
+        "releaseJobs",
+        "(Lorg/pytorch/serve/wlm/BatchAggregator;)V",
+        7,
     ),
     Redirect(
         "org/pytorch/serve/http/api/rest/ManagementRequestHandler.class",
