@@ -204,3 +204,17 @@ def test_a_short_image_fuzz_campaign_gets_no_5xx_no_restarts_and_only_well_shape
     assert all(details["expected"].get(e, 0) > 0 for e in ("ok", "error", "either")), details["expected"]
     assert statuses.get(200, 0) >= details["expected"]["ok"]
     assert any(400 <= s < 500 for s in statuses)
+
+
+def test_the_management_campaign_leaves_the_image_model_serving(server, store):
+    """The management-API campaign's short form (tests/integration/test_management_campaign.py) on the image kind:
+    every call sent raw while t-vit is under load, a copy of its archive registered, scaled to 0 and back and
+    unregistered under load; afterwards t-vit answers with its own answer and kept its workers."""
+    from scripts.reliability import management
+
+    image = base64.b64encode(encoded(photo(24, 16, 7), "PNG")).decode()
+    rows = management.campaign(
+        server, [MODEL], store, copy_of=MODEL, rounds=1, clients=2, bodies={MODEL: {"image": image, "top_k": 3}}
+    )
+    failed = [f"{row.check}: {row.figure} {row.details}" for row in rows if not row.passed]
+    assert not failed, "\n".join(failed)
