@@ -270,9 +270,21 @@ def whole_stream(lines):
 @pytest.mark.parametrize(("model", "body"), ANSWERS[::2], ids=[m for m, _ in ANSWERS[::2]])
 def test_v2_infer_path_hands_our_body_to_the_same_handler(ts_server, model, body):
     """TorchServe 0.12 routes POST /v2/models/<model>/infer to the model whether or not the Open Inference Protocol is
-    switched on, with the body unchanged: our JSON gets the /predictions answer; an OIP tensor body is refused."""
+    switched on, with the body unchanged. A text or generation model answers our JSON there as on /predictions and
+    refuses an OIP tensor body; a network (the classifier) speaks the Open Inference Protocol there: a tensor body
+    is answered with OIP outputs, a malformed one refused in OIP's error shape."""
     served(ts_server, model)
     raw = encode_body(body)
+    if model == "classifier":
+        tensor = {"inputs": [{"name": "inputs", "shape": [1, 128], "datatype": "FP32", "data": ROW}]}
+        answer = http_post(ts_server, model, encode_body(tensor), "v2/models")
+        assert answer.status_code == 200, answer.content
+        assert [output["name"] for output in json.loads(answer.content)["outputs"]] == ["logits"]
+        refused = http_post(
+            ts_server, model, encode_body({"inputs": [{"name": "inputs", "datatype": "FP32"}]}), "v2/models"
+        )
+        assert refused.status_code == 400 and "error" in json.loads(refused.content)
+        return
     assert http_post(ts_server, model, raw, "v2/models").content == http_post(ts_server, model, raw).content
     tensor = {"id": "1", "inputs": [{"name": "input-0", "shape": [1], "datatype": "BYTES", "data": ["hello"]}]}
     assert http_post(ts_server, model, encode_body(tensor), "v2/models").status_code == 400
