@@ -49,6 +49,7 @@ from torch.utils import _pytree as pytree
 from handlers.core import runtime
 from handlers.core.aot import ISA_FLAGS, AotPackage
 from handlers.core.backend_manifest import BACKENDS_DIR, MANIFEST, read_manifest
+from handlers.core.openvino_settings import OPENVINO_PRECISIONS, openvino_config
 from handlers.core.runtime import BackendUnavailable
 from handlers.network.inputs import check_request, native_tensor
 from handlers.network.program import PROGRAM_FILE as PROGRAM_FILE  # the staged folder's files, for the build
@@ -61,7 +62,6 @@ OPENVINO_IR = f"{BACKENDS_DIR}/openvino/model.xml"
 BACKENDS = ("aot", "openvino", "jit")
 CHOICES = ("auto", "eager", *BACKENDS)  # the handler's backend option
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # the handler's precision option
-OPENVINO_PRECISIONS = {"fp32": "f32", "bf16": "bf16"}
 FP32_MIN_COSINE = 0.9999
 FP32_MAX_RELATIVE = 1e-5
 REDUCED_MIN_COSINE = 0.999
@@ -168,16 +168,6 @@ class OpenVinoProgram:
             torch.from_numpy(self.request.get_output_tensor(index).data.copy()).to(dtype)
             for index, dtype in enumerate(self.output_dtypes)
         )
-
-
-def openvino_config(precision: str, threads: int) -> dict[str, str]:
-    return {
-        "INFERENCE_PRECISION_HINT": OPENVINO_PRECISIONS[precision],
-        "INFERENCE_NUM_THREADS": str(threads),
-        "NUM_STREAMS": "1",
-        "PERFORMANCE_HINT": "LATENCY",
-        "ENABLE_CPU_PINNING": "NO",
-    }
 
 
 def load_openvino(precision: str, model_dir: Path, signature: Signature, threads: int, device: torch.device) -> Program:

@@ -31,6 +31,7 @@ from handlers.core.aot import AotPackage as AotEncoder
 from handlers.core.backend_manifest import BACKENDS_DIR, MANIFEST, read_manifest
 from handlers.core.config import Option
 from handlers.core.engine import Candidate
+from handlers.core.openvino_settings import OPENVINO_PRECISIONS, openvino_config
 from handlers.core.runtime import BackendUnavailable, machine_can_run
 
 logger = logging.getLogger(__name__)
@@ -49,7 +50,6 @@ __all__ = [
 Encode = Callable[..., torch.Tensor]  # (input_ids, attention_mask[, token_type_ids]) -> fp32 rows
 
 OPENVINO_IR = f"{BACKENDS_DIR}/openvino/model.xml"
-OPENVINO_PRECISIONS = {"fp32": "f32", "bf16": "bf16"}
 
 
 def aot_package(precision: str) -> str:
@@ -206,20 +206,6 @@ class OpenVinoEncoder:
         request.infer(feeds)
         # The request owns its output buffer and overwrites it on the next call: copy it out.
         return torch.from_numpy(request.get_output_tensor(0).data.copy()).to(torch.float32)
-
-
-def openvino_config(precision: str, threads: int) -> dict[str, str]:
-    """CPU plugin settings: one latency stream on this worker's share of the cores, at the requested precision.
-
-    Pinning is off: with several single-thread workers per machine, OpenVINO would pin each one's thread to a core
-    of its own choosing (the same one for all of them); the OS spreads them instead."""
-    return {
-        "INFERENCE_PRECISION_HINT": OPENVINO_PRECISIONS[precision],
-        "INFERENCE_NUM_THREADS": str(threads),
-        "NUM_STREAMS": "1",
-        "PERFORMANCE_HINT": "LATENCY",
-        "ENABLE_CPU_PINNING": "NO",
-    }
 
 
 def load_openvino(
