@@ -263,7 +263,7 @@ def worker_requests(bodies) -> tuple[list[dict[str, Any]], list[dict[str, str]]]
         # handler reads a request without it as the Open Inference Protocol's /v2/models/<name>/infer.
         if isinstance(body, RawBody):
             requests.append({"body": bytearray(body.data)})
-            headers.append({"Content-Type": body.content_type, "url_path": ""})
+            headers.append({"Content-Type": body.content_type, "url_path": "", **request_headers(body)})
         else:
             requests.append({"body": body})
             headers.append({"Content-Type": "application/json", "url_path": ""})

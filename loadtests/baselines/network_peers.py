@@ -7,8 +7,10 @@ yields (inference URL, metrics URL or None, what it runs) and stops it afterward
   litserve   LitServe (build/litserve-venv) running model.pt2 in a LitAPI (litserve_app.py), its batching on
   pytriton   Triton Inference Server through PyTriton (build/pytriton-venv) running model.pt2 (pytriton_app.py),
              its dynamic batcher on; sent tritonclient.http's binary-extension requests
-  ours       this project's network engine: not integrated yet (see :func:`ours`)
+  ours       this project's network engine on model.pt2, packaged as a user would (gated, ranked backends)
+  ours-fp32  the same pinned to fp32: the same precision as the peers
   inprocess  the ceiling: model.pt2 called in a loop in this process at the best batch size (:func:`ceiling`)
+  ideal      ours' archive in the ideal batcher (loadtests/baselines/ideal.py): no HTTP, no frontend
 
 Every peer gets the network's batching (loadtests/networks.py: max batch and delay, the same for all) and the
 machine's cores as torch threads (TorchServe: cores / workers per worker, as TorchServe spreads them).
@@ -37,9 +39,15 @@ from scripts.ops.server import free_ports, private_server
 REPO = Path(__file__).resolve().parents[2]
 BASELINES = REPO / "loadtests" / "baselines"
 TORCHSERVE_WORKERS = 2  # TorchServe's default, one per core on this 2-core machine; threads split between them
-NETWORK_SYSTEMS = ("ours", "torchserve-network", "litserve", "pytriton", "inprocess")
+NETWORK_SYSTEMS = ("ours", "ours-fp32", "torchserve-network", "litserve", "pytriton", "inprocess", "ideal")
 # The request format each system is sent (loadtests/network_traffic.py); ours speaks OIP, measured with Triton's client.
-FORMATS = {"ours": "oip", "pytriton": "oip", "litserve": "litserve", "torchserve-network": "torchserve"}
+FORMATS = {
+    "ours": "oip",
+    "ours-fp32": "oip",
+    "pytriton": "oip",
+    "litserve": "litserve",
+    "torchserve-network": "torchserve",
+}
 PARITY_REQUESTS = 3
 MAX_JSON_BYTES = 64 * 1024 * 1024
 _REFERENCE_MODULES: dict[str, object] = {}
@@ -208,14 +216,18 @@ def pytriton(spec, folder, log_dir, log):
         yield url, f"http://127.0.0.1:{metrics_port}/metrics", {**info, **batching(spec), "workers": 1}
 
 
-@contextlib.contextmanager
-def ours(spec, folder, log_dir, log):
-    """This project's network path on ``folder`` (model.pt2), packaged as a user would (`make package`: the network
-    template, its compiled backends built, gated and ranked on this machine) with the network's batching, served by
-    the project's own config (request size raised as for the stock handler), asked over OIP with tritonclient's
-    binary tensors."""
-    store = REPO / "build" / "compare" / "network-ours-store"
+OURS_STORES = {None: "network-ours-store", "fp32": "network-ours-fp32-store"}
+
+
+def package_ours(spec, folder, log, precision=None) -> Path:
+    """``folder`` (model.pt2) packaged as a user would (`make package`: the network template, its compiled backends
+    built, gated and ranked on this machine) with the network's batching; ``precision`` pins the handler's precision
+    (fp32: the same-precision comparison) instead of the gated winner. Returns the store holding <network>.mar (the
+    packaging step reuses an archive whose inputs did not change)."""
+    store = REPO / "build" / "compare" / OURS_STORES[precision]
     overrides = {"batchSize": spec.max_batch, "maxBatchDelay": max(1, round(spec.batch_delay_ms))}
+    if precision:
+        overrides["handler.precision"] = precision
     try:
         package.build(
             "network-model",
@@ -227,16 +239,50 @@ def ours(spec, folder, log_dir, log):
         )
     except package.PackagingError as error:
         raise RuntimeError(f"packaging {spec.name} for ours: {error}") from None
+    return store
+
+
+@contextlib.contextmanager
+def serve_ours(spec, folder, log_dir, log, precision=None):
+    """This project's network path on ``folder``, served by the project's own config (request size raised as for
+    the stock handler), asked over OIP with tritonclient's binary tensors."""
+    store = package_ours(spec, folder, log, precision)
     sizes = {"max_request_size": str(MAX_JSON_BYTES), "max_response_size": str(MAX_JSON_BYTES)}
-    with private_server(
-        f"compare-ours-{spec.name}", store, [spec.name], overrides=sizes, keep_logs_in=log_dir
-    ) as server:
+    name = f"compare-ours-{spec.name}" + (f"-{precision}" if precision else "")
+    with private_server(name, store, [spec.name], overrides=sizes, keep_logs_in=log_dir) as server:
         info = {**describe_torchserve(server, spec.name), **server.management().handler_choices(spec.name)}
         info.update(check_parity("ours", server.inference_url, spec, log))
         yield server.inference_url, server.metrics_url, {**info, **batching(spec)}
 
 
-STARTERS = {"ours": ours, "torchserve-network": torchserve_network, "litserve": litserve, "pytriton": pytriton}
+def ours(spec, folder, log_dir, log):
+    """Ours as packaged: the backend and precision its gate and ranking chose on this machine."""
+    return serve_ours(spec, folder, log_dir, log)
+
+
+def ours_fp32(spec, folder, log_dir, log):
+    """Ours pinned to fp32 (its fastest fp32 backend that passes the gate): the same precision as every peer."""
+    return serve_ours(spec, folder, log_dir, log, precision="fp32")
+
+
+def ideal(network_name: str, slo_ms: float, search: dict, out_dir: Path, log) -> dict:
+    """The ideal batcher (ideal.py) on ours' archive: the same handler, workers and batching, the same OIP binary
+    bodies, no HTTP and no frontend."""
+    from loadtests.baselines import ideal as ideal_batcher
+
+    spec = networks.network(network_name)
+    store = package_ours(spec, networks.build_folder(network_name, log=log), log)
+    traffic = traffic_for("ours", network_name)
+    return ideal_batcher.ideal_capacity(store / f"{spec.name}.mar", traffic, slo_ms, out_dir, log=log, **search)
+
+
+STARTERS = {
+    "ours": ours,
+    "ours-fp32": ours_fp32,
+    "torchserve-network": torchserve_network,
+    "litserve": litserve,
+    "pytriton": pytriton,
+}
 
 
 def start(system: str, network_name: str, out_dir: Path, log):

@@ -39,6 +39,7 @@ BASELINES = REPO / "loadtests" / "baselines"
 ALL_SYSTEMS = (
     "ours",
     "ours-eager",
+    "ours-fp32",
     "naive",
     "flask",
     "ray-fp32",
@@ -57,6 +58,7 @@ ALL_SYSTEMS = (
 # model packaged from its folder; the stock image_classifier an image classifier.
 # The network comparison's peers (network_peers.py) exist for the networks of loadtests/networks.py only.
 FOR_SOME_MODELS = {
+    "ours-fp32",
     "naive",
     "flask",
     "ray-fp32",
@@ -85,6 +87,7 @@ INFINITY_BATCH_SIZE = 32
 DESCRIPTIONS = {
     "ours": "this project's handler, as packaged",
     "ours-eager": "the same archive forced to backend: eager, same config",
+    "ours-fp32": "this project's network path pinned to fp32 (the peers' precision), its best fp32 backend",
     "naive": "naive TorchServe handler: fp32, eager, batchSize 1, tokenizer per request",
     "flask": "plain Flask: one request, one forward pass (sentence-transformers, fp32)",
     "ray-fp32": "Ray Serve + @serve.batch, sentence-transformers defaults (fp32)",

@@ -123,13 +123,37 @@ def test_judge_accepts_fp32_noise_and_names_any_real_difference():
     assert "finite" in network_traffic.judge(reference, {"logits": broken})
 
 
-def test_compare_offers_a_network_its_peers_the_ceiling_and_the_hook_for_ours():
+def test_compare_offers_a_network_its_peers_ours_at_both_precisions_the_ceiling_and_the_ideal():
     systems, rate = compare.default_systems("ranking", None)
     assert systems == list(network_peers.NETWORK_SYSTEMS) and rate == networks.network("ranking").moderate_rate
-    assert compare.system_exists("pytriton", "resnet50-size", None)
-    assert not compare.system_exists("ideal", "resnet50-size", None)
+    for name in ("ours", "ours-fp32", "pytriton", "ideal", "inprocess"):
+        assert compare.system_exists(name, "resnet50-size", None)
     assert not compare.system_exists("litserve", "minilm", None)  # the peers exist for the networks only
-    assert compare.evaluate_targets("ranking", {}) == []
+    assert not compare.system_exists("ours-fp32", "minilm", None)
+
+
+def test_network_targets_compare_ours_with_the_best_peer_at_the_targets_slo():
+    def entry(rate, slo=500.0):
+        return {"capacity_rate": rate, "slo_ms": slo}
+
+    results = {
+        "ours": entry(30.0),
+        "ours-fp32": entry(12.0),
+        "torchserve-network": entry(4.0),
+        "litserve": entry(10.0),
+        "pytriton": entry(None),
+        "ideal": {"capacity_rate": 32.0},
+    }
+    verdicts = {v["target"].split(" >=")[0]: v for v in compare.evaluate_targets("resnet50-size", results)}
+    assert verdicts["ours / best peer"]["value"] == 3.0 and verdicts["ours / best peer"]["met"]  # litserve is best
+    assert verdicts["ours fp32 / best peer (fp32)"]["value"] == 1.2 and verdicts["ours fp32 / best peer (fp32)"]["met"]
+    assert verdicts["ours / ideal"]["value"] == round(30 / 32, 3) and verdicts["ours / ideal"]["met"]
+    results["ours"] = entry(19.0)
+    assert not compare.evaluate_targets("resnet50-size", results)[0]["met"]
+    # A run at another SLO is not judged against the target's.
+    missed = compare.evaluate_targets("ranking", {**results, "ours": entry(100.0, slo=100.0)})
+    assert missed[0]["met"] is None and "not the target's 50 ms" in missed[0]["note"]
+    assert compare.evaluate_targets("ranking", {})[0]["note"] == "not measured"
 
 
 def test_ranking_folder_exports_dynamic_rows_equal_to_the_module(tmp_path):
