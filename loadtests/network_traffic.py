@@ -16,6 +16,8 @@ Formats (the traffic name is ``<network>-<format>``, e.g. ``resnet50-size-oip``;
 - ``torchserve``: JSON ``{input: nested rows}`` to ``/predictions/<network>``, answered ``{output: nested rows}``
   (the TorchServe handler, loadtests/baselines/network_torchserve_handler.py).
 - ``litserve``: the same JSON to LitServe's ``/predict``.
+- ``native``: this project's short JSON form, ``{"inputs": {input: nested rows}}`` to ``/predictions/<network>``,
+  answered ``{"outputs": {output: nested rows}}``: what curl sends to this project's network engine.
 
 :func:`judge` is the parity rule every system passes before it is measured: the same output names and shapes as the
 module in process, and every value within fp32 tolerance of it.
@@ -38,7 +40,7 @@ POOL = 8  # distinct requests per stream
 DECIMALS = 4
 OIP_HEADER = "Inference-Header-Content-Length"  # the JSON part's length in a binary-extension body
 OIP_CONTENT_TYPE = "application/octet-stream"
-FORMATS = ("oip", "torchserve", "litserve")
+FORMATS = ("oip", "torchserve", "litserve", "native")
 
 
 def traffic_name(network_name: str, form: str) -> str:
@@ -59,6 +61,7 @@ def path_of(spec: Network, form: str) -> str:
         "oip": f"/v2/models/{spec.name}/infer",
         "torchserve": f"/predictions/{spec.name}",
         "litserve": "/predict",
+        "native": f"/predictions/{spec.name}",
     }[form]
 
 
@@ -109,13 +112,23 @@ def json_answer(content: bytes, headers: Mapping[str, str]) -> dict[str, np.ndar
     return {name: np.asarray(value, dtype=np.float32) for name, value in body.items()}
 
 
+def native_answer(content: bytes, headers: Mapping[str, str]) -> dict[str, np.ndarray]:
+    """The native form's answer ``{"outputs": {output: nested rows}}`` as arrays; anything else raises ValueError."""
+    body = json.loads(content)
+    if not isinstance(body, dict) or set(body) != {"outputs"}:
+        raise ValueError(f"expected {{'outputs': ...}}, got {str(body)[:80]!r}")
+    return json_answer(json.dumps(body["outputs"]).encode("utf-8"), headers)
+
+
 def encode(tensors: Mapping[str, np.ndarray], form: str) -> RawBody | dict[str, Any]:
+    if form == "native":
+        return {"inputs": json_request(tensors)}
     return oip_request(tensors) if form == "oip" else json_request(tensors)
 
 
 def decode(form: str):
     """The answer reader of a format: (content bytes, headers) -> {output: array}."""
-    return oip_answer if form == "oip" else json_answer
+    return {"oip": oip_answer, "native": native_answer}.get(form, json_answer)
 
 
 def judge(expected: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray], tolerance: float = 1e-4) -> str | None:

@@ -26,12 +26,16 @@ costs its own request a 4xx (or 500), never its neighbours in the batch, and the
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import logging
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from handlers.core import runtime
 from handlers.core.answer_size import answer_too_large
 from handlers.core.base import BatchScope, ServingHandler
 from handlers.core.config import COMMON_OPTIONS, Option
@@ -45,7 +49,12 @@ from handlers.network.inputs import WireTensor, check_request, native_tensor
 from handlers.network.program import LoadedProgram, ProgramModule, load_program
 from handlers.network.signature import Signature, TensorSpec
 
+logger = logging.getLogger(__name__)
+
 METADATA_ROUTE = "metadata"
+# A pass shorter than this runs on one thread where handler.threads is 0 (NetworkServingEngine.fit_threads).
+SHORT_PASS_MS = 2.0
+TYPICAL_PASS_ROWS = 64
 OCTET_STREAM = "application/octet-stream"
 NETWORK_HANDLER_OPTIONS: dict[str, Option] = {
     **COMMON_OPTIONS,
@@ -139,8 +148,46 @@ class NetworkServingEngine(Engine):
         similarity = float(served.gate.get("gate_min_cosine", 1.0))
         return BackendChoice(served.program, served.backend, served.precision, similarity, served.why, fallbacks)
 
+    def start(self) -> None:
+        super().start()
+        self.threads_why = self.fit_threads()
+
+    def fit_threads(self) -> str:
+        """With ``handler.threads: 0`` (cores / workers), a program whose pass is short computes on one thread.
+
+        A parallel region waits for its slowest thread; while the frontend, the clients and the other workers share
+        the cores, one of its threads is often descheduled for a scheduler slice (milliseconds), which a pass that
+        one thread computes in a fraction of a millisecond cannot afford: on the ranking network two threads served
+        a fifth of what one served (docs/your-model.md). The pass timed is a full one (TYPICAL_PASS_ROWS rows, or
+        the most a pass takes), on one thread; SHORT_PASS_MS or more keeps every thread."""
+        if self.config["threads"] or self.threads == 1:
+            return "set" if self.config["threads"] else "one core per worker"
+        threads = self.threads
+        runtime.set_threads(1, 1)
+        batch = reference_tensors(self.signature)
+        with torch.inference_mode():
+            pass_ms = timed_pass_ms(lambda: self.forward(self.model, batch))
+            rows = min(
+                TYPICAL_PASS_ROWS, self.config["max_rows_per_pass"], self.signature.rows.high or TYPICAL_PASS_ROWS
+            )
+            if pass_ms < SHORT_PASS_MS and rows > batch[0].shape[0]:
+                full = [tensor[:1].expand(rows, *tensor.shape[1:]).contiguous() for tensor in batch]
+                pass_ms = timed_pass_ms(lambda: self.forward(self.model, full))
+            else:
+                rows = batch[0].shape[0]
+        if pass_ms >= SHORT_PASS_MS:
+            self.threads = runtime.set_threads(threads, 1)
+            return f"a pass of {rows} rows takes {pass_ms:.2f} ms on one thread"
+        why = (
+            f"a pass of {rows} rows takes {pass_ms:.3f} ms on one thread, under {SHORT_PASS_MS:g} ms: one thread, "
+            "so that a descheduled thread never holds a pass back"
+        )
+        self.threads = 1
+        logger.info("threads=1: %s", why)
+        return why
+
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "backends": self.served.describe()}
+        return {**super().describe(), "threads_why": self.threads_why, "backends": self.served.describe()}
 
     def reference_batch(self, loaded: LoadedNetwork) -> list[torch.Tensor]:
         return reference_tensors(loaded.signature)
@@ -269,6 +316,17 @@ class NetworkHandler(ServingHandler):
         if isinstance(payload, NetworkPayload) and payload.dialect == "oip":
             return error_body(error, OIP)
         return error.to_body()
+
+
+def timed_pass_ms(run: Callable[[], Any], repeats: int = 5) -> float:
+    """The median of ``repeats`` timed calls of ``run`` (after one untimed), in ms."""
+    run()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        run()
+        times.append((time.perf_counter() - started) * 1e3)
+    return statistics.median(times)
 
 
 def fallback(reason: str) -> dict[str, str]:

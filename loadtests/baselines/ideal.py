@@ -39,7 +39,7 @@ from typing import Any, cast
 
 from loadtests import capacity as capacity_search
 from loadtests.openloop import arrival_offsets
-from loadtests.payloads import traffic, worker_requests
+from loadtests.payloads import answer_of, traffic, worker_requests
 from scripts.ops.stats import percentile
 
 OPEN_LOOP_STREAM = 1  # the payload and arrival stream of Locust's one OpenLoopUser (locustfile.stream_id)
@@ -144,7 +144,7 @@ def worker_main(connection: Connection, model_dir: str, model_name: str, model: 
         return
     described = handler.describe() if hasattr(handler, "describe") else {}
     connection.send(("ready", described))
-    check = traffic(model).check
+    model_traffic = traffic(model)
     while True:
         bodies = connection.recv()
         if bodies is None:
@@ -155,13 +155,25 @@ def worker_main(connection: Connection, model_dir: str, model_name: str, model: 
         outputs = handler.handle(requests, context)
         compute_s = time.perf_counter() - started
         failures = []
-        for status, output in zip(statuses(context, len(bodies)), outputs, strict=True):
+        for index, (status, output) in enumerate(zip(statuses(context, len(bodies)), outputs, strict=True)):
             if status != 200:
                 failures.append(f"HTTP {status}: {str(output)[:120]}")
                 continue
-            answer = json.loads(output) if isinstance(output, (str, bytes, bytearray)) else output
-            failures.append(check(answer) or "")
+            failures.append(judge_answer(model_traffic, output, context.get_response_headers(index)))
         connection.send((compute_s, failures))
+
+
+def judge_answer(model_traffic: Any, output: Any, headers: Any) -> str:
+    """The traffic's verdict on one answer as a client reads it ("" when it is right): a JSON body, or a binary one
+    (an OIP answer with Triton's binary extension) through the traffic's own decoder and the answer's headers."""
+    if not isinstance(output, (str, bytes, bytearray)):
+        return model_traffic.check(output) or ""
+    content = output.encode("utf-8") if isinstance(output, str) else bytes(output)
+    try:
+        answer = answer_of(model_traffic, content, dict(headers or {}))
+    except ValueError as error:
+        return f"unreadable answer: {error}"[:200]
+    return model_traffic.check(answer) or ""
 
 
 class WorkerPool:

@@ -173,3 +173,18 @@ def test_a_batch_1_program_is_refused_with_the_fix(tmp_path):
     torch.export.save(program, str(folder / "model.pt2"))
     with pytest.raises(NetworkFolderError, match=r"batch size 1 only.*Dim\(\"batch\"\)"):
         prepare_network_model.stage(folder, tmp_path / "out")
+
+
+def test_a_program_whose_pass_is_short_computes_on_one_thread_when_threads_are_left_to_the_handler(staged):
+    """handler.threads 0 (cores / workers) on a 2-core share: the tiny MLP's pass takes microseconds, so the worker
+    computes it on one thread and describe says why; an explicit threads value is kept as set."""
+    chosen = {}
+    for threads in (0, 2):
+        context = Context(staged["mlp"])
+        context.model_yaml_config = {"handler": {"threads": threads}}
+        handler = NetworkModelHandler()
+        handler.initialize(context)
+        chosen[threads] = handler.describe()
+    torch.set_num_threads(1)
+    assert chosen[0]["threads"] == 1 and "one thread" in chosen[0]["threads_why"]
+    assert chosen[2]["threads"] == 2 and chosen[2]["threads_why"] == "set"
