@@ -115,11 +115,12 @@ class GeneratorHandler(ServingHandler):
         ),
         "decode_attention": Option(
             str,
-            "padded",
+            "auto",
             decode_attention.SETTINGS,
             help="a decoding step's attention: padded = over every column of the running batch (padding masked); "
             "per_row = each row over its own columns, kept only if greedy fp32 tokens equal padded's; auto = that "
-            "and only if a step of batchSize rows, a long prompt among short ones, is faster (docs/generation.md)",
+            "and only if a step of batchSize rows, a long prompt among short ones, is faster (the default: it was, "
+            "docs/generation.md)",
         ),
         "max_n": Option(
             int,

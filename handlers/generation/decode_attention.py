@@ -108,6 +108,21 @@ def paired_steps(model: Any, batch: Any, steps: int) -> tuple[float, float]:
     return statistics.median(times[False]), statistics.median(times[True])
 
 
+def check(model: Any, pad_token_id: int, long_tokens: int, previous: str) -> str | None:
+    """Why ``model`` cannot decode per row (its attention is not ``sdpa``, or greedy fp32 tokens differ from the
+    padded path's); None when it can, the model then left per row."""
+    if not mixed_pass.use_per_row(model, True):
+        return f"the model's attention ({previous}) is not sdpa through transformers' attention interface"
+    mixed_pass.switch(model, previous)
+    expected = greedy_tokens(model, pad_token_id, long_tokens)
+    mixed_pass.use_per_row(model, True)
+    got = greedy_tokens(model, pad_token_id, long_tokens)
+    if got != expected:
+        differing = sum(a != b for a, b in zip(got, expected, strict=True))
+        return f"greedy fp32 tokens differ from the padded path's on {differing} of {len(expected)} rows"
+    return None
+
+
 def select(model: Any, setting: str, pad_token_id: int, max_rows: int, max_prompt_tokens: int) -> AttentionOutcome:
     """Apply ``handler.decode_attention`` to ``model`` (see the module's docstring); never raises for a model that
     cannot take it: it stays padded and the outcome says why."""
@@ -128,16 +143,9 @@ def select(model: Any, setting: str, pad_token_id: int, max_rows: int, max_promp
 
     if setting == "auto" and max_rows < 2:
         return padded("batchSize 1: a lone row has no padding to skip")
-    long_tokens = min(LONG_TOKENS, max_prompt_tokens)
-    if not mixed_pass.use_per_row(model, True):
-        return padded(f"the model's attention ({previous}) is not sdpa through transformers' attention interface")
-    mixed_pass.switch(model, previous)
-    expected = greedy_tokens(model, pad_token_id, long_tokens)
-    mixed_pass.use_per_row(model, True)
-    got = greedy_tokens(model, pad_token_id, long_tokens)
-    if got != expected:
-        differing = sum(a != b for a, b in zip(got, expected, strict=True))
-        return padded(f"greedy fp32 tokens differ from the padded path's on {differing} of {len(expected)} rows")
+    failed = check(model, pad_token_id, min(LONG_TOKENS, max_prompt_tokens), previous)
+    if failed:
+        return padded(failed)
     reason = "greedy fp32 tokens equal to the padded path's"
     if setting == "auto":
         long_tokens = min(2 * LONG_TOKENS, max_prompt_tokens)

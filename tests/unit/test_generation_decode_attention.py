@@ -184,16 +184,16 @@ def test_per_row_is_on_once_the_check_passed_and_describe_says_so(per_row_handle
     assert mixed_pass.uses_per_row(per_row_handler.loaded.model)
 
 
-def test_padded_is_the_default_and_leaves_sdpa(model_dir):
-    handler, _ = load_handler(model_dir, "generator", continuous_batching=True)
+def test_padded_leaves_sdpa_and_checks_nothing(model_dir):
+    handler, _ = load_handler(model_dir, "generator", {"decode_attention": "padded"}, continuous_batching=True)
     described = handler.describe()["decode_attention"]
     reason = "handler.decode_attention is padded"
     assert described == {"setting": "padded", "per_row": False, "reason": reason, "seconds": 0.0}
     assert not mixed_pass.uses_per_row(handler.loaded.model)
 
 
-def test_auto_keeps_per_row_only_with_the_timing_it_measured(model_dir):
-    handler, _ = load_handler(model_dir, "generator", {"decode_attention": "auto"}, continuous_batching=True)
+def test_auto_is_the_default_and_keeps_per_row_only_with_the_timing_it_measured(model_dir):
+    handler, _ = load_handler(model_dir, "generator", continuous_batching=True)
     described = handler.describe()["decode_attention"]
     assert described["setting"] == "auto"
     assert mixed_pass.uses_per_row(handler.loaded.model) is described["per_row"]
