@@ -45,7 +45,7 @@ from handlers.core.errors import OPENAI, RequestError
 from handlers.core.http import RequestView, to_json
 from handlers.core.metrics import HandlerMetrics
 from handlers.core.routes import Route
-from handlers.generation import chat, compiled, kv_cache, structured
+from handlers.generation import chat, compiled, decode_attention, kv_cache, structured
 from handlers.generation.answers import Outcome
 from handlers.generation.limits import AUTO, AutoOrInt
 from handlers.generation.loop import GenerationLoop
@@ -113,6 +113,15 @@ class GeneratorHandler(ServingHandler):
             "eager's on a few prompts; auto = that and only if a step of 1 row and of batchSize rows is faster; "
             "false = eager (the default: it did not pay, docs/generation.md)",
         ),
+        "decode_attention": Option(
+            str,
+            "auto",
+            decode_attention.SETTINGS,
+            help="a decoding step's attention: padded = over every column of the running batch (padding masked); "
+            "per_row = each row over its own columns, kept only if greedy fp32 tokens equal padded's; auto = that "
+            "and only if a step of batchSize rows, a long prompt among short ones, is faster (the default: it was, "
+            "docs/generation.md)",
+        ),
         "max_n": Option(
             int,
             8,
@@ -155,6 +164,13 @@ class GeneratorHandler(ServingHandler):
         # Before the loop exists: the gate decodes with the model alone, and whichever form it leaves is served.
         self.compiled = compiled.compile_decode(
             self.loaded.model, self.config["compile_decode"], self.loaded.pad_token_id, self.max_batch_requests
+        )
+        self.decode_attention = decode_attention.select(
+            self.loaded.model,
+            self.config["decode_attention"],
+            self.loaded.pad_token_id,
+            self.max_batch_requests,
+            self.loaded.limits.max_prompt_tokens,
         )
         model = {
             "name": self.model_name,
@@ -253,6 +269,7 @@ class GeneratorHandler(ServingHandler):
                 "prefills": self.loop.scheduler.prefills,
             },
             "compile_decode": self.compiled.describe(),
+            "decode_attention": self.decode_attention.describe(),
             "prefix_cache": self.prefix_cache.describe() if self.prefix_cache is not None else None,
             "semantic_cache": self.semantic.describe() if self.semantic is not None else None,
         }

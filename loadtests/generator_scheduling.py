@@ -27,7 +27,10 @@ steps   in-process, no server: the median time of a decoding step of the measure
         alone. --threads N: torch threads (default 1, as the archive's worker). --rows 1,16: those batch sizes
         only. --compile-decode true: the handler loads with handler.compile_decode true (its MLPs compiled if the
         gate passes) and each decoding step is timed compiled and, alternately on the same batch, eager (so a busy
-        machine's drift hits both); the graphs torch.compile made over the whole run are reported.
+        machine's drift hits both); the graphs torch.compile made over the whole run are reported. Each batch size
+        is also timed with rows of very different lengths (one prompt of the archive's max_prompt_tokens among
+        9-token ones). --decode-attention per_row: the handler loads with handler.decode_attention per_row (a
+        step's attention over each row's own columns) and each step is timed that way and, alternately, padded.
 
 Each writes loadtests/reports/generator-<name>-<time>.json and prints its figures. Exit codes: 0 measured, 1 a
 server failed, 2 bad arguments.
@@ -345,7 +348,44 @@ def join_chunked(batch, ids):
     return first, longest
 
 
-def measure_steps(log, threads=1, row_counts=(1, 4, 8, 16), compile_decode="false"):
+def alternated(step, switches, repeats=10):
+    """Median seconds of ``step`` under each of ``switches`` (suffix -> action that puts the model in that form),
+    one step each in turn on the same batch, so that a busy machine's drift hits every form alike."""
+    times = {suffix: [] for suffix in switches}
+    for _ in range(repeats):
+        for suffix, switch in switches.items():
+            switch()
+            times[suffix].append(timed(step, 1))
+    next(iter(switches.values()))()  # back to the first form (as loaded)
+    return {suffix: round(statistics.median(values), 4) for suffix, values in times.items()}
+
+
+def step_forms(model, is_compiled, per_row):
+    """The forms a step is timed in: as loaded (suffix ''), and the other form of what was switched on."""
+    from handlers.generation import compiled, mixed_pass
+
+    if is_compiled:
+        return {"": lambda: compiled.install(model), "_eager": lambda: compiled.uninstall(model)}
+    if per_row:
+        return {
+            "": lambda: mixed_pass.use_per_row(model, True),
+            "_padded": lambda: mixed_pass.use_per_row(model, False),
+        }
+    return {"": lambda: None}
+
+
+def time_joins(results, batch, rows, prompt, long_prompt):
+    """A short prompt (and at 16 rows a long one) joining ``batch``, prefilled whole and chunked."""
+    cases = [("", prompt, 5)] + ([("long_", long_prompt, 3)] if rows == 16 else [])
+    for label, ids, repeats in cases:
+        for name, join in (("whole", join_whole), ("chunked", join_chunked)):
+            runs = [join(batch, ids) for _ in range(repeats)]
+            first, wait = (round(statistics.median(values), 4) for values in zip(*runs, strict=True))
+            results[f"join_{label}{name}_{rows}_rows_first_token_s"] = first
+            results[f"join_{label}{name}_{rows}_rows_longest_wait_s"] = wait
+
+
+def measure_steps(log, threads=1, row_counts=(1, 4, 8, 16), compile_decode="false", decode_attention="padded"):
     """In-process (no server): what a decoding step of the measurement model costs by batch size, and what a prompt
     joining such a batch costs the running rows and itself, prefilled whole in a pass of its own (the generator
     before chunked prefill) or riding in the running rows' decoding passes (chunked prefill, as shipped)."""
@@ -355,6 +395,7 @@ def measure_steps(log, threads=1, row_counts=(1, 4, 8, 16), compile_decode="fals
     import torch
 
     from handlers.generation import compiled
+    from handlers.generation import decode_attention as attention
     from handlers.generation.decoding import SamplingSettings, Sequence
     from handlers.generation.running import RunningBatch
     from scripts.ops.handler_loader import load_handler
@@ -367,8 +408,8 @@ def measure_steps(log, threads=1, row_counts=(1, 4, 8, 16), compile_decode="fals
     ):
         with zipfile.ZipFile(archive) as unpacked:
             unpacked.extractall(folder)
-    torch.set_num_threads(threads)  # before load: compile_decode's gate and timing run at this count too
-    overrides = {"compile_decode": compile_decode}
+    torch.set_num_threads(threads)  # before load: the load-time gates and timings run at this count too
+    overrides = {"compile_decode": compile_decode, "decode_attention": decode_attention}
     handler, _ = load_handler(folder, systems.MODEL, overrides, continuous_batching=True)
     model, tokenizer, pad = handler.loaded.model, handler.loaded.tokenizer, handler.loaded.pad_token_id
     chunk = handler.loop.scheduler.batch.chunk_tokens
@@ -378,32 +419,25 @@ def measure_steps(log, threads=1, row_counts=(1, 4, 8, 16), compile_decode="fals
     long_prompt = (sentence * (LONG_PROMPT_TOKENS // len(sentence) + 1))[:LONG_PROMPT_TOKENS]
     results = {"prompt_tokens": len(prompt), "long_prompt_tokens": len(long_prompt), "threads": threads}
     results["prefill_chunk_tokens"] = chunk
-    results["compile_decode"] = handler.describe()["compile_decode"]
-    is_compiled = results["compile_decode"]["compiled"]
+    described = handler.describe()
+    results["compile_decode"], results["decode_attention"] = described["compile_decode"], described["decode_attention"]
+    forms = step_forms(model, described["compile_decode"]["compiled"], described["decode_attention"]["per_row"])
+    mixed_tokens = handler.loaded.limits.max_prompt_tokens
+    results["mixed_lengths_long_prompt_tokens"] = mixed_tokens
     with torch.inference_mode():
         for rows in row_counts:
             batch = running_batch(model, pad, chunk, prompt, rows, rng)
-            if is_compiled:  # alternating, on the same batch: compiled, eager, compiled, ...
-                pairs = []
-                for _ in range(10):
-                    compiled_s = timed(batch.step, 1)
-                    compiled.uninstall(model)
-                    pairs.append((compiled_s, timed(batch.step, 1)))
-                    compiled.install(model)
-                results[f"decode_step_{rows}_rows_eager_s"] = round(statistics.median(e for _, e in pairs), 4)
-                results[f"decode_step_{rows}_rows_s"] = round(statistics.median(c for c, _ in pairs), 4)
-            else:
-                results[f"decode_step_{rows}_rows_s"] = timed(batch.step, 10)
-            cases = [("", prompt, 5)] + ([("long_", long_prompt, 3)] if rows == 16 else [])
-            for label, ids, repeats in cases:
-                for name, join in (("whole", join_whole), ("chunked", join_chunked)):
-                    runs = [join(batch, ids) for _ in range(repeats)]
-                    first, wait = (round(statistics.median(values), 4) for values in zip(*runs, strict=True))
-                    results[f"join_{label}{name}_{rows}_rows_first_token_s"] = first
-                    results[f"join_{label}{name}_{rows}_rows_longest_wait_s"] = wait
+            for suffix, seconds in alternated(batch.step, forms).items():
+                results[f"decode_step_{rows}_rows{suffix}_s"] = seconds
+            # One prompt as long as the archive accepts among short ones: the padding a per-row attention skips.
+            mixed = attention.mixed_lengths_batch(model, pad, rows, mixed_tokens)
+            for suffix, seconds in alternated(mixed.step, forms).items():
+                results[f"decode_step_{rows}_rows_mixed_lengths{suffix}_s"] = seconds
+            time_joins(results, batch, rows, prompt, long_prompt)
         alone = RunningBatch(model, pad, [])
         results["prefill_1_alone_s"] = timed(lambda: alone.prefill([Sequence(prompt, SamplingSettings(1))]), 5)
     results["compile_graphs_total"] = compiled.compile_counts()  # the gate's and this run's: no per-shape growth
+    results["attention_implementation"] = model.config._attn_implementation
     log(f"steps: {json.dumps(results)}")
     return results
 
@@ -432,6 +466,12 @@ def main(argv=None):
         default="false",
         help="steps: load with handler.compile_decode (true: compiled and eager steps timed alternately)",
     )
+    parser.add_argument(
+        "--decode-attention",
+        choices=("padded", "per_row"),
+        default="padded",
+        help="steps: load with handler.decode_attention (per_row: per-row and padded steps timed alternately)",
+    )
     args = parser.parse_args(argv)
     if args.threads < 1:
         parser.error("--threads must be at least 1")
@@ -448,7 +488,7 @@ def main(argv=None):
     for name in names:
         try:
             if name == "steps":
-                figures = measure_steps(print, args.threads, row_counts, args.compile_decode)
+                figures = measure_steps(print, args.threads, row_counts, args.compile_decode, args.decode_attention)
             else:
                 figures = MEASUREMENTS[name](print)
         except Exception as error:

@@ -18,12 +18,16 @@ says False for any other model (the scheduler then alternates bounded chunks wit
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from handlers.generation import row_attention
+
 MIXED = "serving_mixed"  # the attention implementation name registered with transformers
+MIXED_PER_ROW = "serving_mixed_per_row"  # the same, a decoding step's attention over each row's own columns
 
 
 @dataclass
@@ -41,29 +45,50 @@ class MixedPlan:
 
 @functools.cache
 def register() -> None:
-    """Register :data:`MIXED` with transformers' attention and mask interfaces (once per process)."""
+    """Register :data:`MIXED` and :data:`MIXED_PER_ROW` with transformers' attention and mask interfaces (once per
+    process)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    AttentionInterface.register(MIXED, mixed_attention)
-    AttentionMaskInterface.register(MIXED, sdpa_mask)  # a pass that is not mixed gets sdpa's own mask
+    for name, function in ((MIXED, mixed_attention), (MIXED_PER_ROW, mixed_per_row_attention)):
+        AttentionInterface.register(name, function)
+        AttentionMaskInterface.register(name, sdpa_mask)  # a pass that is not mixed gets sdpa's own mask
 
 
 def enable(model: Any) -> bool:
     """Let ``model`` run mixed passes: its attention implementation becomes :data:`MIXED` (sdpa unless a pass is
     mixed). False, with the model left as it was, when its attention is not sdpa through transformers' interface."""
+    if getattr(model.config, "_attn_implementation", None) in (MIXED, MIXED_PER_ROW):
+        return True
+    return switch(model, MIXED)
+
+
+def switch(model: Any, name: str) -> bool:
+    """Set a model whose attention is ``sdpa`` (or one of ours) to implementation ``name``; False, the model left
+    as it was, for any other."""
     config = model.config
-    if getattr(config, "_attn_implementation", None) == MIXED:
+    if getattr(config, "_attn_implementation", None) == name:
         return True
     can_set = getattr(model, "_can_set_attn_implementation", None)
-    if getattr(config, "_attn_implementation", None) != "sdpa" or can_set is None or not can_set():
+    ours = ("sdpa", MIXED, MIXED_PER_ROW)
+    if getattr(config, "_attn_implementation", None) not in ours or can_set is None or not can_set():
         return False
     register()
     try:
-        model.set_attn_implementation(MIXED)
+        model.set_attn_implementation(name)
     except (ValueError, ImportError):
         return False
-    return bool(config._attn_implementation == MIXED)
+    return bool(config._attn_implementation == name)
+
+
+def use_per_row(model: Any, per_row: bool) -> bool:
+    """Switch ``model`` to :data:`MIXED_PER_ROW` (``per_row``) or back to :data:`MIXED` (plain ``sdpa`` outside
+    mixed passes, as the model's own); False when its attention is not ``sdpa`` through transformers' interface."""
+    return switch(model, MIXED_PER_ROW if per_row else MIXED)
+
+
+def uses_per_row(model: Any) -> bool:
+    return getattr(model.config, "_attn_implementation", None) == MIXED_PER_ROW
 
 
 def mixed_attention(
@@ -79,18 +104,51 @@ def mixed_attention(
     """sdpa, or, in a mixed pass (``mixed_plan`` among the forward's keyword arguments), sdpa per part."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    return attend(sdpa_attention_forward, module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+
+
+def mixed_per_row_attention(
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """:func:`mixed_attention` with decoding steps (and a mixed pass's running rows) over each row's own columns."""
+    return attend(row_attention.attention, module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+
+
+AttentionFunction = Callable[..., tuple[torch.Tensor, None]]
+
+
+def attend(
+    decode: AttentionFunction,
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float,
+    scaling: float | None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """``decode`` (an attention function: sdpa or :func:`row_attention.attention`) outside a mixed pass and for a
+    mixed pass's running rows; sdpa for its chunk."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
     plan: MixedPlan | None = kwargs.pop("mixed_plan", None)
     if plan is None:
-        return sdpa_attention_forward(
-            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
-        )
+        return decode(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     running_keys, running_values, joining_keys, joining_values = plan.kv[module.layer_idx]
     rows, k, c = plan.decode_rows, plan.chunk_rows, plan.chunk_columns
     heads, head_dim = query.shape[1], query.shape[-1]
     parts = []
     if rows:
         decode_query = query[0, :, :rows].transpose(0, 1).unsqueeze(2)  # [R, heads, 1, head_dim]
-        out, _ = sdpa_attention_forward(
+        out, _ = decode(
             module, decode_query, running_keys, running_values, plan.decode_mask, dropout=dropout, scaling=scaling,
             is_causal=False,
         )  # fmt: skip
