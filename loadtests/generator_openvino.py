@@ -22,7 +22,8 @@ to an OpenVINO IR (stateful decoder, tokenizer IRs) under build/generator-124m-o
   for ``--rows`` requests submitted together (greedy, ``--max-new-tokens`` each, end-of-text ignored, prefill
   included), and the project's own whole-batch decoding (``running.generate``, eager fp32) of the same prompts.
 
-Threads: ``--threads`` (1, as the measurement archive's worker) for torch and OpenVINO alike. Writes
+Every figure is given as wall time and as the process's CPU time (steadier on a shared machine: it leaves out waiting
+for a core). Threads: ``--threads`` (1, as the measurement archive's worker) for torch and OpenVINO alike. Writes
 loadtests/reports/generator-openvino-<time>.json (the figures, the machine, the load average before and after).
 Exit codes: 0 measured, 1 the venv, the model or a part is unusable (the message says what to do), 2 bad arguments.
 """
