@@ -1,7 +1,7 @@
 """The baselines' own virtual environments: build/<name>-venv from loadtests/baselines/<name>-requirements.txt.
 
     python -m loadtests.baselines.baseline_env NAME [--check]
-    (NAME: ray, infinity, litserve, pytriton, transformers-serve, stock-image-classifier)
+    (NAME: ray, infinity, litserve, pytriton, transformers-serve, openvino-gen, stock-image-classifier)
 
 Ray Serve, Infinity, LitServe and PyTriton are not dependencies of the project: each is installed on demand, only
 for the comparison, into its own venv (so its pins never touch .venv; Infinity needs numpy<2 and transformers 4.x).
@@ -101,6 +101,11 @@ ENVS = {
     "pytriton": BaselineEnv("pytriton", "PyTriton (Triton Inference Server)", "import pytriton.triton, torch"),
     "transformers-serve": BaselineEnv(
         "transformers-serve", "transformers serve", "import fastapi, uvicorn, transformers.cli.serving.server"
+    ),
+    "openvino-gen": BaselineEnv(
+        "openvino-gen",
+        "OpenVINO GenAI with optimum-intel",
+        "import openvino, openvino_genai, openvino_tokenizers, optimum.intel, torch",
     ),
     "stock-image-classifier": BaselineEnv(
         "stock-image-classifier",
