@@ -5,6 +5,7 @@
     python -m loadtests.generator_scheduling cancel   # decoding steps spent after a client disconnects
     python -m loadtests.generator_scheduling probe    # TorchServe's two per-step mechanisms: cost of one step
     python -m loadtests.generator_scheduling steps    # in-process: a prefill and a decoding step by batch size
+    python -m loadtests.generator_scheduling calls    # served demo model: several steps per TorchServe call or one
     python -m loadtests.generator_scheduling all      # each of the above (make generator-scheduling)
 
 short   per-step and static (loadtests/generator_systems.py): three long streams (256 tokens) and one short one
@@ -28,6 +29,10 @@ steps   in-process, no server: the median time of a decoding step of the measure
         only. --compile-decode true: the handler loads with handler.compile_decode true (its MLPs compiled if the
         gate passes) and each decoding step is timed compiled and, alternately on the same batch, eager (so a busy
         machine's drift hits both); the graphs torch.compile made over the whole run are reported.
+calls   the demo archive (model_store/generator.mar, built if needed) served as shipped (handler.decode_call_ms, steps
+        sharing a TorchServe call) and with decode_call_ms 0 (one step a call), alternately, twice each: at 1 user
+        a greedy stream of 128 tokens (ms per token after the first, pieces per token) and the same request
+        plain (ms per token), 5 each; at 16 users 32 streams of 128 tokens (output tokens/s, pieces per token).
 
 Each writes loadtests/reports/generator-<name>-<time>.json and prints its figures. Exit codes: 0 measured, 1 a
 server failed, 2 bad arguments.
@@ -37,6 +42,7 @@ import argparse
 import concurrent.futures
 import datetime
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -292,6 +298,71 @@ def measure_probe(log):
     return results
 
 
+# ------------------------------------------------------------------------------------------------ steps per call
+CALLS_TOKENS = 128
+
+
+def calls_stream(url, seed):
+    """(ms per token after the first, pieces, tokens) of one greedy NDJSON stream."""
+    body = {"prompt": f"Once upon a time {seed}", "max_new_tokens": CALLS_TOKENS, "temperature": 0, "stream": True}
+    with requests.post(url, json=body, stream=True, timeout=300) as response:
+        response.raise_for_status()
+        lines, first = [], None
+        for line in response.iter_lines():
+            if line:
+                lines.append(json.loads(line))
+                first = first or time.perf_counter()
+        ended = time.perf_counter()
+    tokens = lines[-1]["completion_tokens"]
+    return (ended - first) / max(tokens - 1, 1) * 1000, len(lines), tokens
+
+
+def calls_plain(url, seed):
+    body = {"prompt": f"Once upon a time {seed}", "max_new_tokens": CALLS_TOKENS, "temperature": 0}
+    started = time.perf_counter()
+    answer = requests.post(url, json=body, timeout=300).json()
+    return (time.perf_counter() - started) / answer["completion_tokens"] * 1000
+
+
+def calls_figures(url):
+    for seed in range(3):
+        calls_stream(url, seed)  # warm
+    alone = [calls_stream(url, seed) for seed in range(5)]
+    plain = [calls_plain(url, seed) for seed in range(5)]
+    started = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        crowd = list(pool.map(lambda seed: calls_stream(url, seed), range(32)))
+    seconds = time.perf_counter() - started
+    return {
+        "1_user_stream_ms_per_token": round(statistics.median(ms for ms, _, _ in alone), 3),
+        "1_user_stream_pieces_per_token": round(sum(p for _, p, _ in alone) / sum(t for _, _, t in alone), 3),
+        "1_user_plain_ms_per_token": round(statistics.median(plain), 3),
+        "16_users_tokens_per_s": round(sum(t for _, _, t in crowd) / seconds, 1),
+        "16_users_pieces_per_token": round(sum(p for _, p, _ in crowd) / sum(t for _, _, t in crowd), 3),
+    }
+
+
+def measure_calls(log):
+    from loadtests.variants import variant_archive
+    from scripts import package
+
+    source_store = REPO / "model_store"
+    package.build("generator", source_store, log=log)
+    source = source_store / "generator.mar"
+    one_step = REPO / "build" / "generator-calls" / "one-step"
+    variant_archive(source, one_step / source.name, {}, {"decode_call_ms": 0})
+    stores = {"shipped": source_store, "one step a call": one_step}
+    runs = {name: [] for name in stores}
+    for _ in range(2):
+        for name, store in stores.items():
+            with private_server(f"calls-{name.replace(' ', '-')}", store, ["generator"]) as server:
+                figures = calls_figures(f"{server.inference_url}/predictions/generator")
+            figures["load_average"] = [round(load, 2) for load in os.getloadavg()]
+            log(f"calls/{name}: {json.dumps(figures)}")
+            runs[name].append(figures)
+    return runs
+
+
 # ------------------------------------------------------------------------------------------------ step costs
 def timed(action, repeats):
     """Median seconds of ``action()`` over ``repeats`` calls."""
@@ -414,6 +485,7 @@ MEASUREMENTS = {
     "cancel": measure_cancel,
     "probe": measure_probe,
     "steps": measure_steps,
+    "calls": measure_calls,
 }
 
 
