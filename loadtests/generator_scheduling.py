@@ -30,9 +30,10 @@ steps   in-process, no server: the median time of a decoding step of the measure
         gate passes) and each decoding step is timed compiled and, alternately on the same batch, eager (so a busy
         machine's drift hits both); the graphs torch.compile made over the whole run are reported.
 calls   the demo archive (model_store/generator.mar, built if needed) served as shipped (handler.decode_call_ms, steps
-        sharing a TorchServe call) and with decode_call_ms 0 (one step a call), alternately, twice each: at 1 user
-        a greedy stream of 128 tokens (ms per token after the first, pieces per token) and the same request
-        plain (ms per token), 5 each; at 16 users 32 streams of 128 tokens (output tokens/s, pieces per token).
+        sharing a TorchServe call) and with decode_call_ms 0 (one step a call), two servers side by side measured
+        alternately: at 1 user a greedy stream of 128 tokens (ms per token after the first, pieces per token) and
+        the same request plain (ms per token), 10 each, medians; at 16 users 32 streams of 128 tokens (output
+        tokens/s, twice; pieces per token).
 
 Each writes loadtests/reports/generator-<name>-<time>.json and prints its figures. Exit codes: 0 measured, 1 a
 server failed, 2 bad arguments.
@@ -40,6 +41,7 @@ server failed, 2 bad arguments.
 
 import argparse
 import concurrent.futures
+import contextlib
 import datetime
 import json
 import os
@@ -324,21 +326,38 @@ def calls_plain(url, seed):
     return (time.perf_counter() - started) / answer["completion_tokens"] * 1000
 
 
-def calls_figures(url):
-    for seed in range(3):
-        calls_stream(url, seed)  # warm
-    alone = [calls_stream(url, seed) for seed in range(5)]
-    plain = [calls_plain(url, seed) for seed in range(5)]
-    started = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(16) as pool:
-        crowd = list(pool.map(lambda seed: calls_stream(url, seed), range(32)))
-    seconds = time.perf_counter() - started
+def calls_figures(urls, rounds=5):
+    """Both servers measured alternately, request by request (and burst by burst), so that a busy machine's drift
+    falls on both alike."""
+    for url in urls.values():
+        for seed in range(3):
+            calls_stream(url, seed)  # warm
+    alone = {name: [] for name in urls}
+    plain = {name: [] for name in urls}
+    crowd = {name: [] for name in urls}
+    for seed in range(rounds):
+        for name, url in urls.items():
+            alone[name].append(calls_stream(url, seed))
+            plain[name].append(calls_plain(url, seed))
+    for _ in range(2):
+        for name, url in urls.items():
+            started = time.perf_counter()
+            with concurrent.futures.ThreadPoolExecutor(16) as pool:
+                streams = list(pool.map(lambda seed, url=url: calls_stream(url, seed), range(32)))
+            crowd[name].append((sum(t for _, _, t in streams) / (time.perf_counter() - started), streams))
     return {
-        "1_user_stream_ms_per_token": round(statistics.median(ms for ms, _, _ in alone), 3),
-        "1_user_stream_pieces_per_token": round(sum(p for _, p, _ in alone) / sum(t for _, _, t in alone), 3),
-        "1_user_plain_ms_per_token": round(statistics.median(plain), 3),
-        "16_users_tokens_per_s": round(sum(t for _, _, t in crowd) / seconds, 1),
-        "16_users_pieces_per_token": round(sum(p for _, p, _ in crowd) / sum(t for _, _, t in crowd), 3),
+        name: {
+            "1_user_stream_ms_per_token": round(statistics.median(ms for ms, _, _ in alone[name]), 3),
+            "1_user_stream_pieces_per_token": round(
+                sum(p for _, p, _ in alone[name]) / sum(t for _, _, t in alone[name]), 3
+            ),
+            "1_user_plain_ms_per_token": round(statistics.median(plain[name]), 3),
+            "16_users_tokens_per_s": [round(rate, 1) for rate, _ in crowd[name]],
+            "16_users_pieces_per_token": round(
+                sum(p for _, s in crowd[name] for _, p, _ in s) / sum(t for _, s in crowd[name] for _, _, t in s), 3
+            ),
+        }
+        for name in urls
     }
 
 
@@ -351,16 +370,16 @@ def measure_calls(log):
     source = source_store / "generator.mar"
     one_step = REPO / "build" / "generator-calls" / "one-step"
     variant_archive(source, one_step / source.name, {}, {"decode_call_ms": 0})
-    stores = {"shipped": source_store, "one step a call": one_step}
-    runs = {name: [] for name in stores}
-    for _ in range(2):
-        for name, store in stores.items():
-            with private_server(f"calls-{name.replace(' ', '-')}", store, ["generator"]) as server:
-                figures = calls_figures(f"{server.inference_url}/predictions/generator")
-            figures["load_average"] = [round(load, 2) for load in os.getloadavg()]
-            log(f"calls/{name}: {json.dumps(figures)}")
-            runs[name].append(figures)
-    return runs
+    with contextlib.ExitStack() as servers:
+        urls = {}
+        for name, store in (("shipped", source_store), ("one step a call", one_step)):
+            server = servers.enter_context(private_server(f"calls-{name.replace(' ', '-')}", store, ["generator"]))
+            urls[name] = f"{server.inference_url}/predictions/generator"
+        before = [round(load, 2) for load in os.getloadavg()]
+        figures = calls_figures(urls, rounds=10)
+    figures["load_average"] = {"before": before, "after": [round(load, 2) for load in os.getloadavg()]}
+    log(f"calls: {json.dumps(figures)}")
+    return figures
 
 
 # ------------------------------------------------------------------------------------------------ step costs
