@@ -105,6 +105,15 @@ class GeneratorHandler(ServingHandler):
             "decoding pass (chunked prefill: a long prompt does not stall the streams); 0 = whole prompts in a "
             "step of their own",
         ),
+        "decode_call_ms": Option(
+            int,
+            20,
+            minimum=0,
+            help="per-step scheduling: while only running rows decode, more decoding steps run in the same TorchServe "
+            "call until it would last longer than this (ms): the frontend's round trip is paid once for several "
+            "tokens and each stream gets their text in one piece; a request that arrives meanwhile waits at most this "
+            "long more to join, and one that ends or gets its first token is answered at once; 0 = one step a call",
+        ),
         "compile_decode": compiled.CompileOption(
             str,
             "false",
@@ -262,6 +271,7 @@ class GeneratorHandler(ServingHandler):
                 "per_step": self.per_step,  # continuousBatching: true in model-config.yaml
                 "max_batch_tokens": self.loop.scheduler.max_batch_tokens,
                 "prefill_chunk_tokens": self.loop.scheduler.batch.chunk_tokens,
+                "decode_call_ms": self.config["decode_call_ms"] if self.per_step else 0,
                 "mixed_passes": self.loop.scheduler.batch.mixable,  # chunks ride in the decoding passes
                 "running": len(self.loop.scheduler.running),
                 "waiting": len(self.loop.scheduler.waiting),
@@ -357,7 +367,9 @@ class GeneratorHandler(ServingHandler):
             for payload, outcome in self.loop.start([(request_ids[idx], p) for idx, p in accepted], arrived)
         }
 
-        step = self.loop.step(arrived, scope.metrics)
+        # Something to answer already (a refusal, a cached answer) goes out after one step, not after several.
+        budget_s = 0.0 if finals or any(r is not None for r in responses) else self.config["decode_call_ms"] / 1000
+        step = self.loop.step(arrived, scope.metrics, budget_s)
         for active, result in step.ended:
             idx = index_of[active.request_id]
             finals[idx] = (active.payload, result)

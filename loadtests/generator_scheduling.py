@@ -5,6 +5,7 @@
     python -m loadtests.generator_scheduling cancel   # decoding steps spent after a client disconnects
     python -m loadtests.generator_scheduling probe    # TorchServe's two per-step mechanisms: cost of one step
     python -m loadtests.generator_scheduling steps    # in-process: a prefill and a decoding step by batch size
+    python -m loadtests.generator_scheduling calls    # served demo model: several steps per TorchServe call or one
     python -m loadtests.generator_scheduling all      # each of the above (make generator-scheduling)
 
 short   per-step and static (loadtests/generator_systems.py): three long streams (256 tokens) and one short one
@@ -31,6 +32,11 @@ steps   in-process, no server: the median time of a decoding step of the measure
         is also timed with rows of very different lengths (one prompt of the archive's max_prompt_tokens among
         9-token ones). --decode-attention per_row: the handler loads with handler.decode_attention per_row (a
         step's attention over each row's own columns) and each step is timed that way and, alternately, padded.
+calls   the demo archive (model_store/generator.mar, built if needed) served as shipped (handler.decode_call_ms, steps
+        sharing a TorchServe call) and with decode_call_ms 0 (one step a call), two servers side by side measured
+        alternately: at 1 user a greedy stream of 128 tokens (ms per token after the first, pieces per token) and
+        the same request plain (ms per token), 10 each, medians; at 16 users 32 streams of 128 tokens (output
+        tokens/s, twice; pieces per token).
 
 Each writes loadtests/reports/generator-<name>-<time>.json and prints its figures. Exit codes: 0 measured, 1 a
 server failed, 2 bad arguments.
@@ -38,8 +44,10 @@ server failed, 2 bad arguments.
 
 import argparse
 import concurrent.futures
+import contextlib
 import datetime
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -295,6 +303,88 @@ def measure_probe(log):
     return results
 
 
+# ------------------------------------------------------------------------------------------------ steps per call
+CALLS_TOKENS = 128
+
+
+def calls_stream(url, seed):
+    """(ms per token after the first, pieces, tokens) of one greedy NDJSON stream."""
+    body = {"prompt": f"Once upon a time {seed}", "max_new_tokens": CALLS_TOKENS, "temperature": 0, "stream": True}
+    with requests.post(url, json=body, stream=True, timeout=300) as response:
+        response.raise_for_status()
+        lines, first = [], None
+        for line in response.iter_lines():
+            if line:
+                lines.append(json.loads(line))
+                first = first or time.perf_counter()
+        ended = time.perf_counter()
+    tokens = lines[-1]["completion_tokens"]
+    return (ended - first) / max(tokens - 1, 1) * 1000, len(lines), tokens
+
+
+def calls_plain(url, seed):
+    body = {"prompt": f"Once upon a time {seed}", "max_new_tokens": CALLS_TOKENS, "temperature": 0}
+    started = time.perf_counter()
+    answer = requests.post(url, json=body, timeout=300).json()
+    return (time.perf_counter() - started) / answer["completion_tokens"] * 1000
+
+
+def calls_figures(urls, rounds=5):
+    """Both servers measured alternately, request by request (and burst by burst), so that a busy machine's drift
+    falls on both alike."""
+    for url in urls.values():
+        for seed in range(3):
+            calls_stream(url, seed)  # warm
+    alone = {name: [] for name in urls}
+    plain = {name: [] for name in urls}
+    crowd = {name: [] for name in urls}
+    for seed in range(rounds):
+        for name, url in urls.items():
+            alone[name].append(calls_stream(url, seed))
+            plain[name].append(calls_plain(url, seed))
+    for _ in range(2):
+        for name, url in urls.items():
+            started = time.perf_counter()
+            with concurrent.futures.ThreadPoolExecutor(16) as pool:
+                streams = list(pool.map(lambda seed, url=url: calls_stream(url, seed), range(32)))
+            crowd[name].append((sum(t for _, _, t in streams) / (time.perf_counter() - started), streams))
+    return {
+        name: {
+            "1_user_stream_ms_per_token": round(statistics.median(ms for ms, _, _ in alone[name]), 3),
+            "1_user_stream_pieces_per_token": round(
+                sum(p for _, p, _ in alone[name]) / sum(t for _, _, t in alone[name]), 3
+            ),
+            "1_user_plain_ms_per_token": round(statistics.median(plain[name]), 3),
+            "16_users_tokens_per_s": [round(rate, 1) for rate, _ in crowd[name]],
+            "16_users_pieces_per_token": round(
+                sum(p for _, s in crowd[name] for _, p, _ in s) / sum(t for _, s in crowd[name] for _, _, t in s), 3
+            ),
+        }
+        for name in urls
+    }
+
+
+def measure_calls(log):
+    from loadtests.variants import variant_archive
+    from scripts import package
+
+    source_store = REPO / "model_store"
+    package.build("generator", source_store, log=log)
+    source = source_store / "generator.mar"
+    one_step = REPO / "build" / "generator-calls" / "one-step"
+    variant_archive(source, one_step / source.name, {}, {"decode_call_ms": 0})
+    with contextlib.ExitStack() as servers:
+        urls = {}
+        for name, store in (("shipped", source_store), ("one step a call", one_step)):
+            server = servers.enter_context(private_server(f"calls-{name.replace(' ', '-')}", store, ["generator"]))
+            urls[name] = f"{server.inference_url}/predictions/generator"
+        before = [round(load, 2) for load in os.getloadavg()]
+        figures = calls_figures(urls, rounds=10)
+    figures["load_average"] = {"before": before, "after": [round(load, 2) for load in os.getloadavg()]}
+    log(f"calls: {json.dumps(figures)}")
+    return figures
+
+
 # ------------------------------------------------------------------------------------------------ step costs
 def timed(action, repeats):
     """Median seconds of ``action()`` over ``repeats`` calls."""
@@ -448,6 +538,7 @@ MEASUREMENTS = {
     "cancel": measure_cancel,
     "probe": measure_probe,
     "steps": measure_steps,
+    "calls": measure_calls,
 }
 
 

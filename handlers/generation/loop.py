@@ -40,7 +40,7 @@ from handlers.generation.requests import (
     start_generations,
 )
 from handlers.generation.running import RunningBatch, generate
-from handlers.generation.scheduler import Active, Iteration, StepScheduler
+from handlers.generation.scheduler import DECODE, Active, Iteration, StepScheduler
 from handlers.generation.semantic_cache.cache import SemanticCache, SemanticQuery
 from handlers.generation.semantic_cache.store import StoredAnswer
 
@@ -136,21 +136,59 @@ class GenerationLoop:
                 self.groups[request_id] = ChoiceGroup(actives)
         return answered
 
-    def step(self, arrived: float, metrics: HandlerMetrics) -> StepResult:
+    def step(self, arrived: float, metrics: HandlerMetrics, budget_s: float = 0.0) -> StepResult:
         """One forward pass: prefill the requests that can join, else step the running ones; then the requests that
-        ended leave (the similarity cache keeps their answers) and each open stream's new text is returned."""
-        with torch.inference_mode():
-            iteration = self.scheduler.iterate()
+        ended leave (the similarity cache keeps their answers) and each open stream's new text is returned.
+
+        With ``budget_s`` more decoding passes follow in the same call while :meth:`goes_on` allows (the call has
+        lasted less than ``budget_s``, counting the next pass as long as the last, and nothing needs the frontend):
+        TorchServe's round trip is then paid once for several tokens, and each stream gets their text in one piece."""
+        started = time.perf_counter()
         result = StepResult()
-        for request_id, token in iteration.new_tokens.items():
-            active = self.scheduler.active[request_id]
-            piece = advance(active.generation, token)
-            if piece:  # a stream without new text this step is left out of the answer, as a plain request is
+        iterations: list[Iteration] = []
+        streaming: dict[str, Active] = {}  # requests that got tokens in this call, in the order they got them
+        first: list[Active] = []  # requests that got their first token in this call
+        while True:
+            with torch.inference_mode():
+                iteration = self.scheduler.iterate()
+            iterations.append(iteration)
+            for request_id, token in iteration.new_tokens.items():
+                active = self.scheduler.active[request_id]
+                push_token(active.generation, token)
+                streaming[request_id] = active
+                if len(active.sequence.token_ids) == 1 and active.choice_of is None:
+                    first.append(active)
+            finished = self.end_finished(result)
+            if finished or first or not self.goes_on(iteration, started, budget_s):
+                break
+        for request_id, active in streaming.items():
+            # One that ended sends the rest of its text in its last chunk; a stream without new text this call is
+            # left out of the answer, as a plain request is.
+            piece = unsent_text(active.generation) if request_id in self.scheduler.active else ""
+            if piece:
                 result.pieces.append((active, stream_chunk(active.generation, piece)))
-        self.record_step(iteration, metrics)
         for active, _ in result.pieces:
             active.opened = True
-        for active in self.scheduler.finished():
+        self.record_steps(iterations, first, metrics)
+        return result
+
+    def goes_on(self, iteration: Iteration, started: float, budget_s: float) -> bool:
+        """Whether another decoding pass may run in this call (the caller stops it first when a generation ended
+        or a request got its first token: those go out at once): only running rows decode (no prompt is being
+        computed or waits for room, the pass did not fail), and the call, with a pass as long as the last one,
+        stays within ``budget_s``. A request TorchServe received meanwhile is handed over at the next call, so it
+        waits at most ``budget_s`` more to join."""
+        if budget_s <= 0 or iteration.kind != DECODE or iteration.failed or not self.scheduler.batch.rows:
+            return False
+        if self.scheduler.batch.filling is not None or self.scheduler.waiting:
+            return False
+        return time.perf_counter() - started + iteration.seconds <= budget_s
+
+    def end_finished(self, result: StepResult) -> bool:
+        """The generations that finished leave; each request (all its choices done) goes to ``result``. Returns
+        whether any generation finished."""
+        finished = self.scheduler.finished()
+        for active in finished:
             outcome = self.decoded_result(active.generation)
             group = self.groups.get(active.client_id)
             if group is not None:  # one of n choices: the request ends with its last choice
@@ -164,21 +202,24 @@ class GenerationLoop:
             if isinstance(outcome, Outcome) and active.remember is not None:
                 self.remember([(*active.remember, outcome)])
             result.ended.append((active, outcome))
-        return result
+        return bool(finished)
 
-    def record_step(self, iteration: Iteration, metrics: HandlerMetrics) -> None:
+    def record_steps(self, iterations: list[Iteration], first: list[Active], metrics: HandlerMetrics) -> None:
+        """One call's passes, recorded once (each counter as the call's sum, one metric line each): the worker prints
+        every record for TorchServe's frontend to parse, so fewer lines cost it less per token."""
         now = time.perf_counter()
-        for request_id in iteration.new_tokens:
-            active = self.scheduler.active[request_id]
-            if len(active.sequence.token_ids) == 1 and active.choice_of is None:
-                metrics.record("TimeToFirstTokenSeconds", now - active.arrived)
-        if iteration.new_tokens:
-            metrics.record("GeneratedTokens", len(iteration.new_tokens))
-        if iteration.kind == "decode":
-            metrics.record("DecodeSteps", 1)
-        metrics.record("InferenceSeconds", iteration.seconds)
-        metrics.record("BatchRows", iteration.rows)
-        metrics.record("Batches", 1)
+        for active in first:
+            metrics.record("TimeToFirstTokenSeconds", now - active.arrived)
+        produced = sum(len(iteration.new_tokens) for iteration in iterations)
+        if produced:
+            metrics.record("GeneratedTokens", produced)
+        decoded = sum(iteration.kind == DECODE for iteration in iterations)
+        if decoded:
+            metrics.record("DecodeSteps", decoded)
+        for iteration in iterations:  # a histogram: one value per pass
+            metrics.record("InferenceSeconds", iteration.seconds)
+        metrics.record("BatchRows", sum(iteration.rows for iteration in iterations))
+        metrics.record("Batches", len(iterations))
         metrics.record("RunningRequests", len(self.scheduler.running))
         metrics.record("WaitingRequests", len(self.scheduler.waiting))
         self.record_caches(metrics)
@@ -324,9 +365,19 @@ def advance(generation: Generation, token: int) -> str:
 
     A stop sequence in the text finishes the generation at once (it leaves the batch before the next step). A
     finished request's last text goes in its final chunk, which closes its stream."""
+    push_token(generation, token)
+    return unsent_text(generation)
+
+
+def push_token(generation: Generation, token: int) -> None:
+    """Add one new token to a generation's text (a stop sequence in it finishes the generation)."""
     generation.text.push(token)
     if generation.text.stopped:
         generation.sequence.stop()
+
+
+def unsent_text(generation: Generation) -> str:
+    """The text a generation's stream may send now ('' for none, and for a plain or finished request)."""
     if not generation.request.stream or not generation.request.send_pieces or generation.sequence.finished:
         return ""
     return generation.text.take()

@@ -59,7 +59,9 @@ def test_stream_arrives_in_several_chunks_that_add_up_to_the_plain_answer(predic
     assert response.status_code == 200
     assert response.headers["Content-Type"].startswith("application/x-ndjson")
     assert response.headers.get("Transfer-Encoding") == "chunked"
-    assert len(chunks) >= 4  # several text chunks before the final one
+    # Text before the final chunk: the first token's at least (later ones may share a chunk when steps share a
+    # TorchServe call, handler.decode_call_ms).
+    assert len(chunks) >= 2
     assert [line["done"] for line in lines] == [False] * (len(lines) - 1) + [True]
     assert "".join(line["text"] for line in lines) == plain["text"]
     final = lines[-1]

@@ -201,7 +201,8 @@ def test_streamed_constrained_chat_adds_up_to_a_valid_answer(stepper):
     frontend = ContinuousFrontend(handler, context)
     job = frontend.submit(chat_body(schema_format("refs"), 4, stream=True), {"url_path": CHAT_ROUTE})
     frontend.run()
-    assert job.status == 200 and len(job.chunks) >= 3
+    # The first token's call, then the rest (one call or several: handler.decode_call_ms lets steps share one).
+    assert job.status == 200 and len(job.chunks) >= 2
     events = [json.loads(e[len("data: ") :]) for e in job.text.split("\n\n") if e.startswith("data: {")]
     text = "".join(e["choices"][0]["delta"].get("content", "") for e in events if e["choices"])
     assert events[-1]["choices"][0]["finish_reason"] == "stop"

@@ -18,6 +18,10 @@ from handlers.generation.running import RunningBatch, generate
 from scripts.ops.handler_loader import ContinuousFrontend, load_handler, record_metrics, set_requests
 
 LONG = {"prompt": "Once upon a time", "max_new_tokens": 120, "temperature": 0.9, "seed": 3}
+# One decoding step per handle() call, whatever the machine's speed: the tests below count steps by calls.
+ONE_STEP = {"decode_call_ms": 0}
+# Every decoding step that may share a call does (a budget no call reaches): the calls are the same on any machine.
+ALL_STEPS = {"decode_call_ms": 10_000_000}
 SHORT = {"prompt": "Hello world", "max_new_tokens": 4}
 
 
@@ -30,7 +34,7 @@ def model_dir(prepared_model_dir):
 def stepper(model_dir):
     """The handler as TorchServe's continuous batching runs it (per step)."""
     torch.set_num_threads(1)
-    return load_handler(model_dir, "generator", continuous_batching=True)
+    return load_handler(model_dir, "generator", ONE_STEP, continuous_batching=True)
 
 
 @pytest.fixture(scope="module")
@@ -60,13 +64,13 @@ def received(job):
 @pytest.fixture(scope="module")
 def chunked(model_dir):
     """Per step with chunked prefill of 3 tokens a pass (the shipped budget takes these short prompts whole)."""
-    return load_handler(model_dir, "generator", {"prefill_chunk_tokens": 3}, continuous_batching=True)
+    return load_handler(model_dir, "generator", {"prefill_chunk_tokens": 3, **ONE_STEP}, continuous_batching=True)
 
 
 @pytest.fixture(scope="module")
 def unchunked(model_dir):
     """Per step with whole prompts prefilled in a pass of their own (prefill_chunk_tokens 0)."""
-    return load_handler(model_dir, "generator", {"prefill_chunk_tokens": 0}, continuous_batching=True)
+    return load_handler(model_dir, "generator", {"prefill_chunk_tokens": 0, **ONE_STEP}, continuous_batching=True)
 
 
 @pytest.mark.parametrize("handler_under_test", ["stepper", "chunked", "unchunked"])
@@ -144,6 +148,82 @@ def test_a_disconnected_stream_is_dropped_and_its_rows_freed(stepper):
         context.metrics = None
 
 
+@pytest.fixture(scope="module")
+def several(model_dir):
+    """Per step with every decoding step that may share a call sharing it (handler.decode_call_ms never reached)."""
+    return load_handler(model_dir, "generator", ALL_STEPS, continuous_batching=True)
+
+
+def test_a_lone_stream_gets_a_piece_per_call_and_one_piece_per_step_without_a_budget(stepper, several, whole):
+    body = {**LONG, "stream": True}
+    expected = reference(whole, body)
+    calls = {}
+    for name, (handler, context) in (("one step a call", stepper), ("steps share calls", several)):
+        frontend = ContinuousFrontend(handler, context)
+        job = frontend.submit(body)
+        calls[name] = frontend.run()
+        text, final = received(job)
+        assert text == expected["text"] and final["completion_tokens"] == expected["completion_tokens"], name
+    # One call per token: the prefill gives the first, each decoding step one more.
+    assert calls["one step a call"] == LONG["max_new_tokens"]
+    # The first token goes out at once (its own call); every other step runs in the next call, which ends with the
+    # stream: its last chunk carries the text of 119 tokens.
+    assert calls["steps share calls"] == 2
+
+
+def test_steps_share_a_call_until_a_request_ends_and_its_answer_leaves_with_its_last_token(several, whole):
+    handler, context = several
+    frontend = ContinuousFrontend(handler, context)
+    metrics = record_metrics(context)
+    try:
+        bodies = [{**LONG, "seed": seed, "stream": True, "max_new_tokens": 20 + 10 * seed} for seed in range(4)]
+        streams = [frontend.submit(body) for body in bodies]
+        short = frontend.submit(SHORT)
+        frontend.step()  # the prefill: every request's first token, at once
+        assert all(len(job.chunks) <= 1 for job in streams) and not short.done
+        frontend.step()  # steps 2..4: the short one ends, and the call with it
+        assert short.done and short.status == 200
+        assert sum(metrics.values("DecodeSteps")) == SHORT["max_new_tokens"] - 1
+        # Each stream got the text of those three steps in one piece (the demo's byte-level tokens may add none).
+        assert all(len(job.chunks) <= 2 for job in streams)
+        first_tokens = len(metrics.values("TimeToFirstTokenSeconds"))
+        frontend.submit({**SHORT, "prompt": "Joining", "stream": True})
+        frontend.step()  # a request handed over while others decode joins at the next call: its first token
+        assert len(metrics.values("TimeToFirstTokenSeconds")) == first_tokens + 1
+        calls = frontend.run()
+    finally:
+        context.metrics = None
+    # A call ends when one of them ends: at most one call per request after the first two.
+    assert calls <= len(bodies) + 1
+    for job, body in zip(streams, bodies, strict=True):
+        text, final = received(job)
+        assert text == reference(whole, body)["text"] and final["completion_tokens"] == body["max_new_tokens"]
+        assert len(job.chunks) < body["max_new_tokens"] // 2  # pieces of several tokens each
+    assert received(short)[0] == reference(whole, SHORT)["text"]
+
+
+def test_a_call_stops_decoding_once_its_budget_is_spent(model_dir, whole, monkeypatch):
+    import handlers.generation.loop as loop
+
+    handler, context = load_handler(model_dir, "generator", {"decode_call_ms": 3500}, continuous_batching=True)
+    ticks = iter(range(10**6))  # a clock that moves one second each time the loop reads it (passes take none)
+    monkeypatch.setattr(loop, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: float(next(ticks)))}))
+    frontend = ContinuousFrontend(handler, context)
+    metrics = record_metrics(context)
+    try:
+        body = {**LONG, "stream": True, "max_new_tokens": 40}
+        job = frontend.submit(body)
+        frontend.step()  # the prefill
+        frontend.step()
+        # Read at the start (0) and after each pass: passes end at 1, 2 and 3 s, and one more (as long as the last,
+        # ~0 s here) still fits 3.5 s; after the fourth (4 s) the next would not.
+        assert sum(metrics.values("DecodeSteps")) == 4
+        frontend.run()
+    finally:
+        context.metrics = None
+    assert received(job)[0] == reference(whole, body)["text"]
+
+
 def test_a_refused_request_is_answered_at_once_with_its_status_beside_running_ones(stepper):
     handler, context = stepper
     frontend = ContinuousFrontend(handler, context)
@@ -160,7 +240,8 @@ def test_a_refused_request_is_answered_at_once_with_its_status_beside_running_on
 
 def test_a_request_that_does_not_fit_waits_for_room(model_dir, whole):
     limits_sum = 256 + 256  # the demo's max_prompt_tokens + max_new_tokens: room for one request at its longest
-    handler, context = load_handler(model_dir, "generator", {"max_batch_tokens": limits_sum}, continuous_batching=True)
+    overrides = {"max_batch_tokens": limits_sum, **ONE_STEP}
+    handler, context = load_handler(model_dir, "generator", overrides, continuous_batching=True)
     frontend = ContinuousFrontend(handler, context)
     # The first may need its prompt + 256 tokens: two rows that long would exceed the room, so the second waits.
     bodies = [{**SHORT, "max_new_tokens": 256}, {**SHORT, "prompt": "Second", "max_new_tokens": 3}]
@@ -456,7 +537,8 @@ def test_a_request_cancelled_while_its_prompt_is_computed_leaves_the_others_unto
 def test_a_failed_pass_with_a_prompt_chunk_prefills_the_prompt_alone_and_keeps_the_tokens(
     model_dir, whole, monkeypatch
 ):
-    handler, context = load_handler(model_dir, "generator", {"prefill_chunk_tokens": 2}, continuous_batching=True)
+    overrides = {"prefill_chunk_tokens": 2, **ONE_STEP}
+    handler, context = load_handler(model_dir, "generator", overrides, continuous_batching=True)
     frontend = ContinuousFrontend(handler, context)
     first = frontend.submit({**LONG, "max_new_tokens": 12, "stream": True})
     frontend.step()
