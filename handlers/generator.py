@@ -107,7 +107,7 @@ class GeneratorHandler(ServingHandler):
         ),
         "decode_call_ms": Option(
             int,
-            20,
+            0,
             minimum=0,
             help="per-step scheduling: while only running rows decode, more decoding steps run in the same TorchServe "
             "call until it would last longer than this (ms): the frontend's round trip is paid once for several "
