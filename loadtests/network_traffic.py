@@ -106,7 +106,11 @@ def json_request(tensors: Mapping[str, np.ndarray]) -> dict[str, Any]:
 
 def json_answer(content: bytes, headers: Mapping[str, str]) -> dict[str, np.ndarray]:
     """A JSON answer ``{output: nested rows}`` as arrays; anything else raises ValueError."""
-    body = json.loads(content)
+    return output_arrays(json.loads(content))
+
+
+def output_arrays(body: Any) -> dict[str, np.ndarray]:
+    """An object of outputs ``{output: nested rows}`` as arrays; anything else raises ValueError."""
     if not isinstance(body, dict) or not body:
         raise ValueError(f"expected an object of outputs, got {str(body)[:80]!r}")
     return {name: np.asarray(value, dtype=np.float32) for name, value in body.items()}
@@ -117,7 +121,7 @@ def native_answer(content: bytes, headers: Mapping[str, str]) -> dict[str, np.nd
     body = json.loads(content)
     if not isinstance(body, dict) or set(body) != {"outputs"}:
         raise ValueError(f"expected {{'outputs': ...}}, got {str(body)[:80]!r}")
-    return json_answer(json.dumps(body["outputs"]).encode("utf-8"), headers)
+    return output_arrays(body["outputs"])
 
 
 def encode(tensors: Mapping[str, np.ndarray], form: str) -> RawBody | dict[str, Any]:
