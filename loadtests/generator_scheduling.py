@@ -28,6 +28,10 @@ steps   in-process, no server: the median time of a decoding step of the measure
         only. --compile-decode true: the handler loads with handler.compile_decode true (its MLPs compiled if the
         gate passes) and each decoding step is timed compiled and, alternately on the same batch, eager (so a busy
         machine's drift hits both); the graphs torch.compile made over the whole run are reported.
+        --precision bf16: instead of the joins, each decoding step at fp32, with the model as a bf16 generator
+        serves it (fp32 output layer) and wholly in bf16 (``bf16_head_bf16``: what the fp32 output layer costs),
+        alternately on batches alike (medians of 10), and the decoding gate (handlers/generation/precision.py) of
+        both bf16 forms: passed or not, with its figures.
 
 Each writes loadtests/reports/generator-<name>-<time>.json and prints its figures. Exit codes: 0 measured, 1 a
 server failed, 2 bad arguments.
@@ -345,10 +349,48 @@ def join_chunked(batch, ids):
     return first, longest
 
 
-def measure_steps(log, threads=1, row_counts=(1, 4, 8, 16), compile_decode="false"):
+def compare_precisions(handler, wanted, row_counts, rounds=10):
+    """Decoding steps of the served fp32 model against the model as the generator serves ``wanted`` (bf16 with an
+    fp32 output layer, handlers/generation/precision.py: whether or not its gate passes) and wholly converted, timed
+    alternately on batches alike, ``rounds`` steps each; and the decoding gate's figures for both."""
+    import random
+
+    import torch
+
+    from handlers.core import runtime
+    from handlers.generation import precision
+
+    fp32_model, pad = handler.loaded.model, handler.loaded.pad_token_id
+    # As served (an fp32 output layer), and, for what that layer costs, the whole model converted (a bf16 one).
+    models = {
+        "fp32": fp32_model,
+        wanted: precision.at_precision(fp32_model, wanted),
+        f"{wanted}_head_{wanted}": runtime.convert_model(fp32_model, wanted),
+    }
+    results = {f"{wanted}_native": runtime.machine_can_run(wanted, torch.device("cpu")) or "yes"}
+    for name, model in list(models.items())[1:]:
+        gate = precision.decoding_gate(fp32_model, model, pad, wanted)
+        results[f"precision_gate_{name}"] = {**gate.describe(), "summary": gate.summary()}
+    prompt = handler.loaded.tokenizer.encode("Once upon a time there was a small model")
+    chunk = handler.loop.scheduler.batch.chunk_tokens
+    with torch.inference_mode():
+        for rows in row_counts:
+            batches = {name: running_batch(model, pad, chunk, prompt, rows, random.Random(rows)) for name, model in
+                       models.items()}  # fmt: skip
+            times = {name: [] for name in models}
+            for _ in range(rounds):
+                for name, batch in batches.items():
+                    times[name].append(timed(batch.step, 1))
+            for name, values in times.items():
+                results[f"decode_step_{rows}_rows_{name}_s"] = round(statistics.median(values), 4)
+    return results
+
+
+def measure_steps(log, threads=1, row_counts=(1, 4, 8, 16), compile_decode="false", compare_with=None):
     """In-process (no server): what a decoding step of the measurement model costs by batch size, and what a prompt
     joining such a batch costs the running rows and itself, prefilled whole in a pass of its own (the generator
-    before chunked prefill) or riding in the running rows' decoding passes (chunked prefill, as shipped)."""
+    before chunked prefill) or riding in the running rows' decoding passes (chunked prefill, as shipped).
+    ``compare_with`` (a precision): decoding steps at fp32 against that precision instead, and its decoding gate."""
     import random
     import zipfile
 
@@ -379,6 +421,10 @@ def measure_steps(log, threads=1, row_counts=(1, 4, 8, 16), compile_decode="fals
     results = {"prompt_tokens": len(prompt), "long_prompt_tokens": len(long_prompt), "threads": threads}
     results["prefill_chunk_tokens"] = chunk
     results["compile_decode"] = handler.describe()["compile_decode"]
+    if compare_with is not None:
+        results.update(compare_precisions(handler, compare_with, row_counts))
+        log(f"steps: {json.dumps(results)}")
+        return results
     is_compiled = results["compile_decode"]["compiled"]
     with torch.inference_mode():
         for rows in row_counts:
@@ -432,7 +478,16 @@ def main(argv=None):
         default="false",
         help="steps: load with handler.compile_decode (true: compiled and eager steps timed alternately)",
     )
+    parser.add_argument(
+        "--precision",
+        choices=("fp32", "bf16"),
+        default="fp32",
+        help="steps: bf16 = time each decoding step at fp32 and as a bf16 generator serves it (alternately, on "
+        "batches alike; no joins), and run bf16's decoding gate (default fp32: the archive as packaged)",
+    )
     args = parser.parse_args(argv)
+    if args.precision != "fp32" and args.compile_decode != "false":
+        parser.error("--precision bf16 compares eager steps: leave --compile-decode false")
     if args.threads < 1:
         parser.error("--threads must be at least 1")
     try:
@@ -448,7 +503,8 @@ def main(argv=None):
     for name in names:
         try:
             if name == "steps":
-                figures = measure_steps(print, args.threads, row_counts, args.compile_decode)
+                compare_with = None if args.precision == "fp32" else args.precision
+                figures = measure_steps(print, args.threads, row_counts, args.compile_decode, compare_with)
             else:
                 figures = MEASUREMENTS[name](print)
         except Exception as error:
