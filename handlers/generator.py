@@ -25,7 +25,9 @@ its status is that of its outcome. Prompts reuse the keys and values of a prefix
 (:mod:`handlers.generation.prefix_cache`). Without ``continuousBatching`` the handler decodes each batch TorchServe
 collected to its end (:func:`handlers.generation.running.generate`), sending stream pieces as intermediate responses
 (:mod:`handlers.generation.streaming`). Either way each request samples with its own seeded generator, so its tokens
-do not depend on what it shares steps with. The model folder: :mod:`handlers.generation.model`; its token limits
+do not depend on what it shares steps with. ``handler.precision`` bf16 (or auto, on a CPU with native bf16) decodes
+in bf16 with an fp32 output layer, served only if greedy decoding of fixed prompts gives fp32's tokens
+(:mod:`handlers.generation.precision`). The model folder: :mod:`handlers.generation.model`; its token limits
 (``auto`` from the model's positions): :mod:`handlers.generation.limits`.
 """
 
@@ -41,6 +43,7 @@ import torch
 
 from handlers.core.base import BatchScope, ServingHandler
 from handlers.core.config import COMMON_OPTIONS, ConfigError, Option
+from handlers.core.engine import Engine, EngineSettings
 from handlers.core.errors import OPENAI, RequestError
 from handlers.core.http import RequestView, to_json
 from handlers.core.metrics import HandlerMetrics
@@ -50,6 +53,7 @@ from handlers.generation.answers import Outcome
 from handlers.generation.limits import AUTO, AutoOrInt
 from handlers.generation.loop import GenerationLoop
 from handlers.generation.model import LoadedGenerator, load_generator
+from handlers.generation.precision import GeneratorEngine
 from handlers.generation.prefix_cache import PREFIX_CACHE_OPTION, PrefixCache, open_prefix_cache
 from handlers.generation.requests import (
     AcceptedGeneration,
@@ -215,6 +219,10 @@ class GeneratorHandler(ServingHandler):
                 "lower the limits"
             )
         return int(budget)
+
+    def create_engine(self, settings: EngineSettings) -> Engine:
+        """bf16 keeps an fp32 output layer and is gated on greedy decoding (handlers/generation/precision.py)."""
+        return GeneratorEngine(settings, self)
 
     def load_model(self, model_dir: str) -> LoadedGenerator:
         return load_generator(model_dir, self.config, self.model_name)

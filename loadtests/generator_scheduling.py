@@ -32,6 +32,10 @@ steps   in-process, no server: the median time of a decoding step of the measure
         is also timed with rows of very different lengths (one prompt of the archive's max_prompt_tokens among
         9-token ones). --decode-attention per_row: the handler loads with handler.decode_attention per_row (a
         step's attention over each row's own columns) and each step is timed that way and, alternately, padded.
+        --precision bf16: instead of the joins, each decoding step at fp32, with the model as a bf16 generator
+        serves it (fp32 output layer) and wholly in bf16 (``bf16_head_bf16``: what the fp32 output layer costs),
+        alternately on batches alike (medians of 10), and the decoding gate (handlers/generation/precision.py) of
+        both bf16 forms: passed or not, with its figures.
 calls   the demo archive (model_store/generator.mar, built if needed) served with handler.decode_call_ms 20 (steps
         sharing a TorchServe call) and with decode_call_ms 0 (one step a call, as shipped), two servers side by side
         measured alternately: at 1 user a greedy stream of 128 tokens (ms per token after the first, pieces per
@@ -441,6 +445,43 @@ def join_chunked(batch, ids):
     return first, longest
 
 
+def compare_precisions(handler, wanted, row_counts, rounds=10):
+    """Decoding steps of the served fp32 model against the model as the generator serves ``wanted`` (bf16 with an
+    fp32 output layer, handlers/generation/precision.py: whether or not its gate passes) and wholly converted, timed
+    alternately on batches alike, ``rounds`` steps each; and the decoding gate's figures for both."""
+    import random
+
+    import torch
+
+    from handlers.core import runtime
+    from handlers.generation import precision
+
+    fp32_model, pad = handler.loaded.model, handler.loaded.pad_token_id
+    # As served (an fp32 output layer), and, for what that layer costs, the whole model converted (a bf16 one).
+    models = {
+        "fp32": fp32_model,
+        wanted: precision.at_precision(fp32_model, wanted),
+        f"{wanted}_head_{wanted}": runtime.convert_model(fp32_model, wanted),
+    }
+    results = {f"{wanted}_native": runtime.machine_can_run(wanted, torch.device("cpu")) or "yes"}
+    for name, model in list(models.items())[1:]:
+        gate = precision.decoding_gate(fp32_model, model, pad, wanted)
+        results[f"precision_gate_{name}"] = {**gate.describe(), "summary": gate.summary()}
+    prompt = handler.loaded.tokenizer.encode("Once upon a time there was a small model")
+    chunk = handler.loop.scheduler.batch.chunk_tokens
+    with torch.inference_mode():
+        for rows in row_counts:
+            batches = {name: running_batch(model, pad, chunk, prompt, rows, random.Random(rows)) for name, model in
+                       models.items()}  # fmt: skip
+            times = {name: [] for name in models}
+            for _ in range(rounds):
+                for name, batch in batches.items():
+                    times[name].append(timed(batch.step, 1))
+            for name, values in times.items():
+                results[f"decode_step_{rows}_rows_{name}_s"] = round(statistics.median(values), 4)
+    return results
+
+
 def alternated(step, switches, repeats=10):
     """Median seconds of ``step`` under each of ``switches`` (suffix -> action that puts the model in that form),
     one step each in turn on the same batch, so that a busy machine's drift hits every form alike."""
@@ -478,10 +519,13 @@ def time_joins(results, batch, rows, prompt, long_prompt):
             results[f"join_{label}{name}_{rows}_rows_longest_wait_s"] = wait
 
 
-def measure_steps(log, threads=1, row_counts=(1, 4, 8, 16), compile_decode="false", decode_attention="padded"):
+def measure_steps(
+    log, threads=1, row_counts=(1, 4, 8, 16), compile_decode="false", decode_attention="padded", compare_with=None
+):
     """In-process (no server): what a decoding step of the measurement model costs by batch size, and what a prompt
     joining such a batch costs the running rows and itself, prefilled whole in a pass of its own (the generator
-    before chunked prefill) or riding in the running rows' decoding passes (chunked prefill, as shipped)."""
+    before chunked prefill) or riding in the running rows' decoding passes (chunked prefill, as shipped).
+    ``compare_with`` (a precision): decoding steps at fp32 against that precision instead, and its decoding gate."""
     import random
     import zipfile
 
@@ -514,6 +558,10 @@ def measure_steps(log, threads=1, row_counts=(1, 4, 8, 16), compile_decode="fals
     results["prefill_chunk_tokens"] = chunk
     described = handler.describe()
     results["compile_decode"], results["decode_attention"] = described["compile_decode"], described["decode_attention"]
+    if compare_with is not None:
+        results.update(compare_precisions(handler, compare_with, row_counts))
+        log(f"steps: {json.dumps(results)}")
+        return results
     forms = step_forms(model, described["compile_decode"]["compiled"], described["decode_attention"]["per_row"])
     mixed_tokens = handler.loaded.limits.max_prompt_tokens
     results["mixed_lengths_long_prompt_tokens"] = mixed_tokens
@@ -566,7 +614,16 @@ def main(argv=None):
         default="padded",
         help="steps: load with handler.decode_attention (per_row: per-row and padded steps timed alternately)",
     )
+    parser.add_argument(
+        "--precision",
+        choices=("fp32", "bf16"),
+        default="fp32",
+        help="steps: bf16 = time each decoding step at fp32 and as a bf16 generator serves it (alternately, on "
+        "batches alike; no joins), and run bf16's decoding gate (default fp32: the archive as packaged)",
+    )
     args = parser.parse_args(argv)
+    if args.precision != "fp32" and args.compile_decode != "false":
+        parser.error("--precision bf16 compares eager steps: leave --compile-decode false")
     if args.threads < 1:
         parser.error("--threads must be at least 1")
     try:
@@ -582,7 +639,10 @@ def main(argv=None):
     for name in names:
         try:
             if name == "steps":
-                figures = measure_steps(print, args.threads, row_counts, args.compile_decode, args.decode_attention)
+                compare_with = None if args.precision == "fp32" else args.precision
+                figures = measure_steps(
+                    print, args.threads, row_counts, args.compile_decode, args.decode_attention, compare_with
+                )
             else:
                 figures = MEASUREMENTS[name](print)
         except Exception as error:

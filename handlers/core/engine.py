@@ -9,7 +9,9 @@ A family supplies its model-specific parts by overriding:
   tokenizer and limits),
 - ``reference_batch(loaded)`` and ``warmup_batches(loaded)``: fixed inputs for the accuracy gate and for warm-up,
 - ``forward(model, batch)``: one forward pass returning a tensor (used by the gate, warm-up and computing),
-- where it has more backends than eager/jit, ``backend_candidates`` and ``load_backend``.
+- where it has more backends than eager/jit, ``backend_candidates`` and ``load_backend``,
+- where one forward pass's cosine similarity says too little about what it serves, ``output_gate`` (a further check
+  of each reduced-precision or compiled candidate).
 """
 
 from __future__ import annotations
@@ -71,6 +73,13 @@ class EngineSettings:
     version: str = "0"
     gpu_id: int | str | None = None  # None: CPU
     workers: int = 1  # workers sharing this machine's cores (threads: auto divides them)
+
+
+def cosine_refusal(similarity: float, bound: float) -> str | None:
+    """The cosine gate's refusal of a candidate (None: it passes)."""
+    if similarity >= bound:
+        return None
+    return f"min cosine {similarity:.6f} to fp32 eager is below the bound {bound:g}"
 
 
 class Engine:
@@ -167,6 +176,9 @@ class Engine:
                         if exact
                         else self.gate_similarity(loaded, expected, self.reference_output(model, reference))
                     )
+                    refusal = cosine_refusal(similarity, bound)
+                    if refusal is None and not exact:
+                        refusal = self.output_gate(fp32_model, model, loaded, precision)
             except runtime.BackendUnavailable as error:
                 reason = str(error)
             except ConfigError:
@@ -175,7 +187,7 @@ class Engine:
                 logger.warning("backend %s %s failed to load", backend, precision, exc_info=True)
                 reason = f"failed to load: {type(error).__name__}: {error}"
             else:
-                if similarity >= bound:
+                if refusal is None:
                     logger.info(
                         "backend %s %s serves (%s): min cosine %.6f to fp32 eager on the reference batch (bound %g)",
                         backend,
@@ -185,7 +197,7 @@ class Engine:
                         bound,
                     )
                     return BackendChoice(model, backend, precision, similarity, candidate.why, fallbacks)
-                reason = f"{GATE_REFUSAL} min cosine {similarity:.6f} to fp32 eager is below the bound {bound:g}"
+                reason = f"{GATE_REFUSAL} {refusal}"
             logger.warning("backend %s %s not served: %s", backend, precision, reason)
             fallbacks.append({"backend": backend, "precision": precision, "reason": reason})
         refused = "; ".join(f"{f['backend']} {f['precision']}: {f['reason']}" for f in fallbacks)
@@ -195,6 +207,12 @@ class Engine:
         """How close a candidate's reference output is to fp32 eager's, compared with handler.min_cosine: the smallest
         row cosine similarity (a text model uses its kind's measure, handlers/text/kinds/)."""
         return runtime.min_cosine_similarity(expected, got)
+
+    def output_gate(self, fp32_model: torch.nn.Module, model: Any, loaded: Any, precision: str) -> str | None:
+        """A family's own check of a candidate whose reference output passed the cosine gate, on what it serves
+        rather than on one forward pass (the generator decodes fixed prompts: handlers/generation/precision.py).
+        None passes; otherwise the refusal, with its figures. Not run for eager fp32 (the reference itself)."""
+        return None
 
     def backend_candidates(self, loaded: Any, precision: str) -> list[Candidate]:
         """The configured backend at the wanted precision, then at fp32 (where the accuracy gate falls back to)."""

@@ -27,12 +27,11 @@ from typing import Any
 import torch
 
 from handlers.core.config import Option
+from handlers.generation.gate import gate_prompts, greedy_tokens
 
 logger = logging.getLogger(__name__)
 
 SETTINGS = ("auto", "true", "false")
-GATE_PROMPTS = ([464, 2068, 7586, 21831], [15496, 995], [7454, 2402, 257, 640, 612, 373, 257, 1402, 2746])
-GATE_TOKENS = 12
 BACKEND = "inductor"  # what torch.compile uses; tests swap in a cheaper one
 
 
@@ -113,28 +112,13 @@ def compile_counts() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
-def greedy_tokens(model: Any, pad_token_id: int) -> list[list[int]]:
-    """Greedy tokens of :data:`GATE_PROMPTS` decoded together, then of the first prompt alone (a lone row's step)."""
-    from handlers.generation.decoding import SamplingSettings, Sequence
-    from handlers.generation.running import generate
-
-    vocab = int(model.config.vocab_size)
-    prompts = [[token % vocab for token in prompt] for prompt in GATE_PROMPTS]
-    together = [Sequence(list(prompt), SamplingSettings(max_new_tokens=GATE_TOKENS)) for prompt in prompts]
-    alone = [Sequence(list(prompts[0]), SamplingSettings(max_new_tokens=GATE_TOKENS))]
-    with torch.inference_mode():
-        generate(model, together, (), pad_token_id)
-        generate(model, alone, (), pad_token_id)
-    return [sequence.token_ids[len(sequence.prompt_ids) :] for sequence in together + alone]
-
-
 def step_seconds(model: Any, pad_token_id: int, rows: int, repeats: int = 5) -> float:
     """Median seconds of a decoding step of ``rows`` rows about 64 columns wide."""
     from handlers.generation.decoding import SamplingSettings, Sequence
     from handlers.generation.running import RunningBatch
 
     batch = RunningBatch(model, pad_token_id, [])
-    prompt = [token % int(model.config.vocab_size) for token in GATE_PROMPTS[2]]
+    prompt = gate_prompts(model)[2]
     times = []
     with torch.inference_mode():
         batch.prefill([Sequence(list(prompt), SamplingSettings(max_new_tokens=1000)) for _ in range(rows)])

@@ -1,0 +1,179 @@
+"""handler.precision for the generator (handlers/generation/precision.py): bf16 decodes with an fp32 output layer,
+and serves only where the CPU computes bf16 natively and greedy decoding of the gate prompts gives fp32's tokens with
+their log probabilities within the threshold; otherwise fp32 serves and describe says why, with the gate's figures.
+
+Two variants of the demo model, made here from its folder: a peaked one (its output layer scaled 3 times: clear
+choices) and a flat one, whose near-uniform logits ride on a constant the last hidden state carries (ten times its
+informative part): bf16 rounds that sum, and greedy choices among near-equal logits flip, while the cosine of the
+next-token logits to fp32's still passes the cosine gate. make test runs these again as an AVX2 CPU (marker
+cpu_kind), where bf16 is refused for the CPU before any gate."""
+
+import json
+import math
+import shutil
+
+import pytest
+import torch
+
+from handlers.core import cpu, runtime
+from handlers.generation import precision
+from handlers.generation.gate import GATE_TOKENS, greedy_sequences
+from scripts.ops.handler_loader import ContinuousFrontend, load_handler
+
+pytestmark = pytest.mark.cpu_kind
+
+CPU = torch.device("cpu")
+NO_NATIVE_BF16 = "this CPU has no native bf16 (neither avx512_bf16 nor amx_bf16)"
+
+
+def peak(model):
+    model.lm_head.weight.mul_(3.0)
+
+
+def flatten(model):
+    # Rows of the output layer that sum to 0 ignore a constant added to every hidden unit; ln_f's gain and bias
+    # shrunk 10 times leave near-uniform logits, and the constant 1 added to its output is what bf16 must round.
+    model.lm_head.weight.sub_(model.lm_head.weight.mean(dim=1, keepdim=True))
+    model.transformer.ln_f.weight.mul_(0.1)
+    model.transformer.ln_f.bias.mul_(0.1).add_(1.0)
+
+
+def variant(source, target, change):
+    """A copy of the demo model's folder with its weights changed by ``change(model)``."""
+    from transformers import AutoModelForCausalLM
+
+    shutil.copytree(source, target)
+    (target / "identity.json").unlink(missing_ok=True)  # the content changes: the worker computes its identity
+    model = AutoModelForCausalLM.from_pretrained(target / "lm", dtype=torch.float32)
+    with torch.no_grad():
+        change(model)
+    model.save_pretrained(target / "lm", safe_serialization=True)
+    return target
+
+
+@pytest.fixture(scope="module")
+def peaked_dir(prepared_model_dir, tmp_path_factory):
+    return variant(prepared_model_dir("generator"), tmp_path_factory.mktemp("peaked") / "model", peak)
+
+
+@pytest.fixture(scope="module")
+def flat_dir(prepared_model_dir, tmp_path_factory):
+    return variant(prepared_model_dir("generator"), tmp_path_factory.mktemp("flat") / "model", flatten)
+
+
+def fp32_model(model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir / "lm", dtype=torch.float32).eval()
+
+
+def load(model_dir, wanted, **overrides):
+    torch.set_num_threads(1)
+    return load_handler(model_dir, "generator", {"precision": wanted, **overrides}, continuous_batching=True)
+
+
+def native_bf16():
+    return runtime.machine_can_run("bf16", CPU) is None
+
+
+def test_the_gate_passes_the_peaked_model_and_refuses_the_flat_one_with_its_figures(peaked_dir, flat_dir):
+    """The gate itself, on any CPU (bf16 computes the same numbers emulated, only slower)."""
+    peaked = fp32_model(peaked_dir)
+    passed = precision.decoding_gate(peaked, precision.at_precision(peaked, "bf16"), 0, "bf16")
+    assert passed.passed and passed.first_difference is None and passed.differing_rows == 0
+    assert 0 < passed.max_logprob_difference <= precision.MAX_LOGPROB_DIFFERENCE
+    assert (passed.rows, passed.tokens) == (4, GATE_TOKENS)
+
+    flat = fp32_model(flat_dir)
+    rows = greedy_sequences(flat, 0, logprobs=True)
+    best = max(item.logprob for row in rows for item in row.logprobs)
+    assert best < -math.log(flat.config.vocab_size) + 0.5  # near-uniform: no chosen token is much likelier
+    refused = precision.decoding_gate(flat, precision.at_precision(flat, "bf16"), 0, "bf16", reference=rows)
+    assert not refused.passed and refused.differing_rows >= 1 and refused.first_difference is not None
+    assert refused.summary().startswith(f"greedy bf16 tokens differ from fp32's in {refused.differing_rows} of 4")
+
+
+def test_a_bf16_model_keeps_an_fp32_output_layer_sharing_the_fp32_weights(peaked_dir):
+    fp32 = fp32_model(peaked_dir)
+    model = precision.at_precision(fp32, "bf16")
+    head = model.get_output_embeddings()
+    assert isinstance(head, precision.Fp32Head) and head.weight is fp32.get_output_embeddings().weight
+    assert model.transformer.h[0].mlp.c_fc.weight.dtype == torch.bfloat16
+    hidden = torch.randn(2, 3, fp32.config.n_embd).to(torch.bfloat16)
+    assert head(hidden).dtype == torch.float32
+    assert precision.at_precision(fp32, "fp32") is fp32
+
+
+def decode_all(handler, context, bodies):
+    """Answers of ``bodies`` sent together to the per-step handler (chunked prefill: mixed passes)."""
+    frontend = ContinuousFrontend(handler, context)
+    jobs = [frontend.submit(body) for body in bodies]
+    while not all(job.done for job in jobs):
+        frontend.step()
+    assert [job.status for job in jobs] == [200] * len(jobs)
+    return [json.loads(job.body) for job in jobs]
+
+
+BODIES = [
+    {"prompt": "Once upon a time there was", "max_new_tokens": 16, "logprobs": 2},
+    {"prompt": "Once upon a time there was a small model", "max_new_tokens": 12, "logprobs": 0},
+    {"prompt": "Hello", "max_new_tokens": 10, "temperature": 0.8, "seed": 7},
+    {"prompt": "Answer in JSON", "max_new_tokens": 24, "response_format": {"type": "json_object"}},
+]
+
+
+def test_auto_serves_the_peaked_model_in_bf16_with_fp32s_greedy_tokens_where_the_cpu_has_native_bf16(peaked_dir):
+    handler, context = load(peaked_dir, "auto", prefill_chunk_tokens=3)
+    described = handler.describe()
+    if not native_bf16():  # an AVX2 CPU (or TS_CPU_AS=avx2): auto is fp32 before any gate
+        assert (handler.precision, described["precision_gate"], described["backend_fallbacks"]) == ("fp32", None, [])
+        assert described["precision_reason"].endswith(NO_NATIVE_BF16)
+        return
+    gate = described["precision_gate"]
+    assert handler.precision == "bf16" and gate["passed"] and gate["first_difference"] is None
+    assert 0 < gate["max_logprob_difference"] <= gate["logprob_threshold"] == precision.MAX_LOGPROB_DIFFERENCE
+    assert described["precision_reason"].startswith("bf16 passed the decoding gate: greedy bf16 tokens equal fp32's")
+    assert next(handler.loaded.model.parameters()).dtype == torch.bfloat16
+
+    reference, reference_context = load(peaked_dir, "fp32", prefill_chunk_tokens=3)
+    got, want = decode_all(handler, context, BODIES), decode_all(reference, reference_context, BODIES)
+    for answer, expected in zip(got[:2], want[:2], strict=True):  # greedy: fp32's tokens, logprobs close to its
+        assert [t["token_id"] for t in answer["logprobs"]] == [t["token_id"] for t in expected["logprobs"]]
+        for mine, theirs in zip(answer["logprobs"], expected["logprobs"], strict=True):
+            assert math.isfinite(mine["logprob"]) and abs(mine["logprob"] - theirs["logprob"]) < 0.1
+            assert len(mine["top"]) == len(theirs["top"])
+    assert got[2]["completion_tokens"] == 10 and got[2]["seed"] == 7  # sampled from fp32 logits of a bf16 model
+    json.loads(got[3]["text"])  # the structured output's masks apply to its logits as to fp32's
+
+
+def test_the_flat_model_is_refused_bf16_and_serves_fp32_with_the_gates_figures(flat_dir):
+    handler, _ = load(flat_dir, "bf16")
+    described = handler.describe()
+    assert handler.precision == "fp32" and handler.gate_rejected == ("bf16" if native_bf16() else None)
+    [refused] = described["backend_fallbacks"]
+    assert described["precision_reason"] == f"bf16 refused: {refused['reason']}"
+    if not native_bf16():
+        assert refused["reason"] == NO_NATIVE_BF16 and described["precision_gate"] is None
+        return
+    # The cosine of its next-token logits to fp32's passes; its greedy tokens do not.
+    assert refused["reason"].startswith("accuracy gate: greedy bf16 tokens differ from fp32's in ")
+    gate = described["precision_gate"]
+    assert gate["passed"] is False and gate["differing_rows"] >= 1 and len(gate["first_difference"]) == 2
+    assert next(handler.loaded.model.parameters()).dtype == torch.float32
+
+
+def test_as_an_avx2_cpu_auto_resolves_to_fp32_and_bf16_is_refused_for_the_cpu(peaked_dir, monkeypatch):
+    monkeypatch.setenv(cpu.CPU_KIND_ENV, "avx2")
+    if reason := cpu.why_not(cpu.CPU_KINDS["avx2"]):
+        pytest.skip(reason)
+    handler, _ = load(peaked_dir, "auto")
+    described = handler.describe()
+    assert (handler.precision, described["cpu_kind"], described["backend_fallbacks"]) == ("fp32", "avx2", [])
+    reason = f"handler.precision auto resolves to fp32 on this avx2 CPU: {NO_NATIVE_BF16}"
+    assert described["precision_reason"] == reason
+    assert described["precision_gate"] is None
+
+    handler, _ = load(peaked_dir, "bf16")
+    assert handler.precision == "fp32"
+    refused = {"backend": "eager", "precision": "bf16", "reason": NO_NATIVE_BF16}
+    assert handler.describe()["backend_fallbacks"] == [refused]
