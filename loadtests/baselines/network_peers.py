@@ -9,6 +9,8 @@ yields (inference URL, metrics URL or None, what it runs) and stops it afterward
              its dynamic batcher on; sent tritonclient.http's binary-extension requests
   ours       this project's network engine on model.pt2, packaged as a user would (gated, ranked backends)
   ours-fp32  the same pinned to fp32: the same precision as the peers
+  ours-json  ours' archive as packaged, sent the project's short JSON form to /predictions/<network> instead of OIP
+             binary: what the client pays per request differs (Locust shares the cores), the server is the same
   inprocess  the ceiling: model.pt2 called in a loop in this process at the best batch size (:func:`ceiling`)
   ideal      ours' archive in the ideal batcher (loadtests/baselines/ideal.py): no HTTP, no frontend
 
@@ -39,11 +41,13 @@ from scripts.ops.server import free_ports, private_server
 REPO = Path(__file__).resolve().parents[2]
 BASELINES = REPO / "loadtests" / "baselines"
 TORCHSERVE_WORKERS = 2  # TorchServe's default, one per core on this 2-core machine; threads split between them
-NETWORK_SYSTEMS = ("ours", "ours-fp32", "torchserve-network", "litserve", "pytriton", "inprocess", "ideal")
-# The request format each system is sent (loadtests/network_traffic.py); ours speaks OIP, measured with Triton's client.
+NETWORK_SYSTEMS = ("ours", "ours-fp32", "ours-json", "torchserve-network", "litserve", "pytriton", "inprocess", "ideal")
+# The request format each system is sent (loadtests/network_traffic.py); ours speaks OIP, measured with Triton's client,
+# and its native JSON form (what curl users send; a body as cheap to build as the stock handler's).
 FORMATS = {
     "ours": "oip",
     "ours-fp32": "oip",
+    "ours-json": "native",
     "pytriton": "oip",
     "litserve": "litserve",
     "torchserve-network": "torchserve",
@@ -243,15 +247,16 @@ def package_ours(spec, folder, log, precision=None) -> Path:
 
 
 @contextlib.contextmanager
-def serve_ours(spec, folder, log_dir, log, precision=None):
+def serve_ours(spec, folder, log_dir, log, precision=None, system="ours"):
     """This project's network path on ``folder``, served by the project's own config (request size raised as for
-    the stock handler), asked over OIP with tritonclient's binary tensors."""
+    the stock handler), asked in ``system``'s format (FORMATS: OIP with tritonclient's binary tensors, or the native
+    JSON form)."""
     store = package_ours(spec, folder, log, precision)
     sizes = {"max_request_size": str(MAX_JSON_BYTES), "max_response_size": str(MAX_JSON_BYTES)}
     name = f"compare-ours-{spec.name}" + (f"-{precision}" if precision else "")
     with private_server(name, store, [spec.name], overrides=sizes, keep_logs_in=log_dir) as server:
         info = {**describe_torchserve(server, spec.name), **server.management().handler_choices(spec.name)}
-        info.update(check_parity("ours", server.inference_url, spec, log))
+        info.update(check_parity(system, server.inference_url, spec, log))
         yield server.inference_url, server.metrics_url, {**info, **batching(spec)}
 
 
@@ -263,6 +268,11 @@ def ours(spec, folder, log_dir, log):
 def ours_fp32(spec, folder, log_dir, log):
     """Ours pinned to fp32 (its fastest fp32 backend that passes the gate): the same precision as every peer."""
     return serve_ours(spec, folder, log_dir, log, precision="fp32")
+
+
+def ours_json(spec, folder, log_dir, log):
+    """Ours as packaged, sent the native JSON form: the same server, a body as cheap for the client as JSON is."""
+    return serve_ours(spec, folder, log_dir, log, system="ours-json")
 
 
 def ideal(network_name: str, slo_ms: float, search: dict, out_dir: Path, log) -> dict:
@@ -279,6 +289,7 @@ def ideal(network_name: str, slo_ms: float, search: dict, out_dir: Path, log) ->
 STARTERS = {
     "ours": ours,
     "ours-fp32": ours_fp32,
+    "ours-json": ours_json,
     "torchserve-network": torchserve_network,
     "litserve": litserve,
     "pytriton": pytriton,

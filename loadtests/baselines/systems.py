@@ -40,6 +40,7 @@ ALL_SYSTEMS = (
     "ours",
     "ours-eager",
     "ours-fp32",
+    "ours-json",
     "naive",
     "flask",
     "ray-fp32",
@@ -59,6 +60,7 @@ ALL_SYSTEMS = (
 # The network comparison's peers (network_peers.py) exist for the networks of loadtests/networks.py only.
 FOR_SOME_MODELS = {
     "ours-fp32",
+    "ours-json",
     "naive",
     "flask",
     "ray-fp32",
@@ -88,6 +90,7 @@ DESCRIPTIONS = {
     "ours": "this project's handler, as packaged",
     "ours-eager": "the same archive forced to backend: eager, same config",
     "ours-fp32": "this project's network path pinned to fp32 (the peers' precision), its best fp32 backend",
+    "ours-json": "this project's network path as packaged, sent its native JSON form instead of OIP binary",
     "naive": "naive TorchServe handler: fp32, eager, batchSize 1, tokenizer per request",
     "flask": "plain Flask: one request, one forward pass (sentence-transformers, fp32)",
     "ray-fp32": "Ray Serve + @serve.batch, sentence-transformers defaults (fp32)",

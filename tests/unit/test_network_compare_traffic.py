@@ -126,7 +126,7 @@ def test_judge_accepts_fp32_noise_and_names_any_real_difference():
 def test_compare_offers_a_network_its_peers_ours_at_both_precisions_the_ceiling_and_the_ideal():
     systems, rate = compare.default_systems("ranking", None)
     assert systems == list(network_peers.NETWORK_SYSTEMS) and rate == networks.network("ranking").moderate_rate
-    for name in ("ours", "ours-fp32", "pytriton", "ideal", "inprocess"):
+    for name in ("ours", "ours-fp32", "ours-json", "pytriton", "ideal", "inprocess"):
         assert compare.system_exists(name, "resnet50-size", None)
     assert not compare.system_exists("litserve", "minilm", None)  # the peers exist for the networks only
     assert not compare.system_exists("ours-fp32", "minilm", None)
@@ -154,6 +154,10 @@ def test_network_targets_compare_ours_with_the_best_peer_at_the_targets_slo():
     missed = compare.evaluate_targets("ranking", {**results, "ours": entry(100.0, slo=100.0)})
     assert missed[0]["met"] is None and "not the target's 50 ms" in missed[0]["note"]
     assert compare.evaluate_targets("ranking", {})[0]["note"] == "not measured"
+    # Ours is judged in its faster request form: sent its native JSON, the same archive served more.
+    both = {**results, "ours": entry(19.0), "ours-json": entry(40.0)}
+    peers = compare.evaluate_targets("resnet50-size", both)[0]
+    assert peers["value"] == 4.0 and peers["met"] and peers["note"].startswith("ours-json 40.0/s")
 
 
 def test_ranking_folder_exports_dynamic_rows_equal_to_the_module(tmp_path):
