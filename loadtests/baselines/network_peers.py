@@ -70,7 +70,7 @@ def reference_module(name: str):
 
 def served_answer(url: str, spec: networks.Network, form: str, tensors) -> dict[str, np.ndarray]:
     """One request through the system's real client: tritonclient.http (defaults: binary tensors) for OIP, an HTTP
-    POST of the JSON body otherwise."""
+    POST of the form's JSON body otherwise, its answer read by the form's reader."""
     if form == "oip":
         import tritonclient.http as triton_http
         from tritonclient.utils import np_to_triton_dtype
@@ -87,11 +87,11 @@ def served_answer(url: str, spec: networks.Network, form: str, tensors) -> dict[
             client.close()
         return {spec.output: result.as_numpy(spec.output)}
     response = requests.post(
-        f"{url}{network_traffic.path_of(spec, form)}", json=network_traffic.json_request(tensors), timeout=120
+        f"{url}{network_traffic.path_of(spec, form)}", json=network_traffic.encode(tensors, form), timeout=120
     )
     if response.status_code != 200:
         raise RuntimeError(f"HTTP {response.status_code}: {response.text[:200]}")
-    return network_traffic.json_answer(response.content, response.headers)
+    return network_traffic.decode(form)(response.content, response.headers)
 
 
 def check_parity(system: str, url: str, spec: networks.Network, log) -> dict:
