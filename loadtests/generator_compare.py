@@ -24,8 +24,9 @@ so their first requests are prefilled together; that first wave's worst time to 
 - with constrained requests: valid / total, and the per-token cost (a request's time / its tokens, median) of
   constrained and of unconstrained requests of the same run.
 
-Percentiles are nearest-rank (scripts/ops/stats.py). The targets (:data:`TARGETS`, issue 35's) are recorded, never
-asserted: at 16 users per-step makes >= 1.3x the output tokens/s of transformers serve, its inter-token p99 is <=
+Percentiles are nearest-rank (scripts/ops/stats.py). The targets (:data:`TARGETS`) are recorded, never
+asserted: at 16 users per-step makes >= 1.5x the output tokens/s of transformers serve at fp32 (and >= 2.5x at the
+best precision its gate allows: fp32 on the random 124 M model) and at least vLLM CPU's, its inter-token p99 is <=
 transformers serve's, its first-token p99 is <= 3x its figure at 1 user; every constrained answer validates; a
 constrained request's per-token cost is <= 1.2x an unconstrained one's. Writes
 loadtests/reports/generator-compare-<time>/compare.json and compare.md (the table, the targets, the machine). Exit
@@ -69,14 +70,20 @@ class Target:
     base: tuple[str, int, str] | None = None
 
 
-# Issue 35's targets (one run of make generator-compare, same machine and model folder).
+# The targets (one run of make generator-compare, same machine and model folder). The archive as packaged decodes in
+# fp32, which is also the best precision its gate allows on the random 124 M model (bf16 is refused at load:
+# docs/generation.md, "Precision"), so per-step is both the same-precision and the gated-best-precision figure.
 TARGETS = (
-    Target("output tokens/s at 16 users >= 1.3x transformers serve's", "per-step", 16, "tokens_per_s", ">=", 1.3,
-           (PEER, 16, "tokens_per_s")),
+    Target("output tokens/s at 16 users, fp32 >= 1.5x transformers serve's (fp32)", "per-step", 16, "tokens_per_s",
+           ">=", 1.5, (PEER, 16, "tokens_per_s")),
     Target("inter-token p99 at 16 users <= transformers serve's", "per-step", 16, "inter_token_p99_s", "<=", 1.0,
            (PEER, 16, "inter_token_p99_s")),
     Target("first-token p99 at 16 users <= 3x at 1 user", "per-step", 16, "first_token_p99_s", "<=", 3.0,
            ("per-step", 1, "first_token_p99_s")),
+    Target("output tokens/s at 16 users, gated best precision >= 2.5x transformers serve's (fp32)", "per-step", 16,
+           "tokens_per_s", ">=", 2.5, (PEER, 16, "tokens_per_s")),
+    Target("output tokens/s at 16 users >= vLLM CPU's (its default precision)", "per-step", 16, "tokens_per_s", ">=",
+           1.0, ("vllm-cpu", 16, "tokens_per_s")),
     Target("constrained answers valid at 16 users: all", "per-step", 16, "schema_valid_share", ">=", 1.0),
     Target("per-token cost at 16 users, constrained <= 1.2x unconstrained", "per-step", 16,
            "constrained_per_token_p50_s", "<=", 1.2, ("per-step", 16, "unconstrained_per_token_p50_s")),
