@@ -157,7 +157,7 @@ PEERS = {
             *("--dtype", "auto"),  # vLLM's default precision
             # Compact JSON, as ours writes it (handlers/generation/structured.py): with any whitespace allowed, random
             # weights spend max_tokens on blanks and no constrained answer closes.
-            *("--structured-outputs-config", '{"disable_any_whitespace": true}'),
+            *("--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}'),
             *("--uvicorn-log-level", "warning"),
         ),
         (
