@@ -17,6 +17,7 @@ A check returns ``None`` for a good response body or a short reason, which the l
 import json
 import math
 import random
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -138,6 +139,18 @@ class ModelTraffic:
     # (content bytes, headers) -> the answer `check` judges; None: the body parsed as JSON. A network's OIP traffic
     # reads the binary extension with tritonclient's parser (loadtests/network_traffic.py).
     decode: Callable | None = None
+
+    @property
+    def served_model(self) -> str:
+        """The TorchServe model this traffic is sent to, whose metrics describe the run: the name in its path
+        (``/predictions/<model>``, the OIP's ``/v2/models/<model>/infer``), which a traffic name such as
+        ``ranking-oip`` or ``minilm-repeats`` is not; another system's path names no model, so the traffic's own."""
+        found = _SERVED_MODEL.match(self.path)
+        return found.group("model") if found else self.name
+
+
+# TorchServe's inference routes that name the model (a version may follow it).
+_SERVED_MODEL = re.compile(r"^/(?:predictions|v2/models)/(?P<model>[^/]+)")
 
 
 def answer_of(model_traffic: ModelTraffic, content: bytes, headers) -> Any:

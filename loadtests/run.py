@@ -362,7 +362,7 @@ def run(settings, host, metrics_url=None, report_dir=None, log=print, token=None
         summary["achieved_rate"] = summary["open_loop"]["achieved_rate"]
     summary["generator"] = generator
     if metrics_url:
-        summary["server"] = prometheus.server_figures(before, after, settings.model)
+        summary["server"] = server_side(settings, before, after)
     summary["settings"] = asdict(settings)
     summary["command"] = " ".join(master)
     summary["files"] = sorted(p.name for p in report_dir.iterdir())
@@ -376,6 +376,12 @@ def run(settings, host, metrics_url=None, report_dir=None, log=print, token=None
     (report_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     (report_dir / "summary.md").write_text(report.render_markdown(summary))
     return summary
+
+
+def server_side(settings, before, after):
+    """The server's figures for the run: those of the model the traffic is sent to (a network's traffic name such as
+    ranking-oip names no model the server has)."""
+    return prometheus.server_figures(before, after, traffic(settings.model).served_model)
 
 
 def headline(summary):

@@ -75,6 +75,7 @@ RANK_SAMPLE_TEXTS = 2000  # texts of the README mix tokenized to weigh the bucke
 CODE_INPUTS = (
     "scripts/build_backends.py",
     "handlers/text",  # the module, its kinds, the gate's measures and the backends' loader
+    "handlers/core/openvino_ir.py",  # the OpenVINO IR's loader, shared with the networks
     "scripts/ops/payloads.py",  # the ranking's payload mix
 )
 # An image model's besides (the loader of its backends is the text side's): its module, its kinds' gate measures,
@@ -570,7 +571,12 @@ def load_image_reference(model_dir: Path, device: str, threads: int, max_batch: 
 NETWORK_KIND = "network"
 # Every backend, by default: a network's graph is the team's own, so which one wins is not known in advance.
 NETWORK_BACKENDS = ("aot", "openvino", "jit")
-NETWORK_CODE_INPUTS = ("scripts/build_backends.py", "handlers/network", "handlers/core/aot.py")
+NETWORK_CODE_INPUTS = (
+    "scripts/build_backends.py",
+    "handlers/network",
+    "handlers/core/aot.py",
+    "handlers/core/openvino_ir.py",
+)
 NETWORK_RANK_ROWS = (1, 8, 64)  # the ranking's batch sizes (capped by the rows a pass may hold)
 
 

@@ -1,5 +1,5 @@
 """How every family (text, image, network) compiles an OpenVINO IR for a worker: the precisions it serves and the
-CPU plugin's settings."""
+CPU plugin's settings (handlers/core/openvino_ir.py reads and compiles the archive's IR with them)."""
 
 from __future__ import annotations
 

@@ -51,7 +51,8 @@ from torch.utils import _pytree as pytree
 from handlers.core import runtime
 from handlers.core.aot import ISA_FLAGS, AotPackage
 from handlers.core.backend_manifest import BACKENDS_DIR, MANIFEST, read_manifest
-from handlers.core.openvino_settings import OPENVINO_PRECISIONS, openvino_config
+from handlers.core.openvino_ir import OPENVINO_IR as OPENVINO_IR  # the archive's IR, for the build and tests
+from handlers.core.openvino_ir import read_openvino_ir
 from handlers.core.runtime import BackendUnavailable
 from handlers.network.inputs import check_request, native_tensor
 from handlers.network.program import PROGRAM_FILE as PROGRAM_FILE  # the staged folder's files, for the build
@@ -60,7 +61,6 @@ from handlers.network.signature import Signature, TensorSpec
 
 logger = logging.getLogger(__name__)
 
-OPENVINO_IR = f"{BACKENDS_DIR}/openvino/model.xml"
 BACKENDS = ("aot", "openvino", "jit")
 CHOICES = ("auto", "eager", *BACKENDS)  # the handler's backend option
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # the handler's precision option
@@ -175,20 +175,7 @@ class OpenVinoProgram:
 
 
 def load_openvino(precision: str, model_dir: Path, signature: Signature, threads: int, device: torch.device) -> Program:
-    if device.type != "cpu":
-        raise BackendUnavailable(f"openvino is served on CPU only; this worker runs on {device.type}")
-    if precision not in OPENVINO_PRECISIONS:
-        raise BackendUnavailable(f"openvino serves {' or '.join(OPENVINO_PRECISIONS)}, not {precision}")
-    path = model_dir / OPENVINO_IR
-    if not path.is_file():
-        raise BackendUnavailable(f"no {OPENVINO_IR} in the archive (scripts/build_backends.py builds it)")
-    try:
-        import openvino
-    except ImportError as error:
-        raise BackendUnavailable(f"openvino is not importable ({error})") from None
-    core = openvino.Core()
-    compiled = core.compile_model(core.read_model(str(path)), "CPU", openvino_config(precision, threads))
-    return OpenVinoProgram(compiled, signature)
+    return OpenVinoProgram(read_openvino_ir(precision, model_dir, device).compile(threads), signature)
 
 
 # --------------------------------------------------------------------------------------------- gate inputs

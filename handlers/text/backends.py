@@ -31,13 +31,14 @@ from handlers.core.aot import AotPackage as AotEncoder
 from handlers.core.backend_manifest import BACKENDS_DIR, MANIFEST, read_manifest
 from handlers.core.config import Option
 from handlers.core.engine import Candidate
-from handlers.core.openvino_settings import OPENVINO_PRECISIONS, openvino_config
+from handlers.core.openvino_ir import OPENVINO_IR, read_openvino_ir
 from handlers.core.runtime import BackendUnavailable, machine_can_run
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "BACKEND_OPTION",
+    "OPENVINO_IR",
     "BackendUnavailable",
     "Encode",
     "auto_candidates",
@@ -48,8 +49,6 @@ __all__ = [
 ]
 
 Encode = Callable[..., torch.Tensor]  # (input_ids, attention_mask[, token_type_ids]) -> fp32 rows
-
-OPENVINO_IR = f"{BACKENDS_DIR}/openvino/model.xml"
 
 
 def aot_package(precision: str) -> str:
@@ -213,31 +212,15 @@ def load_openvino(
 ) -> Encode:
     """The archive's OpenVINO IR compiled for this CPU (bf16 as OpenVINO's inference precision hint), for ``threads``
     and, where given, also for ``widest_threads`` (the core lease's forward passes on every idle core)."""
-    if device.type != "cpu":
-        raise BackendUnavailable(f"openvino is served on CPU only; this worker runs on {device.type}")
-    if precision not in OPENVINO_PRECISIONS:
-        raise BackendUnavailable(f"openvino serves {' or '.join(OPENVINO_PRECISIONS)}, not {precision}")
-    reason = machine_can_run(precision, device)
-    if reason:
-        raise BackendUnavailable(reason)
-    path = model_dir / OPENVINO_IR
-    if not path.is_file():
-        raise BackendUnavailable(f"no {OPENVINO_IR} in the archive (scripts/build_backends.py builds it)")
-    try:
-        import openvino
-    except ImportError as error:
-        raise BackendUnavailable(f"openvino is not importable ({error})") from None
-    core = openvino.Core()
-    model = core.read_model(str(path))
+    ir = read_openvino_ir(precision, model_dir, device)
+    model, openvino = ir.model, ir.openvino
     if any(not port.get_partial_shape().is_dynamic for port in model.inputs):
         # Every batch size and bucket length goes through one compiled model.
         model.reshape(
             {port: openvino.PartialShape([-1] * port.get_partial_shape().rank.get_length()) for port in model.inputs}
         )
     counts = sorted({threads, widest_threads or threads})
-    return OpenVinoEncoder(
-        {count: core.compile_model(model, "CPU", openvino_config(precision, count)) for count in counts}
-    )
+    return OpenVinoEncoder({count: ir.compile(count) for count in counts})
 
 
 class LengthRouted:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtests import openloop, payloads, prometheus, report
+from loadtests import openloop, payloads, prometheus, report, run
 from scripts.ops.stats import bucket_upper_bound
 
 REPO = Path(__file__).resolve().parents[2]
@@ -166,6 +166,34 @@ def test_unreachable_metrics_are_reported_not_invented():
         "reason": "metrics endpoint did not answer",
     }
     assert prometheus.scrape("http://127.0.0.1:9", timeout=0.5) is None
+
+
+# A server serving both the ranking network and minilm: each traffic's table must read its own model's series.
+TWO_MODELS_AFTER = """\
+ts_inference_requests_total{model_name="ranking",model_version="default",hostname="vm",} 30.0
+InferenceSeconds_count{ModelName="ranking",Level="Model",Hostname="vm",} 12.0
+InferenceSeconds_sum{ModelName="ranking",Level="Model",Hostname="vm",} 0.06
+ts_inference_requests_total{model_name="minilm",model_version="default",hostname="vm",} 7.0
+"""
+
+
+@pytest.mark.parametrize(
+    "traffic_name, model, requests",
+    [("ranking-oip", "ranking", 30), ("ranking-native", "ranking", 30), ("minilm-repeats", "minilm", 7)],
+)
+def test_server_table_reads_the_model_the_traffic_is_sent_to_not_the_traffic_name(traffic_name, model, requests):
+    settings = run.settings_for(traffic_name, "smoke")
+    assert payloads.traffic(traffic_name).served_model == model
+    figures = run.server_side(settings, None, prometheus.parse(TWO_MODELS_AFTER))
+    assert figures["requests"] == requests
+    if model == "ranking":
+        assert figures["inference_batches"] == 12 and figures["inference_mean_ms"] == pytest.approx(5.0)
+
+
+def test_a_traffic_to_another_systems_route_keeps_its_own_name():
+    assert payloads.traffic("ranking-litserve").served_model == "ranking-litserve"  # LitServe's /predict
+    assert payloads.traffic("minilm-openai").served_model == "minilm-openai"  # an OpenAI-style /embeddings
+    assert payloads.traffic("minilm").served_model == "minilm"
 
 
 def test_bucket_upper_bound_is_the_bucket_holding_the_quantile():
