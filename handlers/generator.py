@@ -48,8 +48,9 @@ from handlers.core.errors import OPENAI, RequestError
 from handlers.core.http import RequestView, to_json
 from handlers.core.metrics import HandlerMetrics
 from handlers.core.routes import Route
-from handlers.generation import chat, compiled, decode_attention, kv_cache, structured
+from handlers.generation import chat, compiled, decode_attention, kv_cache, paged_openvino, structured
 from handlers.generation.answers import Outcome
+from handlers.generation.gate import greedy_tokens
 from handlers.generation.limits import AUTO, AutoOrInt
 from handlers.generation.loop import GenerationLoop
 from handlers.generation.model import LoadedGenerator, load_generator
@@ -135,6 +136,14 @@ class GeneratorHandler(ServingHandler):
             "and only if a step of batchSize rows, a long prompt among short ones, is faster (the default: it was, "
             "docs/generation.md)",
         ),
+        "decode_step": Option(
+            str,
+            "openvino",
+            paged_openvino.SETTINGS,
+            help="what runs the decoding passes: eager = the model in torch; openvino = the model converted at load "
+            "to OpenVINO with paged attention (keys and values in a block pool, logits only where a token is chosen), "
+            "kept only if greedy fp32 tokens equal eager's on a few prompts, else eager (describe says why)",
+        ),
         "max_n": Option(
             int,
             8,
@@ -174,17 +183,28 @@ class GeneratorHandler(ServingHandler):
             logger.warning("prefix reuse is off: the model's cache has %s layers", ", ".join(unsupported))
             self.prefix_cache = None
         budget = self.batch_token_budget()
-        # Before the loop exists: the gate decodes with the model alone, and whichever form it leaves is served.
-        self.compiled = compiled.compile_decode(
-            self.loaded.model, self.config["compile_decode"], self.loaded.pad_token_id, self.max_batch_requests
-        )
-        self.decode_attention = decode_attention.select(
-            self.loaded.model,
-            self.config["decode_attention"],
-            self.loaded.pad_token_id,
-            self.max_batch_requests,
-            self.loaded.limits.max_prompt_tokens,
-        )
+        # Before the loop exists: the gates decode with the model alone, and whichever form they leave is served.
+        # The paged OpenVINO step is chosen first (converted from the plain eager model); the eager step's own
+        # options (compiled MLPs, per-row attention) apply only when the eager step serves.
+        self.decode_step = paged_openvino.select(
+            self.loaded.model, self.config["decode_step"], self.loaded.pad_token_id, self.threads,
+            self.pool_tokens(budget), greedy_tokens,
+        )  # fmt: skip
+        if self.decode_step.serving == "eager":
+            self.compiled = compiled.compile_decode(
+                self.loaded.model, self.config["compile_decode"], self.loaded.pad_token_id, self.max_batch_requests
+            )
+            self.decode_attention = decode_attention.select(
+                self.loaded.model,
+                self.config["decode_attention"],
+                self.loaded.pad_token_id,
+                self.max_batch_requests,
+                self.loaded.limits.max_prompt_tokens,
+            )
+        else:
+            unused = "not applied: the OpenVINO paged step decodes (handler.decode_step)"
+            self.compiled = compiled.CompileOutcome(self.config["compile_decode"], False, unused)
+            self.decode_attention = decode_attention.AttentionOutcome(self.config["decode_attention"], False, unused)
         model = {
             "name": self.model_name,
             "version": self.model_version,
@@ -200,7 +220,9 @@ class GeneratorHandler(ServingHandler):
             context.system_properties.get("gpu_id"),
         )
         chunk_tokens = self.config["prefill_chunk_tokens"] if self.per_step else 0
-        self.loop = GenerationLoop(self.loaded, budget, self.prefix_cache, self.semantic, chunk_tokens)
+        self.loop = GenerationLoop(
+            self.loaded, budget, self.prefix_cache, self.semantic, chunk_tokens, self.decode_step.paged
+        )
         # What every route's parser needs to know about the served model.
         self.served = Served(self.model_name, self.loaded.info, self.loaded.limits, self.loaded.tokenizer)
         structured.prepare_in_background(self.served)  # response_format's grammar vocabulary, off the first request
@@ -219,6 +241,11 @@ class GeneratorHandler(ServingHandler):
                 "lower the limits"
             )
         return int(budget)
+
+    def pool_tokens(self, budget: int) -> int:
+        """Tokens the paged step's block pool holds: the scheduler's budget (what the running and joining rows may
+        hold), plus a partly filled block for each of those rows (64 tokens: no CPU block is larger)."""
+        return budget + 2 * self.max_batch_requests * self.loaded.limits.max_n * 64
 
     def create_engine(self, settings: EngineSettings) -> Engine:
         """bf16 keeps an fp32 output layer and is gated on greedy decoding (handlers/generation/precision.py)."""
@@ -288,6 +315,7 @@ class GeneratorHandler(ServingHandler):
             },
             "compile_decode": self.compiled.describe(),
             "decode_attention": self.decode_attention.describe(),
+            "decode_step": self.decode_step.describe(),
             "prefix_cache": self.prefix_cache.describe() if self.prefix_cache is not None else None,
             "semantic_cache": self.semantic.describe() if self.semantic is not None else None,
         }

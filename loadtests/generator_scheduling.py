@@ -546,7 +546,8 @@ def measure_steps(
         with zipfile.ZipFile(archive) as unpacked:
             unpacked.extractall(folder)
     torch.set_num_threads(threads)  # before load: the load-time gates and timings run at this count too
-    overrides = {"compile_decode": compile_decode, "decode_attention": decode_attention}
+    # the eager torch step is what these options shape and what is timed
+    overrides = {"compile_decode": compile_decode, "decode_attention": decode_attention, "decode_step": "eager"}
     handler, _ = load_handler(folder, systems.MODEL, overrides, continuous_batching=True)
     model, tokenizer, pad = handler.loaded.model, handler.loaded.tokenizer, handler.loaded.pad_token_id
     chunk = handler.loop.scheduler.batch.chunk_tokens

@@ -42,6 +42,13 @@ def skip_unless_served(server, model):
         pytest.skip(f"{model} is not served by this session's server (TS_TEST_MODELS)")
 
 
+@pytest.fixture(scope="module", params=["openvino", "eager"])
+def decode_step(request):
+    """What runs the generator's decoding passes (handler.decode_step): the OpenVINO paged step and eager torch.
+    Generation tests whose handler takes this run on both."""
+    return request.param
+
+
 @pytest.fixture(scope="session")
 def model_store():
     """Every model's archive, built (incrementally) by the project's packaging step into model_store/."""

@@ -3,7 +3,7 @@
 Each choice is a generation of its own (choice i samples with seed + i: :func:`handlers.generation.requests.
 choice_seed`) and, under per-step scheduling, a row of its own in the scheduler (choices 1.. get ids of their own,
 :func:`choice_id`; choice 0 keeps the request's). The prompt is prefilled once for all of them
-(:func:`handlers.generation.running.distinct_prompts`: the row's keys and values are copied n times), and the
+(:func:`handlers.generation.decoding.distinct_prompts`: the row's keys and values are copied n times), and the
 scheduler admits them together, as n rows of its room. A choice that ends early waits here (its rows are freed at
 once) until every choice has ended; the request's answer then carries them all (:func:`combined`): usage counts the
 prompt once and the tokens of every choice, each choice has its own finish reason.

@@ -273,3 +273,11 @@ def stop_token_ids(generation_config: Any, tokenizer: Any) -> list[int]:
     if stop is None:
         return []
     return sorted(set(stop)) if isinstance(stop, (list, tuple)) else [stop]
+
+
+def distinct_prompts(sequences: list[Sequence]) -> tuple[list[Sequence], list[int]]:
+    """(the first sequence of each distinct prompt, for each sequence the position of its prompt among those)."""
+    first: dict[tuple[int, ...], int] = {}
+    source = [first.setdefault(tuple(sequence.prompt_ids), len(first)) for sequence in sequences]
+    computing = [sequences[source.index(position)] for position in range(len(first))]
+    return computing, source

@@ -26,19 +26,20 @@ def gate_prompts(model: Any) -> list[list[int]]:
     return [[token % vocab for token in prompt] for prompt in GATE_PROMPTS]
 
 
-def greedy_sequences(model: Any, pad_token_id: int, logprobs: bool = False) -> list[Sequence]:
+def greedy_sequences(model: Any, pad_token_id: int, logprobs: bool = False, paged: Any = None) -> list[Sequence]:
     """The gate prompts decoded greedily together, then the first alone: one finished Sequence each (with each
-    chosen token's log probability under the model's fp32 logits when ``logprobs``)."""
+    chosen token's log probability under the model's fp32 logits when ``logprobs``). ``paged``: decoded by that
+    :class:`handlers.generation.paged_openvino.PagedModel` instead of the model's eager passes."""
     settings = SamplingSettings(max_new_tokens=GATE_TOKENS, logprobs=0 if logprobs else None)
     prompts = gate_prompts(model)
     together = [Sequence(list(prompt), settings) for prompt in prompts]
     alone = [Sequence(list(prompts[0]), settings)]
     with torch.inference_mode():
-        generate(model, together, (), pad_token_id)
-        generate(model, alone, (), pad_token_id)
+        generate(model, together, (), pad_token_id, paged=paged)
+        generate(model, alone, (), pad_token_id, paged=paged)
     return together + alone
 
 
-def greedy_tokens(model: Any, pad_token_id: int) -> list[list[int]]:
+def greedy_tokens(model: Any, pad_token_id: int, paged: Any = None) -> list[list[int]]:
     """The generated tokens of :func:`greedy_sequences`, one list per row."""
-    return [sequence.token_ids for sequence in greedy_sequences(model, pad_token_id)]
+    return [sequence.token_ids for sequence in greedy_sequences(model, pad_token_id, paged=paged)]

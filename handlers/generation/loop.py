@@ -39,7 +39,7 @@ from handlers.generation.requests import (
     GenerationRequest,
     start_generations,
 )
-from handlers.generation.running import RunningBatch, generate
+from handlers.generation.running import generate, new_batch
 from handlers.generation.scheduler import DECODE, Active, Iteration, StepScheduler
 from handlers.generation.semantic_cache.cache import SemanticCache, SemanticQuery
 from handlers.generation.semantic_cache.store import StoredAnswer
@@ -67,12 +67,14 @@ class GenerationLoop:
         prefix_cache: PrefixCache | None = None,
         semantic: SemanticCache | None = None,
         prefill_chunk_tokens: int = 0,
+        paged: Any = None,
     ) -> None:
         self.loaded = loaded
         self.prefix_cache = prefix_cache
         self.semantic = semantic
-        batch = RunningBatch(
-            loaded.model, loaded.pad_token_id, loaded.stop_token_ids, prefix_cache, chunk_tokens=prefill_chunk_tokens
+        self.paged = paged  # handlers.generation.paged_openvino.PagedModel: runs the passes instead of the model
+        batch = new_batch(
+            loaded.model, loaded.pad_token_id, loaded.stop_token_ids, prefix_cache, prefill_chunk_tokens, paged
         )
         self.scheduler = StepScheduler(batch, max_batch_tokens)
         self.groups: dict[str, ChoiceGroup] = {}  # per step: requests with n > 1, by request id, until all end
@@ -288,9 +290,19 @@ class GenerationLoop:
             use_cache=True,
             on_step=on_step,
             prefix_cache=self.prefix_cache,
+            paged=self.paged if self.pool_fits(generations) else None,
         )
         metrics.record("GeneratedTokens", sum(len(g.sequence.token_ids) for g in generations))
         return batch  # its generations now hold their tokens and text
+
+    def pool_fits(self, generations: list[Generation]) -> bool:
+        """Whether a whole batch fits the paged step's block pool at its longest (each row's prompt and max new
+        tokens, and a partly filled block); a batch that does not decodes eagerly."""
+        if self.paged is None:
+            return False
+        size = self.paged.block_size
+        blocks = sum(-(-(len(g.sequence.prompt_ids) + g.sequence.settings.max_new_tokens) // size) for g in generations)
+        return blocks <= self.paged.free_blocks
 
     def postprocess(self, batch: GenerationBatch, payloads: list[AcceptedGeneration]) -> list[Any]:
         """One result per accepted request, in order: its answer from the cache, or its decoded one (which the

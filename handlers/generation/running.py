@@ -28,7 +28,15 @@ from typing import Any
 import torch
 
 from handlers.generation import kv_cache, mixed_pass
-from handlers.generation.decoding import Sequence, StepCallback, append_tokens, left_pad, model_step, recompute
+from handlers.generation.decoding import (
+    Sequence,
+    StepCallback,
+    append_tokens,
+    distinct_prompts,
+    left_pad,
+    model_step,
+    recompute,
+)
 from handlers.generation.prefix_cache import NO_HIT, PrefixCache
 
 NewTokens = dict[Sequence, int]  # the token each sequence got in one forward pass
@@ -310,12 +318,20 @@ class RunningBatch:
         return finished
 
 
-def distinct_prompts(sequences: list[Sequence]) -> tuple[list[Sequence], list[int]]:
-    """(the first sequence of each distinct prompt, for each sequence the position of its prompt among those)."""
-    first: dict[tuple[int, ...], int] = {}
-    source = [first.setdefault(tuple(sequence.prompt_ids), len(first)) for sequence in sequences]
-    computing = [sequences[source.index(position)] for position in range(len(first))]
-    return computing, source
+def new_batch(
+    model: Any,
+    pad_token_id: int,
+    stop_token_ids: Iterable[int] | None,
+    prefix_cache: PrefixCache | None,
+    chunk_tokens: int,
+    paged: Any = None,
+) -> Any:
+    """The running batch for ``model``'s eager passes, or for a paged OpenVINO step (``paged``)."""
+    if paged is not None:
+        from handlers.generation.paged_openvino import PagedBatch
+
+        return PagedBatch(paged, stop_token_ids, prefix_cache, chunk_tokens)
+    return RunningBatch(model, pad_token_id, stop_token_ids, prefix_cache, chunk_tokens)
 
 
 def generate(
@@ -326,16 +342,18 @@ def generate(
     use_cache: bool = True,
     on_step: StepCallback | None = None,
     prefix_cache: Any = None,
+    paged: Any = None,
 ) -> list[Sequence]:
     """Decode every sequence until it stops or reaches its max_new_tokens; returns ``sequences`` (filled in place).
 
     ``stop_token_ids``: the end-of-text token id(s) that finish a sequence (empty: only the length limit does);
-    ``prefix_cache``: a :class:`handlers.generation.prefix_cache.PrefixCache` the prompts reuse and fill.
+    ``prefix_cache``: a :class:`handlers.generation.prefix_cache.PrefixCache` the prompts reuse and fill;
+    ``paged``: a :class:`handlers.generation.paged_openvino.PagedModel` that runs the passes instead of ``model``.
     """
     if not use_cache:
         return recompute(model, sequences, frozenset(stop_token_ids or ()), pad_token_id, on_step)
     index = {sequence: position for position, sequence in enumerate(sequences)}
-    batch = RunningBatch(model, pad_token_id, stop_token_ids, prefix_cache)
+    batch = new_batch(model, pad_token_id, stop_token_ids, prefix_cache, 0, paged)
     new_tokens = batch.prefill(list(sequences))
     while True:
         if on_step is not None:

@@ -20,14 +20,15 @@ NO_PREFIX_CACHE = {"prefix_cache": {"max_bytes": 0, "block_tokens": 16}}
 
 
 @pytest.fixture(scope="module")
-def generator(prepared_model_dir):
-    return load_handler(prepared_model_dir("generator"), "generator")
+def generator(prepared_model_dir, decode_step):
+    return load_handler(prepared_model_dir("generator"), "generator", {"decode_step": decode_step})
 
 
 @pytest.fixture(scope="module")
-def stepper(prepared_model_dir):
+def stepper(prepared_model_dir, decode_step):
     torch.set_num_threads(1)
-    return load_handler(prepared_model_dir("generator"), "generator", NO_PREFIX_CACHE, continuous_batching=True)
+    overrides = {**NO_PREFIX_CACHE, "decode_step": decode_step}
+    return load_handler(prepared_model_dir("generator"), "generator", overrides, continuous_batching=True)
 
 
 def answer_of(handler, context, route, body):

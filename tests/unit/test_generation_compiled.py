@@ -12,6 +12,9 @@ from handlers.generation.decoding import SamplingSettings, Sequence
 from handlers.generation.running import RunningBatch
 from scripts.ops.handler_loader import load_handler
 
+# These options shape the eager torch step, so these handlers decode eagerly (handler.decode_step).
+EAGER = {"decode_step": "eager"}
+
 
 @pytest.fixture(scope="module")
 def model_dir(prepared_model_dir):
@@ -22,7 +25,7 @@ def model_dir(prepared_model_dir):
 def compiled_handler(model_dir):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(compiled, "BACKEND", "eager")
-        handler, _ = load_handler(model_dir, "generator", {"compile_decode": True}, continuous_batching=True)
+        handler, _ = load_handler(model_dir, "generator", {"compile_decode": True, **EAGER}, continuous_batching=True)
     return handler
 
 
@@ -81,7 +84,8 @@ def test_compiled_tokens_are_eagers_on_prompts_the_gate_did_not_see(compiled_han
 def test_a_compiled_mlp_that_changes_tokens_is_put_back_to_eager_with_the_reason(model_dir, monkeypatch, caplog):
     monkeypatch.setattr(compiled, "BACKEND", "eager")
     monkeypatch.setattr(compiled, "run_module", lambda module, hidden: module(hidden) * 1.5)  # a wrong compiler
-    handler, _ = load_handler(model_dir, "generator", {"compile_decode": "true"}, continuous_batching=True)
+    overrides = {"compile_decode": "true", "decode_step": "eager"}  # the MLPs are the eager step's
+    handler, _ = load_handler(model_dir, "generator", overrides, continuous_batching=True)
     described = handler.describe()["compile_decode"]
     assert described["compiled"] is False
     assert described["reason"].startswith("greedy fp32 tokens differ from eager on ")
@@ -90,7 +94,7 @@ def test_a_compiled_mlp_that_changes_tokens_is_put_back_to_eager_with_the_reason
 
 
 def test_false_is_the_default_and_leaves_the_model_eager(model_dir):
-    handler, _ = load_handler(model_dir, "generator", continuous_batching=True)
+    handler, _ = load_handler(model_dir, "generator", EAGER, continuous_batching=True)
     assert handler.describe()["compile_decode"] == {
         "setting": "false",
         "compiled": False,

@@ -16,6 +16,9 @@ from handlers.generation.decoding import SamplingSettings, Sequence, recompute
 from handlers.generation.running import RunningBatch, generate
 from scripts.ops.handler_loader import load_handler
 
+# These options shape the eager torch step, so these handlers decode eagerly (handler.decode_step).
+EAGER = {"decode_step": "eager"}
+
 
 @pytest.fixture(scope="module")
 def model_dir(prepared_model_dir):
@@ -25,7 +28,9 @@ def model_dir(prepared_model_dir):
 @pytest.fixture(scope="module")
 def per_row_handler(model_dir):
     torch.set_num_threads(1)
-    handler, _ = load_handler(model_dir, "generator", {"decode_attention": "per_row"}, continuous_batching=True)
+    handler, _ = load_handler(
+        model_dir, "generator", {"decode_attention": "per_row", **EAGER}, continuous_batching=True
+    )
     return handler
 
 
@@ -185,7 +190,7 @@ def test_per_row_is_on_once_the_check_passed_and_describe_says_so(per_row_handle
 
 
 def test_padded_leaves_sdpa_and_checks_nothing(model_dir):
-    handler, _ = load_handler(model_dir, "generator", {"decode_attention": "padded"}, continuous_batching=True)
+    handler, _ = load_handler(model_dir, "generator", {"decode_attention": "padded", **EAGER}, continuous_batching=True)
     described = handler.describe()["decode_attention"]
     reason = "handler.decode_attention is padded"
     assert described == {"setting": "padded", "per_row": False, "reason": reason, "seconds": 0.0}
@@ -193,7 +198,7 @@ def test_padded_leaves_sdpa_and_checks_nothing(model_dir):
 
 
 def test_auto_is_the_default_and_keeps_per_row_only_with_the_timing_it_measured(model_dir):
-    handler, _ = load_handler(model_dir, "generator", continuous_batching=True)
+    handler, _ = load_handler(model_dir, "generator", EAGER, continuous_batching=True)
     described = handler.describe()["decode_attention"]
     assert described["setting"] == "auto"
     assert mixed_pass.uses_per_row(handler.loaded.model) is described["per_row"]
@@ -211,7 +216,8 @@ def test_a_per_row_attention_that_changes_tokens_is_put_back_to_padded_with_the_
         return out * 1.5, weights
 
     monkeypatch.setattr(row_attention, "attention", wrong)
-    handler, _ = load_handler(model_dir, "generator", {"decode_attention": "per_row"}, continuous_batching=True)
+    overrides = {"decode_attention": "per_row", "decode_step": "eager"}  # the attention is the eager step's
+    handler, _ = load_handler(model_dir, "generator", overrides, continuous_batching=True)
     described = handler.describe()["decode_attention"]
     assert described["per_row"] is False
     assert described["reason"].startswith("greedy fp32 tokens differ from the padded path's on ")

@@ -20,13 +20,14 @@ TOLERANCE = 1e-4  # a cached step and a whole-text forward pass add the same num
 
 
 @pytest.fixture(scope="module")
-def generator(prepared_model_dir):
-    return load_handler(prepared_model_dir("generator"), "generator")
+def generator(prepared_model_dir, decode_step):
+    return load_handler(prepared_model_dir("generator"), "generator", {"decode_step": decode_step})
 
 
 @pytest.fixture(scope="module")
-def stepper(prepared_model_dir):
-    return load_handler(prepared_model_dir("generator"), "generator", continuous_batching=True)
+def stepper(prepared_model_dir, decode_step):
+    overrides = {"decode_step": decode_step}
+    return load_handler(prepared_model_dir("generator"), "generator", overrides, continuous_batching=True)
 
 
 def model_logprobs(handler, prompt_ids, token_ids):

@@ -33,8 +33,8 @@ HI = [{"role": "user", "content": "Hi"}]
 
 
 @pytest.fixture(scope="module")
-def generator(prepared_model_dir):
-    return load_handler(prepared_model_dir("generator"), "generator")
+def generator(prepared_model_dir, decode_step):
+    return load_handler(prepared_model_dir("generator"), "generator", {"decode_step": decode_step})
 
 
 @pytest.fixture(scope="module")

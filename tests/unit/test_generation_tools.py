@@ -41,14 +41,14 @@ def model_dir(prepared_model_dir):
 
 
 @pytest.fixture(scope="module")
-def stepper(model_dir):
+def stepper(model_dir, decode_step):
     torch.set_num_threads(1)
-    return load_handler(model_dir, "generator", continuous_batching=True)
+    return load_handler(model_dir, "generator", {"decode_step": decode_step}, continuous_batching=True)
 
 
 @pytest.fixture(scope="module")
-def whole(model_dir):
-    return load_handler(model_dir, "generator")
+def whole(model_dir, decode_step):
+    return load_handler(model_dir, "generator", {"decode_step": decode_step})
 
 
 def body(seed, **extra):

@@ -19,8 +19,8 @@ def load(model_dir, **handler_overrides):
 
 
 @pytest.fixture(scope="module")
-def generator(prepared_model_dir):
-    return load(prepared_model_dir("generator"))
+def generator(prepared_model_dir, decode_step):
+    return load(prepared_model_dir("generator"), decode_step=decode_step)
 
 
 def run(handler, context, bodies):

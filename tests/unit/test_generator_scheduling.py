@@ -31,16 +31,16 @@ def model_dir(prepared_model_dir):
 
 
 @pytest.fixture(scope="module")
-def stepper(model_dir):
-    """The handler as TorchServe's continuous batching runs it (per step)."""
+def stepper(model_dir, decode_step):
+    """The handler as TorchServe's continuous batching runs it (per step), on each decoding step."""
     torch.set_num_threads(1)
-    return load_handler(model_dir, "generator", ONE_STEP, continuous_batching=True)
+    return load_handler(model_dir, "generator", {**ONE_STEP, "decode_step": decode_step}, continuous_batching=True)
 
 
 @pytest.fixture(scope="module")
 def whole(model_dir):
-    """The same model decoding whole batches: the reference answers."""
-    return load_handler(model_dir, "generator")
+    """The same model decoding whole batches eagerly: the reference answers (for either decoding step)."""
+    return load_handler(model_dir, "generator", {"decode_step": "eager"})
 
 
 def reference(whole, body):
@@ -62,20 +62,24 @@ def received(job):
 
 
 @pytest.fixture(scope="module")
-def chunked(model_dir):
+def chunked(model_dir, decode_step):
     """Per step with chunked prefill of 3 tokens a pass (the shipped budget takes these short prompts whole)."""
-    return load_handler(model_dir, "generator", {"prefill_chunk_tokens": 3, **ONE_STEP}, continuous_batching=True)
+    overrides = {"prefill_chunk_tokens": 3, **ONE_STEP, "decode_step": decode_step}
+    return load_handler(model_dir, "generator", overrides, continuous_batching=True)
 
 
 @pytest.fixture(scope="module")
-def unchunked(model_dir):
+def unchunked(model_dir, decode_step):
     """Per step with whole prompts prefilled in a pass of their own (prefill_chunk_tokens 0)."""
-    return load_handler(model_dir, "generator", {"prefill_chunk_tokens": 0, **ONE_STEP}, continuous_batching=True)
+    overrides = {"prefill_chunk_tokens": 0, **ONE_STEP, "decode_step": decode_step}
+    return load_handler(model_dir, "generator", overrides, continuous_batching=True)
 
 
 @pytest.mark.parametrize("handler_under_test", ["stepper", "chunked", "unchunked"])
-def test_requests_that_join_and_leave_a_running_batch_get_their_answers_alone(handler_under_test, request, whole):
-    handler, context = request.getfixturevalue(handler_under_test)
+def test_requests_that_join_and_leave_a_running_batch_get_their_answers_alone(
+    handler_under_test, request, whole, decode_step
+):
+    handler, context = request.getfixturevalue(handler_under_test)  # (on decode_step's step)
     frontend = ContinuousFrontend(handler, context)
     first = [
         {**LONG, "stream": True},
@@ -262,16 +266,16 @@ def test_a_failed_step_fails_the_requests_in_it_and_the_worker_goes_on(stepper, 
     stream, plain = frontend.submit({**LONG, "stream": True}), frontend.submit({**LONG, "seed": 8})
     for _ in range(4):
         frontend.step()
+    import handlers.generation.paged_openvino as paged_openvino
     import handlers.generation.running as running
-
-    real_step = running.model_step
 
     def broken(*args, **kwargs):
         raise RuntimeError("simulated decoding failure")
 
-    monkeypatch.setattr(running, "model_step", broken)
-    frontend.step()
-    monkeypatch.setattr(running, "model_step", real_step)
+    with monkeypatch.context() as patched:  # whichever step serves fails once
+        patched.setattr(running, "model_step", broken)
+        patched.setattr(paged_openvino.PagedModel, "run", broken)
+        frontend.step()
     assert stream.done and plain.done
     assert plain.status == 500 and "simulated decoding failure" in json.loads(plain.body)["message"]
     last = json.loads(stream.chunks[-1])

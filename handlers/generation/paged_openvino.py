@@ -1,0 +1,574 @@
+"""``handler.decode_step: openvino``: the decoding passes run by OpenVINO on the model converted to paged attention.
+
+**The conversion** (:func:`convert`, at load; seconds for the 124 M model). The model's decoder is traced by
+``openvino.convert_model`` with its keys and values as explicit inputs and outputs; those pairs become the model's
+state (``apply_make_stateful_transformation``), and OpenVINO's ``paged_attention_transformation`` then replaces every
+attention by its paged-attention operation. The result takes one flattened token sequence per pass (any rows, each
+with any number of new tokens) and keeps every row's keys and values in blocks of a pool this module owns; a row's
+block table says which blocks hold its tokens. Two things are added to the traced decoder: a ``logits_rows`` input,
+so the output layer runs only at the tokens whose next token is chosen (the last of each row in the pass, not every
+prompt token), and an initial value for each state (the transformation matches only states that have one).
+
+**The step** (:class:`PagedModel`): the compiled model, its block pool (per layer a keys and a values tensor of
+``[blocks, kv heads, block size, head dim]``, allocated once at load) and :meth:`PagedModel.run`, one pass over
+``(row, new tokens)`` parts. Rows' keys and values are read and written in place (:meth:`PagedModel.read` and
+:meth:`PagedModel.write` copy a range of a row's tokens, for the prefix cache; :meth:`PagedModel.copy_blocks` a
+row's blocks, for n choices of one prompt).
+
+**The batch** (:class:`PagedBatch`) is :class:`handlers.generation.running.RunningBatch` for this step, with the same
+operations, so the scheduler, sampling, logprobs, structured outputs, n choices, the prefix cache and cancellation
+work unchanged on it. Rows join and leave as block bookkeeping (no tensor copies, no padding), and chunked prefill
+always rides in the running rows' pass: a pass is just more tokens.
+
+At load the backend is gated (:func:`select`): greedy fp32 decoding of the gate prompts, batched and alone, must
+give exactly the eager model's tokens, or the handler decodes eagerly, with the reason logged and shown by describe.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from handlers.generation.decoding import Sequence, append_tokens, distinct_prompts
+from handlers.generation.prefix_cache import NO_HIT, PrefixCache
+
+logger = logging.getLogger(__name__)
+
+SETTINGS = ("eager", "openvino")
+NewTokens = dict[Sequence, int]
+RowKV = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+class Unconvertible(RuntimeError):
+    """The model could not be converted to, or compiled as, a paged-attention model; the message says why."""
+
+
+# ------------------------------------------------------------------------------------------------ conversion
+@dataclass(frozen=True)
+class CacheShape:
+    layers: int
+    kv_heads: int
+    head_dim: int
+
+
+def cache_shape(config: Any) -> CacheShape:
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = int(text.num_attention_heads)
+    head_dim = getattr(text, "head_dim", None) or int(text.hidden_size) // heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    return CacheShape(int(text.num_hidden_layers), int(kv_heads), int(head_dim))
+
+
+class TracedDecoder(torch.nn.Module):
+    """The decoder as ``convert_model`` traces it: keys and values in and out as tensors, logits at chosen rows."""
+
+    def __init__(self, model: Any, layers: int) -> None:
+        super().__init__()
+        self.decoder = model.base_model
+        self.output_layer = model.get_output_embeddings()
+        self.config = model.config
+        self.layers = layers
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        beam_idx: torch.Tensor,
+        logits_rows: torch.Tensor,
+        *past: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.config)
+        for index in range(self.layers):
+            # the gather by beam_idx is what the paged transformation expects to find between a state and its use
+            keys, values = (tensor.index_select(0, beam_idx) for tensor in past[2 * index : 2 * index + 2])
+            layer = cache.layers[index]
+            layer.lazy_initialization(keys, values)
+            layer.keys, layer.values = keys, values
+        hidden = self.decoder(input_ids=input_ids, position_ids=position_ids, cache=cache, use_cache=True)[0]
+        # After the transformation every token is a row of its own (dim 0), so this picks tokens.
+        logits = self.output_layer(hidden.index_select(0, logits_rows))
+        present = [tensor for layer in cache.layers[: self.layers] for tensor in (layer.keys, layer.values)]
+        return (logits, *present)
+
+
+def convert(model: Any) -> tuple[Any, CacheShape]:
+    """The model as an OpenVINO paged-attention model (not compiled) and its cache's shape; raises Unconvertible."""
+    import openvino as ov
+    import openvino.opset13 as ops
+    from openvino._offline_transformations import apply_make_stateful_transformation, paged_attention_transformation
+
+    shape = cache_shape(model.config)
+    rows, past, new = 2, 3, 4
+    example = (
+        torch.zeros((rows, new), dtype=torch.long),
+        torch.arange(past, past + new).expand(rows, new).contiguous(),
+        torch.arange(rows, dtype=torch.int32),
+        torch.tensor([1], dtype=torch.long),
+        *[torch.zeros((rows, shape.kv_heads, past, shape.head_dim)) for _ in range(2 * shape.layers)],
+    )
+    names = ["input_ids", "position_ids", "beam_idx", "logits_rows"]
+    pairs = {f"past.{layer}.{kind}": f"present.{layer}.{kind}" for layer in range(shape.layers)
+             for kind in ("key", "value")}  # fmt: skip
+    try:
+        with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the tracer's notes on Python values it fixes: they are fixed here
+            converted = ov.convert_model(TracedDecoder(model, shape.layers).eval(), example_input=example)
+        for port, name in zip(converted.inputs, names + list(pairs), strict=True):
+            port.get_tensor().set_names({name})
+        for port, name in zip(converted.outputs, ["logits", *pairs.values()], strict=True):
+            port.get_tensor().set_names({name})
+        apply_make_stateful_transformation(converted, pairs)
+        give_states_initial_values(converted, shape, ops)
+        paged_attention_transformation(converted)
+    except Exception as error:  # the tracer or a transformation refused the model: it decodes eagerly
+        raise Unconvertible(f"{type(error).__name__}: {first_line(error)}") from None
+    kinds = {op.get_type_name() for op in converted.get_ops()}
+    if "PagedAttentionExtension" not in kinds or "ScaledDotProductAttention" in kinds:
+        raise Unconvertible("the model's attention was not recognised by OpenVINO's paged-attention transformation")
+    return converted, shape
+
+
+def give_states_initial_values(converted: Any, shape: CacheShape, ops: Any) -> None:
+    """Every state read gets an initial value (empty keys/values for the pass's rows), and nothing but the gathers
+    uses beam_idx: what the paged transformation needs to find and then remove them."""
+    parameters = {
+        name: parameter for parameter in converted.get_parameters() for name in parameter.output(0).get_names()
+    }
+    input_ids = parameters["input_ids"]
+
+    def rows() -> Any:
+        return ops.gather(ops.shape_of(input_ids), ops.constant([0]), ops.constant(0))
+
+    variables = {variable.get_info().variable_id: variable for variable in converted.get_variables()}
+    for op in converted.get_ordered_ops():
+        if op.get_type_name() == "ReadValue" and op.get_input_size() == 0:
+            dims = ops.constant(np.array([shape.kv_heads, 0, shape.head_dim], dtype=np.int64))
+            empty = ops.broadcast(ops.constant(np.float32(0)), ops.concat([rows(), dims], 0))
+            op.output(0).replace(ops.read_value(empty, variables[op.get_variable_id()]).output(0))
+    for target in list(parameters["beam_idx"].output(0).get_target_inputs()):
+        user = target.get_node()
+        if user.get_type_name() == "ShapeOf":
+            user.output(0).replace(ops.convert(rows(), user.get_output_element_type(0)).output(0))
+
+
+def first_line(error: BaseException) -> str:
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    return (lines[0] if lines else "")[:300]
+
+
+# ------------------------------------------------------------------------------------------------ the step
+class PoolExhausted(RuntimeError):
+    """The block pool has no room for a pass (the scheduler's token budget should prevent it)."""
+
+
+@dataclass
+class PagedRow:
+    """One row's keys and values: its blocks, in order, and how many of its tokens they hold."""
+
+    blocks: list[int] = field(default_factory=list)
+    cached: int = 0
+
+
+class PagedModel:
+    """The compiled paged model, its block pool and one pass at a time (see the module's docstring)."""
+
+    def __init__(self, converted: Any, shape: CacheShape, threads: int, blocks_wanted_tokens: int) -> None:
+        import openvino as ov
+
+        from handlers.core.openvino_settings import openvino_config
+
+        core = ov.Core()
+        config = {**openvino_config("fp32", threads), "KV_CACHE_PRECISION": "f32"}
+        try:
+            self.compiled = core.compile_model(converted, "CPU", config)
+        except Exception as error:
+            raise Unconvertible(f"compiling the paged model failed: {first_line(error)}") from None
+        self.shape = shape
+        port = next(port for port in self.compiled.inputs if port.get_any_name() == "key_cache.0")
+        self.block_size = int(port.get_partial_shape()[2].get_length())
+        self.blocks = -(-blocks_wanted_tokens // self.block_size)
+        self.request = self.compiled.create_infer_request()
+        self.pool: list[tuple[np.ndarray, np.ndarray]] = []
+        for layer in range(shape.layers):
+            tensors = []
+            for kind in ("key_cache", "value_cache"):
+                tensor = ov.Tensor(ov.Type.f32, [self.blocks, shape.kv_heads, self.block_size, shape.head_dim])
+                self.request.set_tensor(f"{kind}.{layer}", tensor)
+                tensors.append(tensor.data)
+            self.pool.append((tensors[0], tensors[1]))
+        self.free = list(range(self.blocks - 1, -1, -1))
+        self.passes = 0
+
+    @property
+    def free_blocks(self) -> int:
+        return len(self.free)
+
+    def describe(self) -> dict[str, Any]:
+        return {"block_size": self.block_size, "blocks": self.blocks, "free_blocks": self.free_blocks}
+
+    def reserve(self, row: PagedRow, tokens: int) -> None:
+        """Give ``row`` blocks for ``tokens`` tokens in all."""
+        needed = -(-tokens // self.block_size) - len(row.blocks)
+        if needed > len(self.free):
+            raise PoolExhausted(f"the key/value block pool is full ({self.blocks} blocks of {self.block_size} tokens)")
+        for _ in range(max(needed, 0)):
+            row.blocks.append(self.free.pop())
+
+    def release(self, row: PagedRow) -> None:
+        self.free.extend(reversed(row.blocks))
+        row.blocks, row.cached = [], 0
+
+    def run(self, parts: list[tuple[PagedRow, list[int], bool]]) -> torch.Tensor:
+        """One pass: each part is (row, its new tokens, whether its last token's logits are wanted). Returns those
+        logits, in the parts' order, as a ``[wanted, vocab]`` fp32 tensor; the rows then hold the new tokens."""
+        for row, tokens, _ in parts:
+            self.reserve(row, row.cached + len(tokens))
+        counts = [len(tokens) for _, tokens, _ in parts]
+        ends = np.cumsum([0, *counts])
+        tables = [row.blocks for row, _, _ in parts]
+        inputs = {
+            "input_ids": np.fromiter(
+                (t for _, tokens, _ in parts for t in tokens), dtype=np.int64, count=int(ends[-1])
+            ),
+            "position_ids": np.concatenate(
+                [np.arange(row.cached, row.cached + len(tokens), dtype=np.int64) for row, tokens, _ in parts]
+            ),
+            "logits_rows": np.array([ends[i + 1] - 1 for i, part in enumerate(parts) if part[2]], dtype=np.int64),
+            "past_lens": np.array([row.cached for row, _, _ in parts], dtype=np.int32),
+            "subsequence_begins": ends.astype(np.int32),
+            "block_indices": np.array([block for table in tables for block in table], dtype=np.int32),
+            "block_indices_begins": np.cumsum([0, *(len(table) for table in tables)]).astype(np.int32),
+            "max_context_len": np.array(max(row.cached + len(tokens) for row, tokens, _ in parts), dtype=np.int32),
+        }
+        if not len(inputs["logits_rows"]):  # the output layer always runs on something: one row, discarded
+            inputs["logits_rows"] = np.array([0], dtype=np.int64)
+        self.request.infer(inputs)
+        self.passes += 1
+        for row, tokens, _ in parts:
+            row.cached += len(tokens)
+        logits = self.request.get_tensor("logits").data
+        wanted = sum(1 for part in parts if part[2])
+        return torch.from_numpy(np.array(logits.reshape(-1, logits.shape[-1])[:wanted], dtype=np.float32))
+
+    def positions(self, row: PagedRow, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        tokens = np.arange(start, stop)
+        return np.asarray(row.blocks, dtype=np.int64)[tokens // self.block_size], tokens % self.block_size
+
+    def read(self, row: PagedRow, start: int, stop: int) -> RowKV:
+        """Keys and values of the row's tokens ``start``..``stop``-1, per layer ``[kv heads, tokens, head dim]``."""
+        blocks, offsets = self.positions(row, start, stop)
+        return [
+            (torch.from_numpy(keys[blocks, :, offsets].transpose(1, 0, 2).copy()),
+             torch.from_numpy(values[blocks, :, offsets].transpose(1, 0, 2).copy()))
+            for keys, values in self.pool
+        ]  # fmt: skip
+
+    def write(self, row: PagedRow, kv: RowKV) -> None:
+        """Put ``kv`` (a prefix: tokens 0..n-1) into the row's blocks; the row then holds those n tokens."""
+        tokens = int(kv[0][0].shape[-2])
+        self.reserve(row, tokens)
+        blocks, offsets = self.positions(row, 0, tokens)
+        for (keys, values), (new_keys, new_values) in zip(self.pool, kv, strict=True):
+            keys[blocks, :, offsets] = new_keys.numpy().transpose(1, 0, 2)
+            values[blocks, :, offsets] = new_values.numpy().transpose(1, 0, 2)
+        row.cached = tokens
+
+    def copy_row(self, source: PagedRow) -> PagedRow:
+        """A new row holding the same tokens as ``source`` (blocks of its own)."""
+        row = PagedRow()
+        self.reserve(row, source.cached)
+        used = len(row.blocks)
+        for keys, values in self.pool:
+            keys[row.blocks] = keys[source.blocks[:used]]
+            values[row.blocks] = values[source.blocks[:used]]
+        row.cached = source.cached
+        return row
+
+
+# ------------------------------------------------------------------------------------------------ the batch
+@dataclass
+class PagedFilling:
+    """A group of joining sequences whose prompts are being computed; equal prompts are one row (``source``)."""
+
+    sequences: list[Sequence]
+    source: list[int]  # per sequence: its prompt's row
+    rows: list[PagedRow]  # per distinct prompt
+    prompts: list[list[int]]
+    first_logits: dict[int, torch.Tensor] = field(default_factory=dict)  # row -> its prompt's last logits, once done
+
+    def remaining(self, row: int) -> int:
+        return len(self.prompts[row]) - self.rows[row].cached
+
+    @property
+    def left(self) -> int:
+        return max(self.remaining(row) for row in range(len(self.rows)))
+
+    @property
+    def computing(self) -> list[Sequence]:
+        return [self.sequences[self.source.index(row)] for row in range(len(self.rows))]
+
+
+class PagedBatch:
+    """:class:`handlers.generation.running.RunningBatch`'s operations on a :class:`PagedModel`."""
+
+    mergeable = True
+
+    def __init__(
+        self,
+        paged: PagedModel,
+        stop_token_ids: Iterable[int] | None,
+        prefix_cache: PrefixCache | None = None,
+        chunk_tokens: int = 0,
+    ) -> None:
+        self.paged = paged
+        self.stop_token_ids = frozenset(stop_token_ids or ())
+        self.prefix_cache = prefix_cache
+        self.chunk_tokens = chunk_tokens
+        self.mixable = bool(chunk_tokens)  # a chunk is more tokens of the running rows' pass
+        self.sequences: list[Sequence] = []
+        self.row_of: dict[int, PagedRow] = {}  # id(sequence) -> its row
+        self.filling: PagedFilling | None = None
+        self.decoded = False
+        self.computed_prompt_tokens = 0
+
+    @property
+    def rows(self) -> int:
+        return len(self.sequences)
+
+    @property
+    def width(self) -> int:
+        return max((self.row_of[id(sequence)].cached for sequence in self.sequences), default=0)
+
+    # -------------------------------------------------------------------------------------------- joining
+    def start_filling(self, joining: list[Sequence]) -> PagedFilling | None:
+        joining = [sequence for sequence in joining if not sequence.finished]
+        if not joining:
+            return None
+        computing, source = distinct_prompts(joining)
+        rows = []
+        try:
+            for sequence in computing:
+                row = PagedRow()
+                rows.append(row)
+                hit = self.prefix_cache.lookup(sequence.prompt_ids) if self.prefix_cache is not None else NO_HIT
+                if hit.length:
+                    self.paged.write(row, hit.kv)
+        except PoolExhausted:
+            for row in rows:
+                self.paged.release(row)
+            raise
+        return PagedFilling(joining, source, rows, [list(sequence.prompt_ids) for sequence in computing])
+
+    def prefill(self, joining: list[Sequence]) -> NewTokens:
+        filling = self.start_filling(joining)
+        if filling is None:
+            return {}
+        try:
+            logits = self.pass_with(filling, filling.left, decode=False)
+        except Exception:
+            self.release_filling(filling)
+            raise
+        return self.finish_filling(filling, logits)
+
+    def begin_filling(self, joining: list[Sequence]) -> None:
+        if self.filling is not None:
+            raise RuntimeError("a group of prompts is being computed already")
+        self.filling = self.start_filling(joining)
+
+    def abandon_filling(self) -> list[Sequence]:
+        filling, self.filling = self.filling, None
+        if filling is None:
+            return []
+        self.release_filling(filling)
+        return filling.sequences
+
+    def release_filling(self, filling: PagedFilling) -> None:
+        for row in filling.rows:
+            self.paged.release(row)
+
+    # -------------------------------------------------------------------------------------------- passes
+    def pass_with(self, filling: PagedFilling | None, columns: int, decode: bool) -> torch.Tensor:
+        """One pass: the running rows' newest tokens (``decode``) and up to ``columns`` more prompt tokens of each
+        row of ``filling``. Returns the running rows' logits; a filling row's last logits are kept in the filling."""
+        parts: list[tuple[PagedRow, list[int], bool]] = []
+        if decode:
+            for sequence in self.sequences:
+                row = self.row_of[id(sequence)]
+                parts.append((row, (sequence.prompt_ids + sequence.token_ids)[row.cached :], True))
+        chunk_rows = self.chunk_parts(filling, columns, parts)
+        if not parts:
+            return torch.zeros((0, 0))
+        logits = self.paged.run(parts)  # a failed pass leaves every row's count as it was (blocks are reused)
+        running = len(self.sequences) if decode else 0
+        position = running
+        for index, taken, done in chunk_rows:
+            self.computed_prompt_tokens += taken
+            if done:
+                assert filling is not None
+                filling.first_logits[index] = logits[position]
+                position += 1
+        return logits[:running]
+
+    @staticmethod
+    def chunk_parts(
+        filling: PagedFilling | None, columns: int, parts: list[tuple[PagedRow, list[int], bool]]
+    ) -> list[tuple[int, int, bool]]:
+        """Add each filling row's next ``columns`` prompt tokens to ``parts``; returns (row, tokens, last) for each."""
+        chunk_rows: list[tuple[int, int, bool]] = []
+        if filling is None:
+            return chunk_rows
+        for index, row in enumerate(filling.rows):
+            taken = min(columns, filling.remaining(index))
+            if taken > 0:
+                done = taken == filling.remaining(index)
+                parts.append((row, filling.prompts[index][row.cached : row.cached + taken], done))
+                chunk_rows.append((index, taken, done))
+        return chunk_rows
+
+    def finish_filling(self, filling: PagedFilling, logits: Any = None) -> NewTokens:
+        """The group's first tokens (its prompts are computed); those that go on join the running rows."""
+        del logits  # the first tokens' logits are kept in the filling
+        if self.prefix_cache is not None:
+            self.remember_prompts(filling)
+        first = torch.stack([filling.first_logits[row] for row in range(len(filling.rows))])
+        rows_for: list[PagedRow] = []
+        used: set[int] = set()
+        for position in filling.source:
+            if position in used:  # another choice of the same prompt: blocks of its own with the same contents
+                rows_for.append(self.paged.copy_row(filling.rows[position]))
+            else:
+                used.add(position)
+                rows_for.append(filling.rows[position])
+        new_tokens = append_tokens(first.index_select(0, torch.tensor(filling.source)), filling.sequences,
+                                   self.stop_token_ids)  # fmt: skip
+        for sequence, row in zip(filling.sequences, rows_for, strict=True):
+            if sequence.finished:
+                self.paged.release(row)
+            else:
+                self.sequences.append(sequence)
+                self.row_of[id(sequence)] = row
+        return new_tokens
+
+    def remember_prompts(self, filling: PagedFilling) -> None:
+        assert self.prefix_cache is not None
+        for prompt, row in zip(filling.prompts, filling.rows, strict=True):
+            missing = self.prefix_cache.missing(prompt)
+            if missing:
+                self.prefix_cache.store(prompt, missing.start, self.paged.read(row, missing.start, missing.stop))
+
+    def step(self) -> NewTokens:
+        if not self.sequences:
+            return {}
+        logits = self.pass_with(None, 0, decode=True)
+        return append_tokens(logits, self.sequences, self.stop_token_ids)
+
+    def advance(self) -> NewTokens:
+        """The running rows' step with the next chunk of the group being computed riding in the same pass."""
+        filling = self.filling
+        self.decoded = bool(self.sequences)
+        if filling is None:
+            return self.step()
+        columns = min(filling.left, max(1, self.chunk_tokens // len(filling.rows)))
+        logits = self.pass_with(filling, columns, decode=self.decoded)
+        new_tokens = append_tokens(logits, self.sequences, self.stop_token_ids) if self.decoded else {}
+        if filling.left == 0:
+            self.filling = None
+            new_tokens.update(self.finish_filling(filling))
+        return new_tokens
+
+    # -------------------------------------------------------------------------------------------- leaving
+    def remove(self, leaving: Iterable[Sequence]) -> None:
+        leaving_ids = {id(sequence) for sequence in leaving}
+        filling = self.filling
+        if filling is not None:
+            keep = [p for p, sequence in enumerate(filling.sequences) if id(sequence) not in leaving_ids]
+            if not keep:
+                self.abandon_filling()
+            elif len(keep) < len(filling.sequences):
+                self.keep_filling(filling, keep)
+        staying = []
+        for sequence in self.sequences:
+            if id(sequence) in leaving_ids:
+                self.paged.release(self.row_of.pop(id(sequence)))
+            else:
+                staying.append(sequence)
+        self.sequences = staying
+
+    def keep_filling(self, filling: PagedFilling, keep: list[int]) -> None:
+        needed = sorted({filling.source[position] for position in keep})
+        for row in range(len(filling.rows)):
+            if row not in needed:
+                self.paged.release(filling.rows[row])
+        renumbered = {row: new for new, row in enumerate(needed)}
+        filling.sequences = [filling.sequences[position] for position in keep]
+        filling.source = [renumbered[filling.source[position]] for position in keep]
+        filling.rows = [filling.rows[row] for row in needed]
+        filling.prompts = [filling.prompts[row] for row in needed]
+        filling.first_logits = {renumbered[r]: v for r, v in filling.first_logits.items() if r in renumbered}
+
+    def remove_finished(self) -> list[Sequence]:
+        finished = [sequence for sequence in self.sequences if sequence.finished]
+        self.remove(finished)
+        return finished
+
+
+# ------------------------------------------------------------------------------------------------ selection
+@dataclass
+class BackendOutcome:
+    """What load made of ``handler.decode_step`` (describe shows it)."""
+
+    setting: str
+    serving: str
+    reason: str
+    seconds: float = 0.0
+    paged: PagedModel | None = None
+
+    def describe(self) -> dict[str, Any]:
+        shown = {"setting": self.setting, "serving": self.serving, "reason": self.reason,
+                 "seconds": round(self.seconds, 1)}  # fmt: skip
+        if self.paged is not None:
+            shown.update(self.paged.describe(), passes=self.paged.passes)
+        return shown
+
+
+GreedyTokens = Callable[[Any, int, Any], list[list[int]]]  # (model, pad token id, paged or None) -> gate tokens
+
+
+def select(
+    model: Any, setting: str, pad_token_id: int, threads: int, pool_tokens: int, greedy_tokens: GreedyTokens
+) -> BackendOutcome:
+    """Apply ``handler.decode_step``: ``eager``, or ``openvino`` when the model converts and passes the gate
+    (``greedy_tokens``, :func:`handlers.generation.gate.greedy_tokens`: greedy fp32 tokens on the gate prompts equal
+    to eager's); otherwise eager with the reason."""
+    if setting == "eager":
+        return BackendOutcome(setting, "eager", "handler.decode_step is eager")
+    started = time.perf_counter()
+
+    def eager(reason: str) -> BackendOutcome:
+        logger.warning("decode_step %s: decoding stays eager: %s", setting, reason)
+        return BackendOutcome(setting, "eager", reason, time.perf_counter() - started)
+
+    try:
+        converted, shape = convert(model)
+        paged = PagedModel(converted, shape, threads, pool_tokens)
+    except Unconvertible as error:
+        return eager(f"the model does not convert to OpenVINO paged attention: {error}")
+    expected = greedy_tokens(model, pad_token_id, None)
+    got = greedy_tokens(model, pad_token_id, paged)
+    if got != expected:
+        differing = sum(a != b for a, b in zip(got, expected, strict=True))
+        return eager(f"greedy fp32 tokens differ from eager on {differing} of {len(expected)} gate prompts")
+    reason = "greedy fp32 tokens equal to eager on the gate prompts"
+    outcome = BackendOutcome(setting, "openvino", reason, time.perf_counter() - started, paged)
+    logger.info("decode_step openvino: the paged-attention step serves (%s; %.0f s, %d blocks of %d tokens)", reason,
+                outcome.seconds, paged.blocks, paged.block_size)  # fmt: skip
+    return outcome

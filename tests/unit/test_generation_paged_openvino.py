@@ -1,0 +1,151 @@
+"""handlers.generation.paged_openvino: the model converted to OpenVINO paged attention, its block pool, and the batch
+that runs on it, compared with the eager batch on tiny random models built here (no expected text is hard-coded:
+every assertion compares the paged step with eager torch, or a pool's state before and after)."""
+
+import pytest
+import torch
+
+from handlers.generation import paged_openvino
+from handlers.generation.decoding import SamplingSettings, Sequence
+from handlers.generation.gate import greedy_tokens
+from handlers.generation.prefix_cache import PrefixCache
+from handlers.generation.running import generate
+
+PROMPTS = [[5, 17, 42, 7, 99, 3, 250, 11], [8, 9], list(range(300, 334))]  # 8, 2 and 34 tokens (a 2nd block)
+
+
+def tiny(kind):
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    if kind == "gpt2":
+        return GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=500, n_positions=256)).eval()
+    config = LlamaConfig(vocab_size=500, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)  # fmt: skip
+    return LlamaForCausalLM(config).eval()  # grouped-query attention, rotary positions
+
+
+@pytest.fixture(scope="module", params=["gpt2", "llama"])
+def served(request):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    model = tiny(request.param)
+    outcome = paged_openvino.select(model, "openvino", 0, 1, 4096, greedy_tokens)
+    yield model, outcome
+    torch.set_num_threads(threads)
+
+
+def decode(model, prompts, settings, paged=None, prefix_cache=None):
+    sequences = [Sequence(list(prompt), setting) for prompt, setting in zip(prompts, settings, strict=True)]
+    with torch.inference_mode():
+        generate(model, sequences, (), 0, prefix_cache=prefix_cache, paged=paged)
+    return sequences
+
+
+def test_the_model_converts_passes_the_gate_and_describe_says_what_serves(served):
+    model, outcome = served
+    assert outcome.serving == "openvino" and outcome.paged is not None, outcome.reason
+    shown = outcome.describe()
+    assert shown["setting"] == "openvino" and "equal to eager" in shown["reason"]
+    assert shown["block_size"] >= 1 and shown["free_blocks"] == shown["blocks"]  # the gate gave its blocks back
+    assert greedy_tokens(model, 0, paged=outcome.paged) == greedy_tokens(model, 0)
+
+
+def test_rows_of_different_lengths_get_eagers_tokens_and_every_block_comes_back(served):
+    model, outcome = served
+    settings = [SamplingSettings(10), SamplingSettings(7, 0.9, seed=3), SamplingSettings(12, 1.1, top_k=20, seed=5)]
+    eager = decode(model, PROMPTS, settings)
+    paged = decode(model, PROMPTS, settings, paged=outcome.paged)
+    assert [s.token_ids for s in paged] == [s.token_ids for s in eager]
+    assert outcome.paged.free_blocks == outcome.paged.blocks
+
+
+def test_rows_joining_and_leaving_a_running_paged_batch_compute_what_they_would_alone(served):
+    model, outcome = served
+    batch = paged_openvino.PagedBatch(outcome.paged, (), chunk_tokens=4)
+    first = Sequence(list(PROMPTS[0]), SamplingSettings(15))
+    with torch.inference_mode():
+        batch.prefill([first])
+        for _ in range(3):
+            batch.step()
+        later = Sequence(list(PROMPTS[2]), SamplingSettings(6, 0.8, seed=11))
+        batch.begin_filling([later])  # chunked: 4 prompt tokens a pass, riding in the running row's steps
+        while batch.filling is not None:
+            batch.advance()
+        while batch.rows:
+            batch.step()
+            batch.remove_finished()
+    alone = [decode(model, [s.prompt_ids], [s.settings])[0] for s in (first, later)]
+    assert [first.token_ids, later.token_ids] == [s.token_ids for s in alone]
+    assert outcome.paged.free_blocks == outcome.paged.blocks
+
+
+def test_n_choices_of_one_prompt_share_its_computation_and_each_samples_its_own_tokens(served):
+    model, outcome = served
+    settings = [SamplingSettings(8, 1.0, seed=seed) for seed in (1, 2, 3)]
+    together = decode(model, [PROMPTS[0]] * 3, settings, paged=outcome.paged)
+    alone = [decode(model, [PROMPTS[0]], [setting])[0] for setting in settings]
+    assert [s.token_ids for s in together] == [s.token_ids for s in alone]
+    assert len({tuple(s.token_ids) for s in together}) > 1  # copied rows, not one row read three times
+
+
+def test_prefix_cache_blocks_from_the_paged_step_equal_eagers_and_are_reused(served):
+    model, outcome = served
+    long_prompt = list(range(40, 80))  # 40 tokens: two whole 16-token blocks to keep
+    eager_cache, paged_cache = (PrefixCache(10**8, identity="test") for _ in range(2))
+    decode(model, [long_prompt], [SamplingSettings(2)], prefix_cache=eager_cache)
+    decode(model, [long_prompt], [SamplingSettings(2)], paged=outcome.paged, prefix_cache=paged_cache)
+    eager_hit, paged_hit = eager_cache.lookup(long_prompt + [1]), paged_cache.lookup(long_prompt + [1])
+    assert paged_hit.length == eager_hit.length == 32
+    for (ek, ev), (pk, pv) in zip(eager_hit.kv, paged_hit.kv, strict=True):
+        assert pk.shape == ek.shape and torch.allclose(pk, ek, atol=1e-4) and torch.allclose(pv, ev, atol=1e-4)
+    follow = long_prompt + [7, 8, 9]
+    reused = decode(model, [follow], [SamplingSettings(6)], paged=outcome.paged, prefix_cache=paged_cache)[0]
+    assert paged_cache.describe()["hits"] >= 2
+    assert reused.token_ids == decode(model, [follow], [SamplingSettings(6)])[0].token_ids
+
+
+def test_a_cancelled_row_gives_its_blocks_back_mid_prompt_and_mid_decoding(served):
+    _, outcome = served
+    pool = outcome.paged
+    batch = paged_openvino.PagedBatch(pool, (), chunk_tokens=4)
+    running = Sequence(list(PROMPTS[0]), SamplingSettings(50))
+    joining = Sequence(list(PROMPTS[2]), SamplingSettings(50))
+    with torch.inference_mode():
+        batch.prefill([running])
+        batch.begin_filling([joining])
+        batch.advance()
+        assert batch.filling is not None and pool.free_blocks < pool.blocks
+        batch.remove([joining])  # cancelled while its prompt is being computed
+        assert batch.filling is None
+        batch.step()
+        batch.remove([running])
+    assert batch.rows == 0 and pool.free_blocks == pool.blocks
+
+
+def test_a_full_pool_refuses_the_pass_and_leaves_the_rows_as_they_were(served):
+    _, outcome = served
+    pool = outcome.paged
+    taken = paged_openvino.PagedRow()
+    pool.reserve(taken, pool.free_blocks * pool.block_size)  # every block but none is left
+    try:
+        batch = paged_openvino.PagedBatch(pool, ())
+        with pytest.raises(paged_openvino.PoolExhausted, match="block pool is full"), torch.inference_mode():
+            batch.prefill([Sequence([1, 2, 3], SamplingSettings(4))])
+        assert batch.rows == 0
+    finally:
+        pool.release(taken)
+    assert pool.free_blocks == pool.blocks
+
+
+def test_eager_setting_and_an_unconvertible_model_decode_eagerly_with_the_reason(monkeypatch):
+    model = tiny("gpt2")
+    assert paged_openvino.select(model, "eager", 0, 1, 1024, greedy_tokens).describe()["serving"] == "eager"
+
+    def refuse(model):
+        raise paged_openvino.Unconvertible("the tracer refused an op")
+
+    monkeypatch.setattr(paged_openvino, "convert", refuse)
+    outcome = paged_openvino.select(model, "openvino", 0, 1, 1024, greedy_tokens)
+    assert outcome.serving == "eager" and outcome.paged is None
+    assert "does not convert" in outcome.reason and "the tracer refused an op" in outcome.reason
