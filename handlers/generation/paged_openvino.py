@@ -86,7 +86,7 @@ class TracedDecoder(torch.nn.Module):
     ) -> tuple[torch.Tensor, ...]:
         from transformers import DynamicCache
 
-        cache = DynamicCache(config=self.config)
+        cache: Any = DynamicCache(config=self.config)  # full-attention layers (kv_cache.check_mergeable's kind)
         for index in range(self.layers):
             # the gather by beam_idx is what the paged transformation expects to find between a state and its use
             keys, values = (tensor.index_select(0, beam_idx) for tensor in past[2 * index : 2 * index + 2])
@@ -360,7 +360,7 @@ class PagedBatch:
                 row = PagedRow()
                 rows.append(row)
                 hit = self.prefix_cache.lookup(sequence.prompt_ids) if self.prefix_cache is not None else NO_HIT
-                if hit.length:
+                if hit.length and hit.kv is not None:
                     self.paged.write(row, hit.kv)
         except PoolExhausted:
             for row in rows:
