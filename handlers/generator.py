@@ -188,7 +188,7 @@ class GeneratorHandler(ServingHandler):
         # options (compiled MLPs, per-row attention) apply only when the eager step serves.
         self.decode_step = paged_openvino.select(
             self.loaded.model, self.config["decode_step"], self.loaded.pad_token_id, self.threads,
-            self.pool_tokens(budget), greedy_tokens,
+            self.paged_pool(budget), greedy_tokens,
         )  # fmt: skip
         if self.decode_step.serving == "eager":
             self.compiled = compiled.compile_decode(
@@ -242,10 +242,10 @@ class GeneratorHandler(ServingHandler):
             )
         return int(budget)
 
-    def pool_tokens(self, budget: int) -> int:
-        """Tokens the paged step's block pool holds: the scheduler's budget (what the running and joining rows may
-        hold), plus a partly filled block for each of those rows (64 tokens: no CPU block is larger)."""
-        return budget + 2 * self.max_batch_requests * self.loaded.limits.max_n * 64
+    def paged_pool(self, budget: int) -> tuple[int, int]:
+        """(tokens, rows) the paged step's block pool holds: the scheduler's budget, and a row for each choice of
+        each request of a full batch (each may leave a block partly empty)."""
+        return budget, self.max_batch_requests * self.loaded.limits.max_n
 
     def create_engine(self, settings: EngineSettings) -> Engine:
         """bf16 keeps an fp32 output layer and is gated on greedy decoding (handlers/generation/precision.py)."""

@@ -35,7 +35,10 @@ steps   in-process, no server: the median time of a decoding step of the measure
         --precision bf16: instead of the joins, each decoding step at fp32, with the model as a bf16 generator
         serves it (fp32 output layer) and wholly in bf16 (``bf16_head_bf16``: what the fp32 output layer costs),
         alternately on batches alike (medians of 10), and the decoding gate (handlers/generation/precision.py) of
-        both bf16 forms: passed or not, with its figures.
+        both bf16 forms: passed or not, with its figures. --decode-step openvino: instead of the joins, each decoding
+        step on the paged OpenVINO step (handler.decode_step openvino) and, alternately on batches alike, on the
+        eager step (greedy; medians of 10, wall and CPU), with rows of 1 length and of very different lengths, and
+        whether both chose the same tokens.
 calls   the demo archive (model_store/generator.mar, built if needed) served with handler.decode_call_ms 20 (steps
         sharing a TorchServe call) and with decode_call_ms 0 (one step a call, as shipped), two servers side by side
         measured alternately: at 1 user a greedy stream of 128 tokens (ms per token after the first, pieces per
@@ -508,6 +511,48 @@ def step_forms(model, is_compiled, per_row):
     return {"": lambda: None}
 
 
+def compare_decode_steps(handler, row_counts, prompt, rounds=10):
+    """Decoding steps of the paged OpenVINO step (handler.decode_step openvino, as the handler chose it) and the eager
+    torch step, alternately on batches alike (the same greedy rows), medians of ``rounds`` (wall and process CPU
+    seconds); at each batch size also rows of very different lengths (one prompt of max_prompt_tokens among 9-token
+    ones), and whether both steps chose the same tokens."""
+    import torch
+
+    from handlers.generation.decoding import SamplingSettings, Sequence
+    from handlers.generation.paged_openvino import PagedBatch
+    from handlers.generation.running import RunningBatch
+
+    paged, model = handler.decode_step.paged, handler.loaded.model
+    if paged is None:
+        raise RuntimeError(f"the paged step does not serve: {handler.decode_step.reason}")
+    long_prompt = (prompt * (handler.loaded.limits.max_prompt_tokens // len(prompt) + 1))[
+        : handler.loaded.limits.max_prompt_tokens
+    ]
+    results = {}
+    with torch.inference_mode():
+        for rows in row_counts:
+            alike = [(prompt * 16)[:150]] * rows  # about 150 columns, as the eager figures above
+            for label, prompts in (("", alike), ("_mixed_lengths", [long_prompt] + [prompt] * (rows - 1))):
+                eager, on_paged = RunningBatch(model, handler.loaded.pad_token_id, []), PagedBatch(paged, [])
+                for batch in (eager, on_paged):
+                    batch.prefill([Sequence(list(ids), SamplingSettings(1000)) for ids in prompts])
+                times = {"eager": ([], []), "openvino": ([], [])}
+                for _ in range(rounds + 2):  # the first two of each are not timed
+                    for name, batch in (("eager", eager), ("openvino", on_paged)):
+                        wall, cpu = time.perf_counter(), time.process_time()
+                        batch.step()
+                        times[name][0].append(time.perf_counter() - wall)
+                        times[name][1].append(time.process_time() - cpu)
+                for name, (walls, cpus) in times.items():
+                    results[f"decode_step_{rows}_rows{label}_{name}_s"] = round(statistics.median(walls[2:]), 4)
+                    results[f"decode_step_{rows}_rows{label}_{name}_cpu_s"] = round(statistics.median(cpus[2:]), 4)
+                same = [a.token_ids == b.token_ids for a, b in zip(eager.sequences, on_paged.sequences, strict=True)]
+                results[f"decode_step_{rows}_rows{label}_same_tokens"] = f"{sum(same)}/{len(same)}"
+                on_paged.remove(list(on_paged.sequences))
+    results["decode_step"] = handler.decode_step.describe()
+    return results
+
+
 def time_joins(results, batch, rows, prompt, long_prompt):
     """A short prompt (and at 16 rows a long one) joining ``batch``, prefilled whole and chunked."""
     cases = [("", prompt, 5)] + ([("long_", long_prompt, 3)] if rows == 16 else [])
@@ -520,7 +565,13 @@ def time_joins(results, batch, rows, prompt, long_prompt):
 
 
 def measure_steps(
-    log, threads=1, row_counts=(1, 4, 8, 16), compile_decode="false", decode_attention="padded", compare_with=None
+    log,
+    threads=1,
+    row_counts=(1, 4, 8, 16),
+    compile_decode="false",
+    decode_attention="padded",
+    compare_with=None,
+    decode_step="eager",
 ):
     """In-process (no server): what a decoding step of the measurement model costs by batch size, and what a prompt
     joining such a batch costs the running rows and itself, prefilled whole in a pass of its own (the generator
@@ -546,8 +597,8 @@ def measure_steps(
         with zipfile.ZipFile(archive) as unpacked:
             unpacked.extractall(folder)
     torch.set_num_threads(threads)  # before load: the load-time gates and timings run at this count too
-    # the eager torch step is what these options shape and what is timed
-    overrides = {"compile_decode": compile_decode, "decode_attention": decode_attention, "decode_step": "eager"}
+    # the eager torch step is what the first two shape; decode_step openvino times the paged step against it
+    overrides = {"compile_decode": compile_decode, "decode_attention": decode_attention, "decode_step": decode_step}
     handler, _ = load_handler(folder, systems.MODEL, overrides, continuous_batching=True)
     model, tokenizer, pad = handler.loaded.model, handler.loaded.tokenizer, handler.loaded.pad_token_id
     chunk = handler.loop.scheduler.batch.chunk_tokens
@@ -559,6 +610,10 @@ def measure_steps(
     results["prefill_chunk_tokens"] = chunk
     described = handler.describe()
     results["compile_decode"], results["decode_attention"] = described["compile_decode"], described["decode_attention"]
+    if decode_step != "eager":
+        results.update(compare_decode_steps(handler, row_counts, prompt))
+        log(f"steps: {json.dumps(results)}")
+        return results
     if compare_with is not None:
         results.update(compare_precisions(handler, compare_with, row_counts))
         log(f"steps: {json.dumps(results)}")
@@ -622,7 +677,16 @@ def main(argv=None):
         help="steps: bf16 = time each decoding step at fp32 and as a bf16 generator serves it (alternately, on "
         "batches alike; no joins), and run bf16's decoding gate (default fp32: the archive as packaged)",
     )
+    parser.add_argument(
+        "--decode-step",
+        choices=("eager", "openvino"),
+        default="eager",
+        help="steps: openvino = load with handler.decode_step openvino and time its paged step against the eager step "
+        "(alternately, batches alike, greedy; no joins); default eager: the eager step's figures",
+    )
     args = parser.parse_args(argv)
+    if args.decode_step != "eager" and (args.precision != "fp32" or args.compile_decode != "false"):
+        parser.error("--decode-step openvino compares fp32 steps: leave --precision and --compile-decode as they are")
     if args.precision != "fp32" and args.compile_decode != "false":
         parser.error("--precision bf16 compares eager steps: leave --compile-decode false")
     if args.threads < 1:
@@ -642,7 +706,13 @@ def main(argv=None):
             if name == "steps":
                 compare_with = None if args.precision == "fp32" else args.precision
                 figures = measure_steps(
-                    print, args.threads, row_counts, args.compile_decode, args.decode_attention, compare_with
+                    print,
+                    args.threads,
+                    row_counts,
+                    args.compile_decode,
+                    args.decode_attention,
+                    compare_with,
+                    args.decode_step,
                 )
             else:
                 figures = MEASUREMENTS[name](print)

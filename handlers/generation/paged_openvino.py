@@ -181,7 +181,9 @@ class PagedRow:
 class PagedModel:
     """The compiled paged model, its block pool and one pass at a time (see the module's docstring)."""
 
-    def __init__(self, converted: Any, shape: CacheShape, threads: int, blocks_wanted_tokens: int) -> None:
+    def __init__(self, converted: Any, shape: CacheShape, threads: int, tokens: int, rows: int) -> None:
+        """``tokens``: the keys and values the rows may hold together (the scheduler's budget); ``rows``: how many
+        rows there may be at once, each of which may leave one block partly empty."""
         import openvino as ov
 
         from handlers.core.openvino_settings import openvino_config
@@ -195,7 +197,7 @@ class PagedModel:
         self.shape = shape
         port = next(port for port in self.compiled.inputs if port.get_any_name() == "key_cache.0")
         self.block_size = int(port.get_partial_shape()[2].get_length())
-        self.blocks = -(-blocks_wanted_tokens // self.block_size)
+        self.blocks = -(-tokens // self.block_size) + rows
         self.request = self.compiled.create_infer_request()
         self.pool: list[tuple[np.ndarray, np.ndarray]] = []
         for layer in range(shape.layers):
@@ -544,11 +546,12 @@ GreedyTokens = Callable[[Any, int, Any], list[list[int]]]  # (model, pad token i
 
 
 def select(
-    model: Any, setting: str, pad_token_id: int, threads: int, pool_tokens: int, greedy_tokens: GreedyTokens
+    model: Any, setting: str, pad_token_id: int, threads: int, pool: tuple[int, int], greedy_tokens: GreedyTokens
 ) -> BackendOutcome:
     """Apply ``handler.decode_step``: ``eager``, or ``openvino`` when the model converts and passes the gate
     (``greedy_tokens``, :func:`handlers.generation.gate.greedy_tokens`: greedy fp32 tokens on the gate prompts equal
-    to eager's); otherwise eager with the reason."""
+    to eager's); otherwise eager with the reason. ``pool``: (tokens, rows) the block pool must hold
+    (:class:`PagedModel`)."""
     if setting == "eager":
         return BackendOutcome(setting, "eager", "handler.decode_step is eager")
     started = time.perf_counter()
@@ -559,7 +562,7 @@ def select(
 
     try:
         converted, shape = convert(model)
-        paged = PagedModel(converted, shape, threads, pool_tokens)
+        paged = PagedModel(converted, shape, threads, *pool)
     except Unconvertible as error:
         return eager(f"the model does not convert to OpenVINO paged attention: {error}")
     expected = greedy_tokens(model, pad_token_id, None)

@@ -30,7 +30,7 @@ def served(request):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     model = tiny(request.param)
-    outcome = paged_openvino.select(model, "openvino", 0, 1, 4096, greedy_tokens)
+    outcome = paged_openvino.select(model, "openvino", 0, 1, (4096, 16), greedy_tokens)
     yield model, outcome
     torch.set_num_threads(threads)
 
@@ -140,12 +140,12 @@ def test_a_full_pool_refuses_the_pass_and_leaves_the_rows_as_they_were(served):
 
 def test_eager_setting_and_an_unconvertible_model_decode_eagerly_with_the_reason(monkeypatch):
     model = tiny("gpt2")
-    assert paged_openvino.select(model, "eager", 0, 1, 1024, greedy_tokens).describe()["serving"] == "eager"
+    assert paged_openvino.select(model, "eager", 0, 1, (1024, 4), greedy_tokens).describe()["serving"] == "eager"
 
     def refuse(model):
         raise paged_openvino.Unconvertible("the tracer refused an op")
 
     monkeypatch.setattr(paged_openvino, "convert", refuse)
-    outcome = paged_openvino.select(model, "openvino", 0, 1, 1024, greedy_tokens)
+    outcome = paged_openvino.select(model, "openvino", 0, 1, (1024, 4), greedy_tokens)
     assert outcome.serving == "eager" and outcome.paged is None
     assert "does not convert" in outcome.reason and "the tracer refused an op" in outcome.reason

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from handlers.core.config import ConfigError
+from handlers.generation import paged_openvino
 from handlers.generation.decoding import SamplingSettings, Sequence
 from handlers.generation.running import generate
 from scripts.ops.handler_loader import ChunkRecorder, load_handler, parse_predict_response, set_requests, statuses
@@ -206,13 +207,33 @@ def test_failure_during_decoding_closes_a_stream_with_an_ndjson_error_line(gener
     assert json.loads(answers[0])["code"] == 500 and answers[1]["code"] == 500
 
 
-def test_describe_reports_model_info_and_limits(generator):
+def test_describe_reports_model_info_and_limits(generator, decode_step):
     handler, context = generator
     set_requests(context, [{"describe": "True"}])
     [described] = handler.handle([{"body": b""}], context)
     described = json.loads(described)
     assert described["model"]["weights"] == "random (demo)"
     assert described["limits"]["max_new_tokens"] == 256
+    assert described["decode_step"]["setting"] == described["decode_step"]["serving"] == decode_step
+
+
+def test_a_whole_batch_the_paged_pool_cannot_hold_is_decoded_eagerly_with_the_same_answer(generator, decode_step):
+    handler, context = generator
+    body = {"prompt": "Hello world", "max_new_tokens": 12}
+    [expected], _ = run(handler, context, [body])
+    paged = handler.loop.paged
+    if paged is None:
+        assert decode_step == "eager"
+        return
+    taken = paged_openvino.PagedRow()
+    paged.reserve(taken, (paged.free_blocks - 1) * paged.block_size)  # one block left: too few for the batch
+    try:
+        passes = paged.passes
+        [answer], _ = run(handler, context, [body])
+        assert paged.passes == passes  # no paged pass ran
+    finally:
+        paged.release(taken)
+    assert statuses(context, 1) == [200] and answer == expected
 
 
 @pytest.mark.parametrize(
