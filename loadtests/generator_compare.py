@@ -242,7 +242,7 @@ def markdown(report):
     lines += ["", "| target | ratio | needed | met |", "|---|---:|---:|---|"]
     for check in report["targets"]:
         lines.append(f"| {check['target']} | {check.get('ratio', '-')} | {check.get('needed', '-')} | {check['met']} |")
-    lines += ["", "Systems:"] + [f"- {name}: {systems.DESCRIPTIONS[name]}" for name in report["results"]]
+    lines += ["", "Systems:"] + [f"- {name}: {systems.describe(name)}" for name in report["results"]]
     share = report.get("schema_share") or 0.0
     if share:
         unconstrained = [

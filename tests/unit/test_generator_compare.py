@@ -148,25 +148,37 @@ def test_a_constrained_answer_is_valid_only_if_it_parses_and_meets_the_schema(te
 @pytest.mark.parametrize(
     ("name", "dtype"), [("transformers-serve", "float32"), ("transformers-serve-bf16", "bfloat16")]
 )
-def test_transformers_serve_runs_at_each_precision_with_continuous_batching_on_one_thread(name, dtype):
+def test_transformers_serve_runs_at_each_precision_with_continuous_batching_on_ours_threads(name, dtype):
     peer = systems.PEERS[name]
     command = peer.command("/venvs/ts/bin/python", "/models/lm")
     assert command[:3] == ["/venvs/ts/bin/transformers", "serve", "/models/lm"]
     assert "--continuous-batching" in command and command[command.index("--dtype") + 1] == dtype
     assert command[command.index("--device") + 1] == "cpu" and command[command.index("--port") + 1] == "{port}"
-    assert dict(peer.environment)["OMP_NUM_THREADS"] == "1"
+    assert peer.environment_for(1)["OMP_NUM_THREADS"] == "1" and peer.environment_for(2)["OMP_NUM_THREADS"] == "2"
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in peer.environment_for(2)
     assert baseline_env.ENVS[peer.env].venv.name == "transformers-serve-venv"
 
 
-def test_vllm_serves_at_its_default_precision_from_its_own_venv_bound_to_one_core():
+def test_the_peers_get_as_many_threads_as_the_archives_worker():
+    import yaml
+
+    config = yaml.safe_load((systems.REPO / "models" / systems.MODEL / "model-config.yaml").read_text())
+    threads = config["handler"]["threads"]
+    assert systems.archive_threads() == threads
+    assert f"{threads} thread(s)" in systems.describe("transformers-serve")
+
+
+def test_vllm_serves_at_its_default_precision_from_its_own_venv_bound_to_ours_cores():
     peer = systems.PEERS["vllm-cpu"]
     command = peer.command("/venvs/vllm/bin/python", "/models/lm")
     # vLLM's OpenAI server module, run by the venv's python (its `vllm` command needs a distribution named vllm)
     assert command[:4] == ["/venvs/vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model"]
     assert command[4] == "/models/lm"
     assert command[command.index("--dtype") + 1] == "auto" and command[command.index("--host") + 1] == "127.0.0.1"
-    environment = dict(peer.environment)
+    environment = peer.environment_for(1)
     assert environment["VLLM_CPU_OMP_THREADS_BIND"] == "0" and environment["OMP_NUM_THREADS"] == "1"
+    two = peer.environment_for(2)
+    assert two["VLLM_CPU_OMP_THREADS_BIND"] == "0-1" and two["OMP_NUM_THREADS"] == "2"  # one core each
     assert int(environment["VLLM_CPU_KVCACHE_SPACE"]) > 0
     assert peer.response_format  # vLLM enforces json_schema: it gets the constrained share
     # compact JSON as ours writes it, so that a constrained answer closes within its max_tokens on random weights;
@@ -208,7 +220,9 @@ def test_every_system_is_described_and_every_peer_is_started_by_name(monkeypatch
             assert endpoint.response_format == (name == "vllm-cpu")  # transformers serve ignores response_format
     commands = {name: (command, env) for command, name, env in started}
     assert commands["vllm-cpu"][0][0] == str(tmp_path / "vllm-cpu" / "python")
-    assert commands["vllm-cpu"][1]["VLLM_CPU_OMP_THREADS_BIND"] == "0"
+    threads = systems.archive_threads()
+    assert commands["vllm-cpu"][1]["VLLM_CPU_OMP_THREADS_BIND"] == ("0" if threads == 1 else f"0-{threads - 1}")
+    assert commands["transformers-serve"][1]["OMP_NUM_THREADS"] == str(threads)
     assert commands["transformers-serve-bf16"][0][0] == str(tmp_path / "transformers-serve" / "transformers")
 
 
