@@ -599,6 +599,7 @@ def measure_steps(
     torch.set_num_threads(threads)  # before load: the load-time gates and timings run at this count too
     # the eager torch step is what the first two shape; decode_step openvino times the paged step against it
     overrides = {"compile_decode": compile_decode, "decode_attention": decode_attention, "decode_step": decode_step}
+    overrides["threads"] = threads  # the paged step's OpenVINO threads too, whatever the archive ships
     handler, _ = load_handler(folder, systems.MODEL, overrides, continuous_batching=True)
     model, tokenizer, pad = handler.loaded.model, handler.loaded.tokenizer, handler.loaded.pad_token_id
     chunk = handler.loop.scheduler.batch.chunk_tokens

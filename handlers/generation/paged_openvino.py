@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from handlers.generation.decoding import Sequence, append_tokens, distinct_prompts
+from handlers.generation.decoding import FINISH_ERROR, Sequence, append_tokens, distinct_prompts
 from handlers.generation.prefix_cache import NO_HIT, PrefixCache
 
 logger = logging.getLogger(__name__)
@@ -181,9 +181,11 @@ class PagedRow:
 class PagedModel:
     """The compiled paged model, its block pool and one pass at a time (see the module's docstring)."""
 
-    def __init__(self, converted: Any, shape: CacheShape, threads: int, tokens: int, rows: int) -> None:
+    def __init__(self, converted: Any, shape: CacheShape, threads: int, tokens: int, rows: int, vocab: int) -> None:
         """``tokens``: the keys and values the rows may hold together (the scheduler's budget); ``rows``: how many
-        rows there may be at once, each of which may leave one block partly empty."""
+        rows there may be at once, each of which may leave one block partly empty; ``vocab``: the model's input
+        embeddings (a token id past them would read zeros here, where torch raises)."""
+        self.vocab = vocab
         import openvino as ov
 
         from handlers.core.openvino_settings import openvino_config
@@ -352,7 +354,7 @@ class PagedBatch:
 
     # -------------------------------------------------------------------------------------------- joining
     def start_filling(self, joining: list[Sequence]) -> PagedFilling | None:
-        joining = [sequence for sequence in joining if not sequence.finished]
+        joining = [sequence for sequence in joining if not sequence.finished and self.embeds(sequence)]
         if not joining:
             return None
         computing, source = distinct_prompts(joining)
@@ -369,6 +371,18 @@ class PagedBatch:
                 self.paged.release(row)
             raise
         return PagedFilling(joining, source, rows, [list(sequence.prompt_ids) for sequence in computing])
+
+    def embeds(self, sequence: Sequence) -> bool:
+        """Whether the model embeds every prompt token; a prompt it does not (a tokenizer with more ids than the
+        model's embeddings) ends with its own error instead of reading zeros."""
+        outside = [token for token in sequence.prompt_ids if not 0 <= token < self.paged.vocab]
+        if outside:
+            sequence.finish_reason, sequence.error_status = FINISH_ERROR, 500
+            sequence.error = (
+                f"prompt token id {outside[0]} is outside the model's {self.paged.vocab} input embeddings: the "
+                "tokenizer and the model folder disagree"
+            )
+        return not outside
 
     def prefill(self, joining: list[Sequence]) -> NewTokens:
         filling = self.start_filling(joining)
@@ -562,7 +576,7 @@ def select(
 
     try:
         converted, shape = convert(model)
-        paged = PagedModel(converted, shape, threads, *pool)
+        paged = PagedModel(converted, shape, threads, *pool, int(model.get_input_embeddings().num_embeddings))
     except Unconvertible as error:
         return eager(f"the model does not convert to OpenVINO paged attention: {error}")
     expected = greedy_tokens(model, pad_token_id, None)

@@ -123,6 +123,17 @@ def test_a_cancelled_row_gives_its_blocks_back_mid_prompt_and_mid_decoding(serve
     assert batch.rows == 0 and pool.free_blocks == pool.blocks
 
 
+def test_a_prompt_token_the_model_does_not_embed_ends_that_request_only(served):
+    model, outcome = served
+    vocab = outcome.paged.vocab
+    good, bad = Sequence(list(PROMPTS[0]), SamplingSettings(5)), Sequence([1, vocab + 7, 2], SamplingSettings(5))
+    with torch.inference_mode():
+        generate(model, [good, bad], (), 0, paged=outcome.paged)
+    assert bad.finish_reason == "error" and f"prompt token id {vocab + 7} is outside" in bad.error
+    assert bad.token_ids == [] and good.token_ids == decode(model, [PROMPTS[0]], [SamplingSettings(5)])[0].token_ids
+    assert outcome.paged.free_blocks == outcome.paged.blocks
+
+
 def test_a_full_pool_refuses_the_pass_and_leaves_the_rows_as_they_were(served):
     _, outcome = served
     pool = outcome.paged
