@@ -300,9 +300,9 @@ class GenerationLoop:
         tokens, and a partly filled block); a batch that does not decodes eagerly."""
         if self.paged is None:
             return False
-        size = self.paged.block_size
-        blocks = sum(-(-(len(g.sequence.prompt_ids) + g.sequence.settings.max_new_tokens) // size) for g in generations)
-        return blocks <= self.paged.free_blocks
+        paged = self.paged
+        longest = [len(g.sequence.prompt_ids) + g.sequence.settings.max_new_tokens for g in generations]
+        return sum(paged.blocks_for(tokens) for tokens in longest) <= paged.free_blocks
 
     def postprocess(self, batch: GenerationBatch, payloads: list[AcceptedGeneration]) -> list[Any]:
         """One result per accepted request, in order: its answer from the cache, or its decoded one (which the

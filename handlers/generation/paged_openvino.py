@@ -12,7 +12,7 @@ prompt token), and an initial value for each state (the transformation matches o
 **The step** (:class:`PagedModel`): the compiled model, its block pool (per layer a keys and a values tensor of
 ``[blocks, kv heads, block size, head dim]``, allocated once at load) and :meth:`PagedModel.run`, one pass over
 ``(row, new tokens)`` parts. Rows' keys and values are read and written in place (:meth:`PagedModel.read` and
-:meth:`PagedModel.write` copy a range of a row's tokens, for the prefix cache; :meth:`PagedModel.copy_blocks` a
+:meth:`PagedModel.write` copy a range of a row's tokens, for the prefix cache; :meth:`PagedModel.copy_row` a
 row's blocks, for n choices of one prompt).
 
 **The batch** (:class:`PagedBatch`) is :class:`handlers.generation.running.RunningBatch` for this step, with the same
@@ -36,13 +36,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from handlers.generation.batch import DecodingBatch, NewTokens
 from handlers.generation.decoding import FINISH_ERROR, Sequence, append_tokens, distinct_prompts
 from handlers.generation.prefix_cache import NO_HIT, PrefixCache
 
 logger = logging.getLogger(__name__)
 
 SETTINGS = ("eager", "openvino")
-NewTokens = dict[Sequence, int]
 RowKV = list[tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -185,11 +185,11 @@ class PagedModel:
         """``tokens``: the keys and values the rows may hold together (the scheduler's budget); ``rows``: how many
         rows there may be at once, each of which may leave one block partly empty; ``vocab``: the model's input
         embeddings (a token id past them would read zeros here, where torch raises)."""
-        self.vocab = vocab
         import openvino as ov
 
         from handlers.core.openvino_settings import openvino_config
 
+        self.vocab = vocab
         core = ov.Core()
         config = {**openvino_config("fp32", threads), "KV_CACHE_PRECISION": "f32"}
         try:
@@ -199,7 +199,7 @@ class PagedModel:
         self.shape = shape
         port = next(port for port in self.compiled.inputs if port.get_any_name() == "key_cache.0")
         self.block_size = int(port.get_partial_shape()[2].get_length())
-        self.blocks = -(-tokens // self.block_size) + rows
+        self.blocks = self.blocks_for(tokens) + rows
         self.request = self.compiled.create_infer_request()
         self.pool: list[tuple[np.ndarray, np.ndarray]] = []
         for layer in range(shape.layers):
@@ -219,9 +219,13 @@ class PagedModel:
     def describe(self) -> dict[str, Any]:
         return {"block_size": self.block_size, "blocks": self.blocks, "free_blocks": self.free_blocks}
 
+    def blocks_for(self, tokens: int) -> int:
+        """Blocks that hold ``tokens`` tokens of one row."""
+        return -(-tokens // self.block_size)
+
     def reserve(self, row: PagedRow, tokens: int) -> None:
         """Give ``row`` blocks for ``tokens`` tokens in all."""
-        needed = -(-tokens // self.block_size) - len(row.blocks)
+        needed = self.blocks_for(tokens) - len(row.blocks)
         if needed > len(self.free):
             raise PoolExhausted(f"the key/value block pool is full ({self.blocks} blocks of {self.block_size} tokens)")
         for _ in range(max(needed, 0)):
@@ -321,10 +325,8 @@ class PagedFilling:
         return [self.sequences[self.source.index(row)] for row in range(len(self.rows))]
 
 
-class PagedBatch:
+class PagedBatch(DecodingBatch):
     """:class:`handlers.generation.running.RunningBatch`'s operations on a :class:`PagedModel`."""
-
-    mergeable = True
 
     def __init__(
         self,
@@ -343,14 +345,6 @@ class PagedBatch:
         self.filling: PagedFilling | None = None
         self.decoded = False
         self.computed_prompt_tokens = 0
-
-    @property
-    def rows(self) -> int:
-        return len(self.sequences)
-
-    @property
-    def width(self) -> int:
-        return max((self.row_of[id(sequence)].cached for sequence in self.sequences), default=0)
 
     # -------------------------------------------------------------------------------------------- joining
     def start_filling(self, joining: list[Sequence]) -> PagedFilling | None:
@@ -389,16 +383,11 @@ class PagedBatch:
         if filling is None:
             return {}
         try:
-            logits = self.pass_with(filling, filling.left, decode=False)
+            self.pass_with(filling, filling.left, decode=False)
         except Exception:
             self.release_filling(filling)
             raise
-        return self.finish_filling(filling, logits)
-
-    def begin_filling(self, joining: list[Sequence]) -> None:
-        if self.filling is not None:
-            raise RuntimeError("a group of prompts is being computed already")
-        self.filling = self.start_filling(joining)
+        return self.finish_filling(filling)
 
     def abandon_filling(self) -> list[Sequence]:
         filling, self.filling = self.filling, None
@@ -418,8 +407,8 @@ class PagedBatch:
         parts: list[tuple[PagedRow, list[int], bool]] = []
         if decode:
             for sequence in self.sequences:
-                row = self.row_of[id(sequence)]
-                parts.append((row, (sequence.prompt_ids + sequence.token_ids)[row.cached :], True))
+                row = self.row_of[id(sequence)]  # it holds the whole prompt: what it lacks are its newest tokens
+                parts.append((row, sequence.token_ids[row.cached - len(sequence.prompt_ids) :], True))
         chunk_rows = self.chunk_parts(filling, columns, parts)
         if not parts:
             return torch.zeros((0, 0))
@@ -450,9 +439,9 @@ class PagedBatch:
                 chunk_rows.append((index, taken, done))
         return chunk_rows
 
-    def finish_filling(self, filling: PagedFilling, logits: Any = None) -> NewTokens:
-        """The group's first tokens (its prompts are computed); those that go on join the running rows."""
-        del logits  # the first tokens' logits are kept in the filling
+    def finish_filling(self, filling: PagedFilling) -> NewTokens:
+        """The group's first tokens (its prompts are computed: their logits are kept in the filling); those that go
+        on join the running rows."""
         if self.prefix_cache is not None:
             self.remember_prompts(filling)
         first = torch.stack([filling.first_logits[row] for row in range(len(filling.rows))])
@@ -530,11 +519,6 @@ class PagedBatch:
         filling.rows = [filling.rows[row] for row in needed]
         filling.prompts = [filling.prompts[row] for row in needed]
         filling.first_logits = {renumbered[r]: v for r, v in filling.first_logits.items() if r in renumbered}
-
-    def remove_finished(self) -> list[Sequence]:
-        finished = [sequence for sequence in self.sequences if sequence.finished]
-        self.remove(finished)
-        return finished
 
 
 # ------------------------------------------------------------------------------------------------ selection

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from handlers.generation import kv_cache, mixed_pass
+from handlers.generation.batch import DecodingBatch, NewTokens
 from handlers.generation.decoding import (
     Sequence,
     StepCallback,
@@ -38,8 +39,6 @@ from handlers.generation.decoding import (
     recompute,
 )
 from handlers.generation.prefix_cache import NO_HIT, PrefixCache
-
-NewTokens = dict[Sequence, int]  # the token each sequence got in one forward pass
 
 
 @dataclass
@@ -87,7 +86,7 @@ class Filling:
         )
 
 
-class RunningBatch:
+class RunningBatch(DecodingBatch):
     def __init__(
         self,
         model: Any,
@@ -116,10 +115,6 @@ class RunningBatch:
         self.filling: Filling | None = None  # the group whose prompts are being computed
         self.decoded = False  # whether the last advance() stepped the running rows
         self.chunk_was_last = False  # alternating: the last pass was a chunk of its own
-
-    @property
-    def rows(self) -> int:
-        return len(self.sequences)
 
     @property
     def width(self) -> int:
@@ -187,12 +182,6 @@ class RunningBatch:
             self.cache, self.mask = kv_cache.merge(self.cache, self.mask, cache, mask)
         self.sequences += [joining[row] for row in staying]
         return new_tokens
-
-    def begin_filling(self, joining: list[Sequence]) -> None:
-        """Start computing the prompts of ``joining`` (chunk by chunk in the next :meth:`advance` calls)."""
-        if self.filling is not None:
-            raise RuntimeError("a group of prompts is being computed already")
-        self.filling = self.start_filling(joining)
 
     def abandon_filling(self) -> list[Sequence]:
         """Drop the group being computed (its pass failed); returns its sequences, to be prefilled again."""
@@ -312,11 +301,6 @@ class RunningBatch:
         cache.batch_select_indices(index)  # the cache's own row selection, whatever its layers keep
         return mask.index_select(0, index)
 
-    def remove_finished(self) -> list[Sequence]:
-        finished = [sequence for sequence in self.sequences if sequence.finished]
-        self.remove(finished)
-        return finished
-
 
 def new_batch(
     model: Any,
@@ -325,7 +309,7 @@ def new_batch(
     prefix_cache: PrefixCache | None,
     chunk_tokens: int,
     paged: Any = None,
-) -> Any:
+) -> DecodingBatch:
     """The running batch for ``model``'s eager passes, or for a paged OpenVINO step (``paged``)."""
     if paged is not None:
         from handlers.generation.paged_openvino import PagedBatch

@@ -29,9 +29,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from handlers.generation.batch import DecodingBatch, NewTokens
 from handlers.generation.decoding import FINISH_ERROR, Sequence
 from handlers.generation.requests import AcceptedGeneration, Generation
-from handlers.generation.running import NewTokens, RunningBatch
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class Iteration:
 
 
 class StepScheduler:
-    def __init__(self, batch: RunningBatch, max_batch_tokens: int) -> None:
+    def __init__(self, batch: DecodingBatch, max_batch_tokens: int) -> None:
         self.batch = batch
         self.max_batch_tokens = max_batch_tokens
         self.active: dict[str, Active] = {}  # by request id, in arrival order
