@@ -41,7 +41,7 @@ help:
 	@echo "make install create .venv from requirements.txt (every target does this first)"
 	@echo "make mar     build model_store/*.mar (incremental; FORCE=1 rebuilds)"
 	@echo "make grpc-stubs   TorchServe's gRPC Python stubs from the installed wheel's .proto files (build/grpc/)"
-	@echo "make package NAME=my-model MODEL_DIR=/path [KIND=embedding|text-classifier]   your own model (text, image or PyTorch network) -> model_store/NAME.mar"
+	@echo "make package NAME=my-model MODEL_DIR=/path [KIND=embedding|text-classifier]   your own model (text, image, causal LM or PyTorch network) -> model_store/NAME.mar"
 	@echo "make reliability   concurrency, bad input, fuzzing, overload, worker death, security, cost, logs, memory"
 	@echo "make soak MINUTES=10   memory soak at ~50% capacity"
 	@echo "make k8s     deploy/k8s manifests + KServe layout deploy/kserve from the model specs"
@@ -92,8 +92,9 @@ mar: install
 
 # Your own model from its folder (docs/your-model.md): the folder says its kind (an embedding model, a classifier,
 # NLI model or reranker, a sparse or a multi-vector encoder) and the text-model template packages any of them; an
-# image model's folder (an image classifier) gets the image-model template, a PyTorch network's folder (model.pt2,
-# TorchScript, or model code with weights) the network-model one (scripts/package.py --template-for);
+# image model's folder (an image classifier) gets the image-model template, a causal LM's the generator's, a PyTorch
+# network's folder (model.pt2, TorchScript, or model code with weights) the network-model one (scripts/package.py
+# --template-for);
 # KIND=embedding|text-classifier picks a kind's own template instead. Then: modelctl register NAME.mar.
 .PHONY: package
 package: install

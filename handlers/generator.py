@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from handlers.core import runtime
 from handlers.core.base import BatchScope, ServingHandler
 from handlers.core.config import COMMON_OPTIONS, ConfigError, Option
 from handlers.core.engine import Engine, EngineSettings
@@ -50,7 +51,6 @@ from handlers.core.metrics import HandlerMetrics
 from handlers.core.routes import Route
 from handlers.generation import chat, compiled, decode_attention, kv_cache, paged_openvino, structured
 from handlers.generation.answers import Outcome
-from handlers.generation.gate import greedy_tokens
 from handlers.generation.limits import AUTO, AutoOrInt
 from handlers.generation.loop import GenerationLoop
 from handlers.generation.model import LoadedGenerator, load_generator
@@ -138,11 +138,15 @@ class GeneratorHandler(ServingHandler):
         ),
         "decode_step": Option(
             str,
-            "openvino",
+            "auto",
             paged_openvino.SETTINGS,
-            help="what runs the decoding passes: eager = the model in torch; openvino = the model converted at load "
-            "to OpenVINO with paged attention (keys and values in a block pool, logits only where a token is chosen), "
-            "kept only if greedy fp32 tokens equal eager's on a few prompts, else eager (describe says why)",
+            help="what runs the decoding passes: eager = the model in torch; openvino = the model in OpenVINO with "
+            "paged attention (keys and values in a block pool, logits only where a token is chosen; the decoder "
+            "exported at package time, else traced at load) at handler.precision (auto: bf16 where the CPU has it "
+            "natively, its output layer in torch fp32), then at fp32, each kept only if its greedy decoding of a few "
+            "prompts passes the decoding gate against eager fp32's (the same tokens, log probabilities within 0.1), "
+            "else eager (describe says why); auto (the default) = openvino without what the package-time build "
+            "refused (decode/manifest.json: a failed gate, or slower than eager on a CPU of this kind)",
         ),
         "max_n": Option(
             int,
@@ -182,14 +186,12 @@ class GeneratorHandler(ServingHandler):
         if unsupported and self.prefix_cache is not None:
             logger.warning("prefix reuse is off: the model's cache has %s layers", ", ".join(unsupported))
             self.prefix_cache = None
-        budget = self.batch_token_budget()
-        # Before the loop exists: the gates decode with the model alone, and whichever form they leave is served.
-        # The paged OpenVINO step is chosen first (converted from the plain eager model); the eager step's own
-        # options (compiled MLPs, per-row attention) apply only when the eager step serves.
-        self.decode_step = paged_openvino.select(
-            self.loaded.model, self.config["decode_step"], self.loaded.pad_token_id, self.threads,
-            self.paged_pool(budget), greedy_tokens,
-        )  # fmt: skip
+        budget = self.batch_token_budget(self.loaded.limits)
+        # The engine chose the decoding step in its walk (choose_decode_step, from the fp32 model). The eager step's
+        # own options (compiled MLPs, per-row attention) apply only when the eager step serves.
+        engine = self.engine
+        assert isinstance(engine, GeneratorEngine)
+        self.decode_step = engine.decode_step
         if self.decode_step.serving == "eager":
             self.compiled = compiled.compile_decode(
                 self.loaded.model, self.config["compile_decode"], self.loaded.pad_token_id, self.max_batch_requests
@@ -227,9 +229,17 @@ class GeneratorHandler(ServingHandler):
         self.served = Served(self.model_name, self.loaded.info, self.loaded.limits, self.loaded.tokenizer)
         structured.prepare_in_background(self.served)  # response_format's grammar vocabulary, off the first request
 
-    def batch_token_budget(self) -> int:
+    def choose_decode_step(self, fp32_model: Any, loaded: LoadedGenerator, gate: Any) -> paged_openvino.BackendOutcome:
+        """``handler.decode_step`` applied to the fp32 model (:func:`handlers.generation.paged_openvino.select`): the
+        paged step at ``handler.precision`` (auto: bf16 where native), then at fp32, each behind ``gate``."""
+        wanted = runtime.resolve_precision(self.config["precision"], self.device)
+        precisions = [wanted] + (["fp32"] if wanted != "fp32" else [])
+        pool = self.paged_pool(self.batch_token_budget(loaded.limits), loaded.limits.max_n)
+        setting = self.config["decode_step"]
+        return paged_openvino.select(fp32_model, setting, self.threads, pool, precisions, gate, self.model_dir)
+
+    def batch_token_budget(self, limits: Any) -> int:
         """handler.max_batch_tokens resolved: at least one request at its longest must fit."""
-        limits = self.loaded.limits
         longest = limits.max_prompt_tokens + limits.max_new_tokens
         budget = self.config["max_batch_tokens"]
         if budget == AUTO:
@@ -242,10 +252,10 @@ class GeneratorHandler(ServingHandler):
             )
         return int(budget)
 
-    def paged_pool(self, budget: int) -> tuple[int, int]:
+    def paged_pool(self, budget: int, max_n: int) -> tuple[int, int]:
         """(tokens, rows) the paged step's block pool holds: the scheduler's budget, and a row for each choice of
         each request of a full batch (each may leave a block partly empty)."""
-        return budget, self.max_batch_requests * self.loaded.limits.max_n
+        return budget, self.max_batch_requests * max_n
 
     def create_engine(self, settings: EngineSettings) -> Engine:
         """bf16 keeps an fp32 output layer and is gated on greedy decoding (handlers/generation/precision.py)."""

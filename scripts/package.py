@@ -117,14 +117,33 @@ def all_model_names(include_optional=False):
 def template_for(model_dir):
     """The template `make package` builds a user's folder with: network-model for a PyTorch network's folder (model.pt2,
     TorchScript or model code, no transformers config.json: scripts/prepare_network_model.py), image-model for an
-    image model's folder (what handlers/image/kinds reads from it), else text-model (which reads the text kinds, and
-    refuses what is neither)."""
+    image model's folder (what handlers/image/kinds reads from it), generator for a causal LM's (a transformers
+    folder whose config.json names a causal-LM architecture and that is not a sentence-transformers model: a decoder
+    trained as an embedding model is a text model), else text-model (which reads the text kinds, and refuses what is
+    neither)."""
     from handlers.image.kinds import is_image_folder
     from scripts.prepare_network_model import is_network_folder
 
     if is_network_folder(model_dir):
         return "network-model"
-    return "image-model" if is_image_folder(model_dir) else "text-model"
+    if is_image_folder(model_dir):
+        return "image-model"
+    return "generator" if is_causal_lm_folder(model_dir) else "text-model"
+
+
+def is_causal_lm_folder(model_dir):
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    folder = Path(model_dir)
+    if (folder / "modules.json").exists():
+        return False
+    try:
+        architectures = json.loads((folder / "config.json").read_text()).get("architectures") or []
+    except (OSError, ValueError, AttributeError):
+        return False
+    causal = {name for names in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
+              for name in ((names,) if isinstance(names, str) else names)}  # fmt: skip
+    return any(name in causal for name in architectures)
 
 
 def handler_class(handler_path):

@@ -7,12 +7,14 @@
 Normally run by the packaging step (models/generator/model.yaml), e.g.
     python -m scripts.package generator --version 2.0 --var model_dir=/path/to/hf-dir [--var name=my-gpt2]
 
-Writes OUT/lm/ (config, safetensors weights, tokenizer and generation files only) and OUT/model_info.json
-({"name", "weights", "source"}), which the handler shows in every answer. A model directory must load offline with
-`AutoModelForCausalLM` and have safetensors weights (pickled *.bin/*.pt weights are refused: loading them can run
-code). The token limits of the config's `handler:` section (--config, default models/generator/model-config.yaml)
-must fit the staged model's positions (n_positions or max_position_embeddings in lm/config.json): `auto` always fits,
-explicit integers that do not are refused here rather than in a worker (handlers/generation/limits.py).
+Writes OUT/lm/ (config, safetensors weights, tokenizer and generation files only), OUT/model_info.json
+({"name", "weights", "source"}), which the handler shows in every answer, and OUT/decode/ (the decoder exported for
+the paged OpenVINO step and what each decoding step measured: scripts/build_decode_steps.py). A model directory
+must load offline with `AutoModelForCausalLM` and have safetensors weights (pickled *.bin/*.pt weights are refused:
+loading them can run code). The token limits of the config's `handler:` section (--config, default
+models/generator/model-config.yaml) must fit the staged model's positions (n_positions or max_position_embeddings
+in lm/config.json): `auto` always fits, explicit integers that do not are refused here rather than in a worker
+(handlers/generation/limits.py).
 Exit codes: 0 prepared, 1 the model directory or its limits are unusable, 2 bad arguments.
 """
 
@@ -190,6 +192,14 @@ def main(argv=None):
         "classification; needs --embedder; empty: none (the lexical check alone)",
     )
     parser.add_argument("--verifier-backends", default="default", help="its compiled backends (default: default)")
+    parser.add_argument(
+        "--decode-steps",
+        choices=("default", "none"),
+        default="default",
+        help="default: export the decoder for the paged OpenVINO step, gate and rank the decoding steps into "
+        "OUT/decode/ (scripts/build_decode_steps.py); none: skip (workers trace the decoder at load)",
+    )
+    parser.add_argument("--decode-rank-seconds", type=float, default=10.0, help="their ranking budget (default 10 s)")
     args = parser.parse_args(argv)
     lm_dir = args.out / "lm"
     args.out.mkdir(parents=True, exist_ok=True)
@@ -221,7 +231,20 @@ def main(argv=None):
         print(f"error: {error}", file=sys.stderr)
         return 1
     (args.out / "model_info.json").write_text(json.dumps(info, indent=2) + "\n")
-    return 0
+    return build_decode_steps(args)
+
+
+def build_decode_steps(args):
+    """OUT/decode/: the decoder exported, the decoding steps gated and ranked (scripts/build_decode_steps.py); removed
+    with --decode-steps none."""
+    from handlers.generation.decoder_export import FOLDER
+    from scripts import build_decode_steps
+
+    if args.decode_steps == "none":
+        shutil.rmtree(args.out / FOLDER, ignore_errors=True)
+        return 0
+    command = ["--model-dir", str(args.out), "--config", str(args.config)]
+    return build_decode_steps.main([*command, "--rank-seconds", str(args.decode_rank_seconds)])
 
 
 def stage_embedder(args):

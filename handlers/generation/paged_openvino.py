@@ -31,7 +31,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -42,7 +42,10 @@ from handlers.generation.prefix_cache import NO_HIT, PrefixCache
 
 logger = logging.getLogger(__name__)
 
-SETTINGS = ("eager", "openvino")
+SETTINGS = ("auto", "eager", "openvino")
+KV_PRECISIONS = {"fp32": "f32", "bf16": "bf16"}  # the paged attention's keys and values, by inference precision
+PAGED_PRECISIONS = " or ".join(KV_PRECISIONS)
+OUTPUTS = ("logits", "hidden")  # the converted decoder's: the output layer's rows, and the hidden rows it reads
 RowKV = list[tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -95,16 +98,19 @@ class TracedDecoder(torch.nn.Module):
             layer.keys, layer.values = keys, values
         hidden = self.decoder(input_ids=input_ids, position_ids=position_ids, cache=cache, use_cache=True)[0]
         # After the transformation every token is a row of its own (dim 0), so this picks tokens.
-        logits = self.output_layer(hidden.index_select(0, logits_rows))
+        chosen = hidden.index_select(0, logits_rows)
         present = [tensor for layer in cache.layers[: self.layers] for tensor in (layer.keys, layer.values)]
-        return (logits, *present)
+        # Both are outputs: a reduced-precision step ends at the hidden rows and runs the output layer in torch fp32
+        return (self.output_layer(chosen), chosen, *present)
 
 
-def convert(model: Any) -> tuple[Any, CacheShape]:
-    """The model as an OpenVINO paged-attention model (not compiled) and its cache's shape; raises Unconvertible."""
+def export(model: Any) -> Any:
+    """The model's decoder traced as a stateful OpenVINO model (keys and values as state, each with an initial
+    value): what the package-time build saves (:mod:`handlers.generation.decoder_export`) and :func:`to_paged`
+    turns into the paged model; raises Unconvertible."""
     import openvino as ov
     import openvino.opset13 as ops
-    from openvino._offline_transformations import apply_make_stateful_transformation, paged_attention_transformation
+    from openvino._offline_transformations import apply_make_stateful_transformation
 
     shape = cache_shape(model.config)
     rows, past, new = 2, 3, 4
@@ -124,17 +130,51 @@ def convert(model: Any) -> tuple[Any, CacheShape]:
             converted = ov.convert_model(TracedDecoder(model, shape.layers).eval(), example_input=example)
         for port, name in zip(converted.inputs, names + list(pairs), strict=True):
             port.get_tensor().set_names({name})
-        for port, name in zip(converted.outputs, ["logits", *pairs.values()], strict=True):
+        for port, name in zip(converted.outputs, [*OUTPUTS, *pairs.values()], strict=True):
             port.get_tensor().set_names({name})
         apply_make_stateful_transformation(converted, pairs)
         give_states_initial_values(converted, shape, ops)
-        paged_attention_transformation(converted)
     except Exception as error:  # the tracer or a transformation refused the model: it decodes eagerly
         raise Unconvertible(f"{type(error).__name__}: {first_line(error)}") from None
-    kinds = {op.get_type_name() for op in converted.get_ops()}
+    return converted
+
+
+def to_paged(stateful: Any) -> Any:
+    """The stateful decoder (:func:`export`) with every attention replaced by OpenVINO's paged attention; raises
+    Unconvertible."""
+    from openvino._offline_transformations import paged_attention_transformation
+
+    try:
+        paged_attention_transformation(stateful)
+    except Exception as error:
+        raise Unconvertible(f"{type(error).__name__}: {first_line(error)}") from None
+    kinds = {op.get_type_name() for op in stateful.get_ops()}
     if "PagedAttentionExtension" not in kinds or "ScaledDotProductAttention" in kinds:
         raise Unconvertible("the model's attention was not recognised by OpenVINO's paged-attention transformation")
-    return converted, shape
+    return stateful
+
+
+def convert(model: Any, folder: Any = None) -> tuple[Any, CacheShape, str]:
+    """The model as an OpenVINO paged-attention model (not compiled), its cache's shape, and where the decoder came
+    from: ``folder``'s package-time export (:mod:`handlers.generation.decoder_export`) when it has one that fits
+    the model, else traced now; raises Unconvertible."""
+    from handlers.generation import decoder_export
+
+    source = "traced at load"
+    stateful = None
+    if folder is not None and decoder_export.exported(folder):
+        try:
+            stateful = decoder_export.read(model, folder)
+            source = f"read from the archive's {decoder_export.FOLDER}/{decoder_export.IR}"
+        except decoder_export.ExportError as error:
+            logger.warning("the archive's exported decoder is not used: %s; tracing the model instead", error)
+            source = f"traced at load (the archive's export: {error})"
+        except Exception as error:  # noqa: BLE001 - OpenVINO's reader refused it: the trace is the way that works
+            logger.warning("the archive's exported decoder does not read: %s; tracing the model instead", error)
+            source = f"traced at load (the archive's export does not read: {first_line(error)})"
+    if stateful is None:
+        stateful = export(model)
+    return to_paged(stateful), cache_shape(model.config), source
 
 
 def give_states_initial_values(converted: Any, shape: CacheShape, ops: Any) -> None:
@@ -181,19 +221,37 @@ class PagedRow:
 class PagedModel:
     """The compiled paged model, its block pool and one pass at a time (see the module's docstring)."""
 
-    def __init__(self, converted: Any, shape: CacheShape, threads: int, tokens: int, rows: int, vocab: int) -> None:
+    def __init__(
+        self,
+        converted: Any,
+        shape: CacheShape,
+        threads: int,
+        tokens: int,
+        rows: int,
+        vocab: int,
+        precision: str = "fp32",
+        output_layer: torch.nn.Module | None = None,
+    ) -> None:
         """``tokens``: the keys and values the rows may hold together (the scheduler's budget); ``rows``: how many
         rows there may be at once, each of which may leave one block partly empty; ``vocab``: the model's input
-        embeddings (a token id past them would read zeros here, where torch raises)."""
+        embeddings (a token id past them would read zeros here, where torch raises); ``precision``: what the
+        passes compute in, fp32 or bf16 (OpenVINO's inference precision; its paged attention then keeps keys and
+        values in bf16 too); ``output_layer``: when given, the compiled model ends at the hidden rows and this
+        torch module computes the logits from them (an fp32 output layer under a bf16 decoder, as eager bf16 has:
+        OpenVINO's precision hint would round it too)."""
         import openvino as ov
 
         from handlers.core.openvino_settings import openvino_config
 
         self.vocab = vocab
-        core = ov.Core()
-        config = {**openvino_config("fp32", threads), "KV_CACHE_PRECISION": "f32"}
+        self.precision = precision
+        self.gate: dict[str, Any] | None = None  # its decoding gate's figures, once it passed (compile_gated)
+        self.output_layer = output_layer
+        self.output = OUTPUTS[0] if output_layer is None else OUTPUTS[1]
+        ending = ov.Model([converted.output(self.output).get_node()], converted.get_parameters(), "paged_decoder")
+        config = {**openvino_config(precision, threads), "KV_CACHE_PRECISION": KV_PRECISIONS[precision]}
         try:
-            self.compiled = core.compile_model(converted, "CPU", config)
+            self.compiled = ov.Core().compile_model(ending, "CPU", config)
         except Exception as error:
             raise Unconvertible(f"compiling the paged model failed: {first_line(error)}") from None
         self.shape = shape
@@ -202,12 +260,14 @@ class PagedModel:
         self.blocks = self.blocks_for(tokens) + rows
         self.request = self.compiled.create_infer_request()
         self.pool: list[tuple[np.ndarray, np.ndarray]] = []
+        kind_of_value = getattr(ov.Type, KV_PRECISIONS[precision])
         for layer in range(shape.layers):
             tensors = []
             for kind in ("key_cache", "value_cache"):
-                tensor = ov.Tensor(ov.Type.f32, [self.blocks, shape.kv_heads, self.block_size, shape.head_dim])
+                tensor = ov.Tensor(kind_of_value, [self.blocks, shape.kv_heads, self.block_size, shape.head_dim])
                 self.request.set_tensor(f"{kind}.{layer}", tensor)
-                tensors.append(tensor.data)
+                # bf16 shows in numpy as float16 (same width): kept as raw 16-bit words, converted by torch
+                tensors.append(tensor.data.view(np.uint16) if precision == "bf16" else tensor.data)
             self.pool.append((tensors[0], tensors[1]))
         self.free = list(range(self.blocks - 1, -1, -1))
         self.passes = 0
@@ -217,7 +277,13 @@ class PagedModel:
         return len(self.free)
 
     def describe(self) -> dict[str, Any]:
-        return {"block_size": self.block_size, "blocks": self.blocks, "free_blocks": self.free_blocks}
+        return {
+            "precision": self.precision,
+            "output_layer": "compiled" if self.output_layer is None else "torch fp32",
+            "block_size": self.block_size,
+            "blocks": self.blocks,
+            "free_blocks": self.free_blocks,
+        }
 
     def blocks_for(self, tokens: int) -> int:
         """Blocks that hold ``tokens`` tokens of one row."""
@@ -263,9 +329,13 @@ class PagedModel:
         self.passes += 1
         for row, tokens, _ in parts:
             row.cached += len(tokens)
-        logits = self.request.get_tensor("logits").data
+        computed = self.request.get_tensor(self.output).data
         wanted = sum(1 for part in parts if part[2])
-        return torch.from_numpy(np.array(logits.reshape(-1, logits.shape[-1])[:wanted], dtype=np.float32))
+        rows = torch.from_numpy(np.array(computed.reshape(-1, computed.shape[-1])[:wanted], dtype=np.float32))
+        if self.output_layer is None:
+            return rows
+        with torch.inference_mode():
+            return self.output_layer(rows).float()
 
     def positions(self, row: PagedRow, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         tokens = np.arange(start, stop)
@@ -275,10 +345,20 @@ class PagedModel:
         """Keys and values of the row's tokens ``start``..``stop``-1, per layer ``[kv heads, tokens, head dim]``."""
         blocks, offsets = self.positions(row, start, stop)
         return [
-            (torch.from_numpy(keys[blocks, :, offsets].transpose(1, 0, 2).copy()),
-             torch.from_numpy(values[blocks, :, offsets].transpose(1, 0, 2).copy()))
+            (self.from_pool(keys[blocks, :, offsets]), self.from_pool(values[blocks, :, offsets]))
             for keys, values in self.pool
-        ]  # fmt: skip
+        ]
+
+    def from_pool(self, words: np.ndarray) -> torch.Tensor:
+        """``[tokens, kv heads, head dim]`` of the pool as ``[kv heads, tokens, head dim]`` fp32."""
+        tensor = torch.from_numpy(words.transpose(1, 0, 2).copy())
+        return tensor.view(torch.bfloat16).float() if self.precision == "bf16" else tensor
+
+    def to_pool(self, tensor: torch.Tensor) -> np.ndarray:
+        """``[kv heads, tokens, head dim]`` as the pool holds it, ``[tokens, kv heads, head dim]``."""
+        if self.precision == "bf16":
+            tensor = tensor.to(torch.bfloat16).view(torch.uint16)
+        return tensor.numpy().transpose(1, 0, 2)
 
     def write(self, row: PagedRow, kv: RowKV) -> None:
         """Put ``kv`` (a prefix: tokens 0..n-1) into the row's blocks; the row then holds those n tokens."""
@@ -286,8 +366,8 @@ class PagedModel:
         self.reserve(row, tokens)
         blocks, offsets = self.positions(row, 0, tokens)
         for (keys, values), (new_keys, new_values) in zip(self.pool, kv, strict=True):
-            keys[blocks, :, offsets] = new_keys.numpy().transpose(1, 0, 2)
-            values[blocks, :, offsets] = new_values.numpy().transpose(1, 0, 2)
+            keys[blocks, :, offsets] = self.to_pool(new_keys)
+            values[blocks, :, offsets] = self.to_pool(new_values)
         row.cached = tokens
 
     def copy_row(self, source: PagedRow) -> PagedRow:
@@ -531,45 +611,126 @@ class BackendOutcome:
     reason: str
     seconds: float = 0.0
     paged: PagedModel | None = None
+    gate: dict[str, Any] | None = None  # the serving paged step's decoding-gate figures
+    refused: list[dict[str, str]] = field(default_factory=list)  # paged precisions tried and refused, with why
+    decoder: str = ""  # where the serving paged step's decoder came from: the archive's export, or traced at load
+    built: dict[str, Any] | None = None  # the package-time build's figures (decoder_export.summary), if any
 
     def describe(self) -> dict[str, Any]:
         shown = {"setting": self.setting, "serving": self.serving, "reason": self.reason,
                  "seconds": round(self.seconds, 1)}  # fmt: skip
         if self.paged is not None:
-            shown.update(self.paged.describe(), passes=self.paged.passes)
+            shown.update(self.paged.describe(), passes=self.paged.passes, gate=self.gate, decoder=self.decoder)
+        if self.refused:
+            shown["refused"] = self.refused
+        shown["package_time"] = self.built
         return shown
 
 
-GreedyTokens = Callable[[Any, int, Any], list[list[int]]]  # (model, pad token id, paged or None) -> gate tokens
+class Figures(Protocol):
+    """A decoding gate's verdict (:class:`handlers.generation.precision.GateFigures`)."""
+
+    @property
+    def passed(self) -> bool: ...
+
+    def summary(self) -> str: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+Gate = Callable[["PagedModel", str], Figures]  # (a paged step, its precision) -> its decoding against eager fp32's
 
 
 def select(
-    model: Any, setting: str, pad_token_id: int, threads: int, pool: tuple[int, int], greedy_tokens: GreedyTokens
+    model: Any,
+    setting: str,
+    threads: int,
+    pool: tuple[int, int],
+    precisions: list[str],
+    gate: Gate,
+    folder: Any = None,
 ) -> BackendOutcome:
-    """Apply ``handler.decode_step``: ``eager``, or ``openvino`` when the model converts and passes the gate
-    (``greedy_tokens``, :func:`handlers.generation.gate.greedy_tokens`: greedy fp32 tokens on the gate prompts equal
-    to eager's); otherwise eager with the reason. ``pool``: (tokens, rows) the block pool must hold
-    (:class:`PagedModel`)."""
+    """Apply ``handler.decode_step``: ``eager``, or ``openvino`` when ``model`` (fp32) converts and the paged step
+    passes ``gate`` (greedy decoding of the gate prompts against eager fp32's: the same tokens, log probabilities
+    within the threshold) at the first of ``precisions`` that does (fp32 or bf16; bf16 only where the CPU computes it
+    natively, with the output layer in torch fp32); otherwise eager, with the reasons. ``auto`` is ``openvino``
+    minus what the package-time build (``folder``'s decode/manifest.json) refused: a precision whose gate or
+    conversion failed there, or that ran slower than eager on a CPU like this one. ``pool``: (tokens, rows) the
+    block pool must hold (:class:`PagedModel`)."""
+    from handlers.generation import decoder_export
+
+    manifest = decoder_export.read_manifest(folder) if folder is not None else None
+    outcome = choose(model, setting, threads, pool, precisions, gate, folder, manifest)
+    outcome.built = decoder_export.summary(manifest)
+    return outcome
+
+
+def choose(
+    model: Any,
+    setting: str,
+    threads: int,
+    pool: tuple[int, int],
+    precisions: list[str],
+    gate: Gate,
+    folder: Any,
+    manifest: dict[str, Any] | None,
+) -> BackendOutcome:
+    """:func:`select` without the package-time figures."""
     if setting == "eager":
         return BackendOutcome(setting, "eager", "handler.decode_step is eager")
+    from handlers.core import runtime
+    from handlers.generation import decoder_export
+
     started = time.perf_counter()
+    refused: list[dict[str, str]] = []
 
     def eager(reason: str) -> BackendOutcome:
         logger.warning("decode_step %s: decoding stays eager: %s", setting, reason)
-        return BackendOutcome(setting, "eager", reason, time.perf_counter() - started)
+        return BackendOutcome(setting, "eager", reason, time.perf_counter() - started, refused=refused)
 
+    if setting == "auto" and manifest is not None:
+        precisions, refused = decoder_export.planned(manifest, precisions, runtime.cpu_kind())
+        if not precisions:
+            return eager("; ".join(f"{entry['precision']}: {entry['reason']}" for entry in refused))
     try:
-        converted, shape = convert(model)
-        paged = PagedModel(converted, shape, threads, *pool, int(model.get_input_embeddings().num_embeddings))
+        converted, shape, source = convert(model, folder)
     except Unconvertible as error:
+        refused.append({"precision": "any", "kind": "convert", "reason": str(error)})
         return eager(f"the model does not convert to OpenVINO paged attention: {error}")
-    expected = greedy_tokens(model, pad_token_id, None)
-    got = greedy_tokens(model, pad_token_id, paged)
-    if got != expected:
-        differing = sum(a != b for a, b in zip(got, expected, strict=True))
-        return eager(f"greedy fp32 tokens differ from eager on {differing} of {len(expected)} gate prompts")
-    reason = "greedy fp32 tokens equal to eager on the gate prompts"
-    outcome = BackendOutcome(setting, "openvino", reason, time.perf_counter() - started, paged)
-    logger.info("decode_step openvino: the paged-attention step serves (%s; %.0f s, %d blocks of %d tokens)", reason,
-                outcome.seconds, paged.blocks, paged.block_size)  # fmt: skip
-    return outcome
+    for precision in precisions:
+        paged, kind, reason = compile_gated(model, converted, shape, threads, pool, precision, gate)
+        if paged is not None and not kind:
+            outcome = BackendOutcome(setting, "openvino", reason, time.perf_counter() - started, paged,
+                                     paged.gate, refused, source)  # fmt: skip
+            logger.info("decode_step openvino: the %s paged-attention step serves (%s; decoder %s; %.0f s, %d blocks "
+                        "of %d tokens)", precision, reason, source, outcome.seconds, paged.blocks,
+                        paged.block_size)  # fmt: skip
+            return outcome
+        refused.append({"precision": precision, "kind": kind, "reason": reason})
+        logger.warning("decode_step openvino %s refused: %s", precision, reason)
+    return eager("; ".join(f"{entry['precision']}: {entry['reason']}" for entry in refused))
+
+
+def compile_gated(
+    model: Any, converted: Any, shape: CacheShape, threads: int, pool: tuple[int, int], precision: str, gate: Gate
+) -> tuple[PagedModel | None, str, str]:
+    """The paged step at ``precision`` gated by ``gate`` (its figures then on ``.gate``): (the step, or None where
+    it cannot run here; "" if it passed, else what refused it; the reason). A step the gate refused is returned
+    too (the package-time build times it all the same)."""
+    from handlers.core import runtime
+
+    if precision not in KV_PRECISIONS:
+        return None, "step", f"the paged step computes {PAGED_PRECISIONS}"
+    if precision != "fp32" and (why := runtime.machine_can_run(precision, torch.device("cpu"))):
+        return None, "machine", why
+    head = model.get_output_embeddings() if precision != "fp32" else None
+    vocab = int(model.get_input_embeddings().num_embeddings)
+    try:
+        paged = PagedModel(converted, shape, threads, *pool, vocab, precision, head)
+    except Unconvertible as error:
+        return None, "compile", str(error)
+    figures = gate(paged, precision)
+    paged.gate = figures.describe()
+    if not figures.passed:
+        return paged, "gate", f"decoding gate: {figures.summary()}"
+    return paged, "", f"passed the decoding gate: {figures.summary()}"

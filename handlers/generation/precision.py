@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,14 +139,20 @@ def compare(precision: str, reference: list[Sequence], got: list[Sequence], seco
 
 
 def decoding_gate(
-    fp32_model: Any, candidate: Any, pad_token_id: int, precision: str, reference: list[Sequence] | None = None
+    fp32_model: Any,
+    candidate: Any,
+    pad_token_id: int,
+    precision: str,
+    reference: list[Sequence] | None = None,
+    paged: Any = None,
 ) -> GateFigures:
-    """Greedy decoding of the gate prompts by ``candidate`` against ``fp32_model`` (``reference``: fp32's gate rows,
+    """Greedy decoding of the gate prompts by ``candidate`` (or by the paged step ``paged``,
+    :class:`handlers.generation.paged_openvino.PagedModel`) against ``fp32_model`` (``reference``: fp32's gate rows,
     when already decoded)."""
     started = time.perf_counter()
     if reference is None:
         reference = greedy_sequences(fp32_model, pad_token_id, logprobs=True)
-    got = greedy_sequences(candidate, pad_token_id, logprobs=True)
+    got = greedy_sequences(candidate, pad_token_id, logprobs=True, paged=paged)
     return compare(precision, reference, got, time.perf_counter() - started)
 
 
@@ -155,6 +162,7 @@ class GeneratorEngine(HandlerEngine):
 
     gate: GateFigures | None = None  # the last candidate's decoding gate (None: only fp32 was tried)
     fp32_rows: list[Sequence] | None = None  # fp32's gate rows, decoded once per load
+    decode_step: Any = None  # handler.decode_step's outcome (paged_openvino.BackendOutcome), chosen in the walk
 
     def load_backend(self, backend: str, precision: str, fp32_model: torch.nn.Module, loaded: Any) -> Any:
         if backend != "eager":
@@ -171,6 +179,27 @@ class GeneratorEngine(HandlerEngine):
         self.gate = decoding_gate(fp32_model, model, pad, precision, self.fp32_rows)
         logger.info("decoding gate for %s: %s (%.1f s)", precision, self.gate.summary(), self.gate.seconds)
         return None if self.gate.passed else self.gate.summary()
+
+    def select_backend(self, fp32_model: torch.nn.Module, loaded: Any, reference: Any) -> Any:
+        """The eager walk, then (while the fp32 model is at hand: the paged step converts and is gated from it) the
+        decoding step (``handler.decode_step``, :meth:`handlers.generator.GeneratorHandler.choose_decode_step`)."""
+        choice = super().select_backend(fp32_model, loaded, reference)
+        handler: Any = self.handler  # a GeneratorHandler
+        with self.load_phases.phase("decode_step"):
+            self.decode_step = handler.choose_decode_step(fp32_model, loaded, self.paged_gate(fp32_model, loaded))
+        return choice
+
+    def paged_gate(self, fp32_model: torch.nn.Module, loaded: Any) -> Callable[[Any, str], GateFigures]:
+        """The decoding gate of a paged step against fp32's gate rows (decoded once per load)."""
+
+        def gate(paged: Any, precision: str) -> GateFigures:
+            if self.fp32_rows is None:
+                self.fp32_rows = greedy_sequences(fp32_model, loaded.pad_token_id, logprobs=True)
+            figures = decoding_gate(fp32_model, fp32_model, loaded.pad_token_id, precision, self.fp32_rows, paged)
+            logger.info("decoding gate for the %s paged step: %s", precision, figures.summary())
+            return figures
+
+        return gate
 
     def precision_reason(self) -> str:
         """Why the served precision serves, in words."""

@@ -5,7 +5,7 @@ every assertion compares the paged step with eager torch, or a pool's state befo
 import pytest
 import torch
 
-from handlers.generation import paged_openvino
+from handlers.generation import paged_openvino, precision
 from handlers.generation.decoding import SamplingSettings, Sequence
 from handlers.generation.gate import greedy_tokens
 from handlers.generation.prefix_cache import PrefixCache
@@ -25,12 +25,21 @@ def tiny(kind):
     return LlamaForCausalLM(config).eval()  # grouped-query attention, rotary positions
 
 
+def gate(model):
+    """The handler's gate: greedy decoding of the gate prompts on the paged step against the eager fp32 model's."""
+    return lambda paged, wanted: precision.decoding_gate(model, model, 0, wanted, paged=paged)
+
+
+def select(model, setting="openvino", pool=(4096, 16), precisions=("fp32",)):
+    return paged_openvino.select(model, setting, 1, pool, list(precisions), gate(model))
+
+
 @pytest.fixture(scope="module", params=["gpt2", "llama"])
 def served(request):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     model = tiny(request.param)
-    outcome = paged_openvino.select(model, "openvino", 0, 1, (4096, 16), greedy_tokens)
+    outcome = select(model)
     yield model, outcome
     torch.set_num_threads(threads)
 
@@ -46,7 +55,9 @@ def test_the_model_converts_passes_the_gate_and_describe_says_what_serves(served
     model, outcome = served
     assert outcome.serving == "openvino" and outcome.paged is not None, outcome.reason
     shown = outcome.describe()
-    assert shown["setting"] == "openvino" and "equal to eager" in shown["reason"]
+    assert shown["setting"] == "openvino" and shown["precision"] == "fp32" and shown["output_layer"] == "compiled"
+    assert shown["reason"].startswith("passed the decoding gate: greedy fp32 tokens equal fp32's")
+    assert shown["gate"]["passed"] and shown["gate"]["max_logprob_difference"] < 1e-3
     assert shown["block_size"] >= 1 and shown["free_blocks"] == shown["blocks"]  # the gate gave its blocks back
     assert greedy_tokens(model, 0, paged=outcome.paged) == greedy_tokens(model, 0)
 
@@ -151,12 +162,71 @@ def test_a_full_pool_refuses_the_pass_and_leaves_the_rows_as_they_were(served):
 
 def test_eager_setting_and_an_unconvertible_model_decode_eagerly_with_the_reason(monkeypatch):
     model = tiny("gpt2")
-    assert paged_openvino.select(model, "eager", 0, 1, (1024, 4), greedy_tokens).describe()["serving"] == "eager"
+    assert select(model, "eager", (1024, 4)).describe()["serving"] == "eager"
 
     def refuse(model):
         raise paged_openvino.Unconvertible("the tracer refused an op")
 
-    monkeypatch.setattr(paged_openvino, "convert", refuse)
-    outcome = paged_openvino.select(model, "openvino", 0, 1, (1024, 4), greedy_tokens)
+    monkeypatch.setattr(paged_openvino, "export", refuse)
+    outcome = select(model, pool=(1024, 4))
     assert outcome.serving == "eager" and outcome.paged is None
     assert "does not convert" in outcome.reason and "the tracer refused an op" in outcome.reason
+
+
+def native_bf16():
+    from handlers.core import runtime
+
+    return runtime.machine_can_run("bf16", torch.device("cpu")) is None
+
+
+def test_bf16_paged_step_keeps_an_fp32_output_layer_and_passes_the_gate_on_clear_choices():
+    """A model whose greedy choices are clear (its output layer scaled 8 times) decodes on the bf16 paged step with
+    eager fp32's tokens; where the CPU has no native bf16 that precision is refused for the CPU and fp32 serves."""
+    model = tiny("gpt2")
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    outcome = select(model, precisions=("bf16", "fp32"))
+    assert outcome.serving == "openvino", outcome.reason
+    shown = outcome.describe()
+    if not native_bf16():
+        assert shown["precision"] == "fp32" and shown["refused"][0]["precision"] == "bf16"
+        assert "native bf16" in shown["refused"][0]["reason"]
+        return
+    assert (shown["precision"], shown["output_layer"], "refused" in shown) == ("bf16", "torch fp32", False)
+    assert 0 < shown["gate"]["max_logprob_difference"] <= precision.MAX_LOGPROB_DIFFERENCE
+    settings = [SamplingSettings(10, logprobs=0)] * len(PROMPTS)
+    eager, paged = decode(model, PROMPTS, settings), decode(model, PROMPTS, settings, paged=outcome.paged)
+    assert [s.token_ids for s in paged] == [s.token_ids for s in eager]
+    # The pool holds bf16 words; the prefix cache reads and writes fp32 tensors, rounded to bf16 and back exactly.
+    pool = outcome.paged
+    row = paged_openvino.PagedRow()
+    pool.run([(row, PROMPTS[2], True)])
+    kv = pool.read(row, 0, len(PROMPTS[2]))
+    assert kv[0][0].dtype == torch.float32 and torch.equal(kv[0][0], kv[0][0].to(torch.bfloat16).float())
+    copy = paged_openvino.PagedRow()
+    pool.write(copy, kv)
+    again = [tensor for pair in pool.read(copy, 0, len(PROMPTS[2])) for tensor in pair]
+    assert all(torch.equal(a, b) for a, b in zip([t for pair in kv for t in pair], again, strict=True))
+    pool.release(row)
+    pool.release(copy)
+    assert pool.free_blocks == pool.blocks
+
+
+def test_each_refused_precision_is_listed_and_a_step_no_gate_passes_decodes_eagerly(monkeypatch):
+    model = tiny("gpt2")
+
+    class Refusing:
+        passed = False
+
+        def summary(self):
+            return "greedy tokens differ"
+
+        def describe(self):
+            return {"passed": False}
+
+    outcome = paged_openvino.select(model, "openvino", 1, (1024, 4), ["int8", "fp32"], lambda paged, p: Refusing())
+    assert outcome.serving == "eager" and outcome.paged is None
+    assert [entry["precision"] for entry in outcome.refused] == ["int8", "fp32"]
+    assert outcome.refused[0]["reason"] == "the paged step computes fp32 or bf16"
+    assert outcome.refused[1]["reason"] == "decoding gate: greedy tokens differ"
+    assert outcome.reason == "int8: the paged step computes fp32 or bf16; fp32: decoding gate: greedy tokens differ"

@@ -44,6 +44,7 @@ def variant(source, target, change):
 
     shutil.copytree(source, target)
     (target / "identity.json").unlink(missing_ok=True)  # the content changes: the worker computes its identity
+    shutil.rmtree(target / "decode", ignore_errors=True)  # and the package-time build belongs to other weights
     model = AutoModelForCausalLM.from_pretrained(target / "lm", dtype=torch.float32)
     with torch.no_grad():
         change(model)
@@ -54,6 +55,30 @@ def variant(source, target, change):
 @pytest.fixture(scope="module")
 def peaked_dir(prepared_model_dir, tmp_path_factory):
     return variant(prepared_model_dir("generator"), tmp_path_factory.mktemp("peaked") / "model", peak)
+
+
+@pytest.fixture(scope="module")
+def echo_dir(prepared_model_dir, tmp_path_factory):
+    """The demo's folder with a model of clear choices whatever the CPU's bf16 rounding: input and output
+    embeddings tied and scaled 8 times, so each next token is the current one by a margin of nats (its top two
+    log probabilities differ by 4.6 or more on the gate prompts), where the demo's choices hang on hundredths."""
+    from transformers import AutoConfig, GPT2Config, GPT2LMHeadModel
+
+    target = tmp_path_factory.mktemp("echo") / "model"
+    shutil.copytree(prepared_model_dir("generator"), target)
+    (target / "identity.json").unlink(missing_ok=True)
+    shutil.rmtree(target / "decode", ignore_errors=True)
+    demo = AutoConfig.from_pretrained(target / "lm")
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=demo.vocab_size, n_positions=demo.n_positions,
+                        bos_token_id=demo.bos_token_id, eos_token_id=demo.eos_token_id)  # fmt: skip
+    model = GPT2LMHeadModel(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    for weights in (target / "lm").glob("*.safetensors"):
+        weights.unlink()
+    model.save_pretrained(target / "lm", safe_serialization=True)
+    return target
 
 
 @pytest.fixture(scope="module")
@@ -146,6 +171,33 @@ def test_auto_serves_the_peaked_model_in_bf16_with_fp32s_greedy_tokens_where_the
     json.loads(got[3]["text"])  # the structured output's masks apply to its logits as to fp32's
 
 
+def test_the_paged_step_decodes_in_bf16_behind_its_own_gate_with_fp32s_greedy_tokens(peaked_dir, echo_dir):
+    """The paged step (handler.decode_step openvino, the default) walks handler.precision too, gated on its own
+    decoding: its bf16 keeps keys and values in bf16 as well, so it may refuse a model eager bf16 passes."""
+    handler, context = load(echo_dir, "auto", prefill_chunk_tokens=3)
+    step = handler.describe()["decode_step"]
+    if not native_bf16():  # auto is fp32 here: the paged step is not offered bf16 at all
+        assert (step["serving"], step["precision"], "refused" in step) == ("openvino", "fp32", False)
+        return
+    assert (step["serving"], step["precision"], step["output_layer"]) == ("openvino", "bf16", "torch fp32")
+    assert step["gate"]["passed"] and 0 < step["gate"]["max_logprob_difference"] <= precision.MAX_LOGPROB_DIFFERENCE
+    assert step["reason"].startswith("passed the decoding gate: greedy bf16 tokens equal fp32's")
+    reference, reference_context = load(echo_dir, "fp32", prefill_chunk_tokens=3)
+    assert reference.describe()["decode_step"]["precision"] == "fp32"
+    got, want = decode_all(handler, context, BODIES), decode_all(reference, reference_context, BODIES)
+    for answer, expected in zip(got[:2], want[:2], strict=True):
+        assert [t["token_id"] for t in answer["logprobs"]] == [t["token_id"] for t in expected["logprobs"]]
+        for mine, theirs in zip(answer["logprobs"], expected["logprobs"], strict=True):
+            assert abs(mine["logprob"] - theirs["logprob"]) < precision.MAX_LOGPROB_DIFFERENCE
+    assert got[2]["completion_tokens"] == 10 and got[3]["finish_reason"] in ("stop", "length")
+
+    # Where the bf16 paged step's own gate refuses (it may, where eager bf16 passes), it is listed and fp32 serves.
+    step = load(peaked_dir, "auto")[0].describe()["decode_step"]
+    refusals = {entry["precision"]: entry["reason"] for entry in step.get("refused", [])}
+    assert step["precision"] == ("fp32" if "bf16" in refusals else "bf16") and step["gate"]["passed"]
+    assert all(reason.startswith("decoding gate: greedy bf16 tokens differ") for reason in refusals.values())
+
+
 def test_the_flat_model_is_refused_bf16_and_serves_fp32_with_the_gates_figures(flat_dir):
     handler, _ = load(flat_dir, "bf16")
     described = handler.describe()
@@ -154,12 +206,20 @@ def test_the_flat_model_is_refused_bf16_and_serves_fp32_with_the_gates_figures(f
     assert described["precision_reason"] == f"bf16 refused: {refused['reason']}"
     if not native_bf16():
         assert refused["reason"] == NO_NATIVE_BF16 and described["precision_gate"] is None
+        step = described["decode_step"]
+        assert step["precision"] == "fp32" and step["refused"] == [{"precision": "bf16", "reason": NO_NATIVE_BF16}]
         return
     # The cosine of its next-token logits to fp32's passes; its greedy tokens do not.
     assert refused["reason"].startswith("accuracy gate: greedy bf16 tokens differ from fp32's in ")
     gate = described["precision_gate"]
     assert gate["passed"] is False and gate["differing_rows"] >= 1 and len(gate["first_difference"]) == 2
     assert next(handler.loaded.model.parameters()).dtype == torch.float32
+    # The bf16 paged step is refused by its own decoding gate; the fp32 paged step serves.
+    step = described["decode_step"]
+    assert (step["serving"], step["precision"], step["gate"]["passed"]) == ("openvino", "fp32", True)
+    [paged_refusal] = step["refused"]
+    assert paged_refusal["precision"] == "bf16"
+    assert paged_refusal["reason"].startswith("decoding gate: greedy bf16 tokens differ from fp32's in ")
 
 
 def test_as_an_avx2_cpu_auto_resolves_to_fp32_and_bf16_is_refused_for_the_cpu(peaked_dir, monkeypatch):
