@@ -65,9 +65,10 @@ from handlers.generation.requests import (
     Served,
 )
 from handlers.generation.routes import DESCRIBE, GENERATION_ROUTES, DescribeRequest
+from handlers.generation.scheduler import Active
 from handlers.generation.semantic_cache.cache import SemanticCache, open_semantic_cache
 from handlers.generation.semantic_cache.options import SEMANTIC_CACHE_OPTION
-from handlers.generation.streaming import send_chunks
+from handlers.generation.streaming import STEP_PIECES, frontend_takes_step_pieces, send_chunks
 
 logger = logging.getLogger(__name__)
 
@@ -116,8 +117,10 @@ class GeneratorHandler(ServingHandler):
             minimum=0,
             help="per-step scheduling: while only running rows decode, more decoding steps run in the same TorchServe "
             "call until it would last longer than this (ms): the frontend's round trip is paid once for several "
-            "tokens and each stream gets their text in one piece; a request that arrives meanwhile waits at most this "
-            "long more to join, and one that ends or gets its first token is answered at once; 0 = one step a call",
+            "tokens, and each step's text still goes out as it comes (on the project's patched frontend; on "
+            "TorchServe as released the call's text goes out in one piece); a request that arrives meanwhile waits "
+            "at most this long more to join, and one that ends or gets its first token is answered at once; 0 = one "
+            "step a call",
         ),
         "compile_decode": compiled.CompileOption(
             str,
@@ -143,8 +146,9 @@ class GeneratorHandler(ServingHandler):
             help="what runs the decoding passes: eager = the model in torch; openvino = the model in OpenVINO with "
             "paged attention (keys and values in a block pool, logits only where a token is chosen; the decoder "
             "exported at package time, else traced at load) at handler.precision (auto: bf16 where the CPU has it "
-            "natively, its output layer in torch fp32), then at fp32, each kept only if its greedy decoding of a few "
-            "prompts passes the decoding gate against eager fp32's (the same tokens, log probabilities within 0.1), "
+            "natively, its output layer compiled apart at fp32), then at fp32, each kept only if its greedy decoding "
+            "of a few prompts passes the decoding gate against eager fp32's (the same tokens, log probabilities "
+            "within 0.1), "
             "else eager (describe says why); auto (the default) = openvino without what the package-time build "
             "refused (decode/manifest.json: a failed gate, or slower than eager on a CPU of this kind)",
         ),
@@ -176,6 +180,9 @@ class GeneratorHandler(ServingHandler):
         yaml_config = getattr(context, "model_yaml_config", None) or {}
         # TorchServe's continuousBatching hands the worker its requests at every step: decode one step per call.
         self.per_step = bool(yaml_config.get("continuousBatching", False))
+        # Several decoding steps in one call (decode_call_ms) send each step's text as it comes where the frontend
+        # reads pieces of a running call (the project's patched jar); else the call's text goes out with its answer.
+        self.step_pieces = self.per_step and frontend_takes_step_pieces()
         self.prefix_cache: PrefixCache | None = open_prefix_cache(self.config["prefix_cache"], self.identity)
         unsupported = kv_cache.unsupported_layers(self.loaded.model)
         if unsupported and self.per_step:
@@ -317,6 +324,7 @@ class GeneratorHandler(ServingHandler):
                 "max_batch_tokens": self.loop.scheduler.max_batch_tokens,
                 "prefill_chunk_tokens": self.loop.scheduler.batch.chunk_tokens,
                 "decode_call_ms": self.config["decode_call_ms"] if self.per_step else 0,
+                "step_pieces": self.step_pieces,
                 "mixed_passes": self.loop.scheduler.batch.mixable,  # chunks ride in the decoding passes
                 "running": len(self.loop.scheduler.running),
                 "waiting": len(self.loop.scheduler.waiting),
@@ -415,7 +423,11 @@ class GeneratorHandler(ServingHandler):
 
         # Something to answer already (a refusal, a cached answer) goes out after one step, not after several.
         budget_s = 0.0 if finals or any(r is not None for r in responses) else self.config["decode_call_ms"] / 1000
-        step = self.loop.step(arrived, scope.metrics, budget_s)
+
+        def send_pieces(pieces: list[tuple[Active, str]]) -> None:  # a step's text before the call's answer
+            self.stream_sink(context, self.stream_chunks(context, index_of, pieces), STEP_PIECES)
+
+        step = self.loop.step(arrived, scope.metrics, budget_s, send_pieces if self.step_pieces else None)
         for active, result in step.ended:
             idx = index_of[active.request_id]
             finals[idx] = (active.payload, result)
@@ -426,11 +438,8 @@ class GeneratorHandler(ServingHandler):
         for idx, (payload, result) in finals.items():
             responses[idx] = self.answer(scope, idx, payload, result)
             criteria[idx] = True if idx in scope.partly_answered else None  # a stream's last chunk, or one answer
-        for active, piece in step.pieces:
-            idx = index_of[active.client_id]  # n > 1: a choice's request
-            answers = active.generation.request.answers
-            context.set_response_content_type(idx, answers.stream_content_type)
-            responses[idx] = (responses[idx] or "") + piece  # n > 1: every choice's new text in one chunk
+        for idx, chunk in self.stream_chunks(context, index_of, step.pieces).items():
+            responses[idx] = chunk
             criteria[idx] = False  # ts_stream_next: true
         self.end_grpc_streams(context, len(data))
         context.stopping_criteria = {idx: (lambda _answer, last=last: last) for idx, last in criteria.items()}
@@ -438,6 +447,17 @@ class GeneratorHandler(ServingHandler):
             if idx not in criteria:  # not part of this answer: TorchServe hands it over again at the next step
                 del context.request_ids[idx]
         return [response if response is not None else "" for response in responses]
+
+    @staticmethod
+    def stream_chunks(context: Any, index_of: dict[str, int], pieces: list[tuple[Active, str]]) -> dict[int, str]:
+        """Streams' pieces as {batch index: chunk}, each request's content type set (n > 1: every choice's new text
+        in its request's one chunk)."""
+        chunks: dict[int, str] = {}
+        for active, piece in pieces:
+            idx = index_of[active.client_id]  # n > 1: a choice's request
+            context.set_response_content_type(idx, active.generation.request.answers.stream_content_type)
+            chunks[idx] = chunks.get(idx, "") + piece
+        return chunks
 
     def cancel_missing(self, request_ids: list[str], scope: BatchScope) -> None:
         """Requests TorchServe no longer hands over: their clients went away, their rows are freed."""

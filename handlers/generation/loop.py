@@ -138,13 +138,21 @@ class GenerationLoop:
                 self.groups[request_id] = ChoiceGroup(actives)
         return answered
 
-    def step(self, arrived: float, metrics: HandlerMetrics, budget_s: float = 0.0) -> StepResult:
+    def step(
+        self,
+        arrived: float,
+        metrics: HandlerMetrics,
+        budget_s: float = 0.0,
+        send_pieces: Callable[[list[tuple[Active, str]]], None] | None = None,
+    ) -> StepResult:
         """One forward pass: prefill the requests that can join, else step the running ones; then the requests that
         ended leave (the similarity cache keeps their answers) and each open stream's new text is returned.
 
         With ``budget_s`` more decoding passes follow in the same call while :meth:`goes_on` allows (the call has
         lasted less than ``budget_s``, counting the next pass as long as the last, and nothing needs the frontend):
-        TorchServe's round trip is then paid once for several tokens, and each stream gets their text in one piece."""
+        TorchServe's round trip is then paid once for several tokens. Each pass's stream pieces but the last go to
+        ``send_pieces`` as they come (the patched frontend sends them on at once); without it each stream gets the
+        call's text in one piece."""
         started = time.perf_counter()
         result = StepResult()
         iterations: list[Iteration] = []
@@ -163,16 +171,26 @@ class GenerationLoop:
             finished = self.end_finished(result)
             if finished or first or not self.goes_on(iteration, started, budget_s):
                 break
+            if send_pieces is not None:  # this pass's text goes now; the call goes on
+                sent = self.stream_pieces(streaming)
+                if sent:
+                    send_pieces(sent)
+                streaming = {}
+        result.pieces = self.stream_pieces(streaming)
+        self.record_steps(iterations, first, metrics)
+        return result
+
+    def stream_pieces(self, streaming: dict[str, Active]) -> list[tuple[Active, str]]:
+        """The new text of each stream that got tokens, as its chunk (its stream is then open)."""
+        pieces = []
         for request_id, active in streaming.items():
             # One that ended sends the rest of its text in its last chunk; a stream without new text this call is
             # left out of the answer, as a plain request is.
             piece = unsent_text(active.generation) if request_id in self.scheduler.active else ""
             if piece:
-                result.pieces.append((active, stream_chunk(active.generation, piece)))
-        for active, _ in result.pieces:
-            active.opened = True
-        self.record_steps(iterations, first, metrics)
-        return result
+                pieces.append((active, stream_chunk(active.generation, piece)))
+                active.opened = True
+        return pieces
 
     def goes_on(self, iteration: Iteration, started: float, budget_s: float) -> bool:
         """Whether another decoding pass may run in this call (the caller stops it first when a generation ended

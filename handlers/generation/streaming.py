@@ -15,6 +15,13 @@ streaming ones). TorchServe's frontend keeps a request's HTTP response open whil
 ``ts_stream_next: true``; the handler's normal return value then closes every streamed response with its last chunk.
 How a piece is framed on the wire (an NDJSON line, a server-sent event) is the request's API's choice
 (:mod:`handlers.generation.answers`); :func:`ndjson` and :func:`sse` are the two framings.
+
+Per-step scheduling (``continuousBatching``) answers each TorchServe call with the streams' new text. When one call
+runs several decoding steps (``handler.decode_call_ms``), each step's pieces but the last go out as they come, as
+intermediate responses marked :data:`STEP_PIECES`: only the project's patched frontend (``scripts/frontend_fixes``)
+reads those as pieces of a call still running; TorchServe 0.12 as released would take the first one for the call's
+answer. :func:`frontend_takes_step_pieces` says whether the installed frontend is the patched one; without it the
+steps' text goes out together with the call's answer.
 """
 
 from __future__ import annotations
@@ -144,11 +151,35 @@ SSE_CONTENT_TYPE = "text/event-stream"
 SSE_DONE = "data: [DONE]\n\n"  # OpenAI's end of a stream
 
 
-def send_chunks(context: Any, chunks: dict[int, str]) -> None:
+STEP_PIECES = "serving-fixes: step pieces"  # scripts/frontend_fixes/FrontendFixes.java's STEP_PIECES
+INTERMEDIATE = "Intermediate response"  # TorchServe's own: whole-batch streaming
+STEP_PIECES_FIX = "sendResponse -> sendResponse"  # the patched frontend's marker lists this fix
+
+
+def send_chunks(context: Any, chunks: dict[int, str], message: str = INTERMEDIATE) -> None:
     """Send {batch index: text} as one intermediate response to those requests only; the others get nothing yet.
 
-    Each request's content type (NDJSON or server-sent events) is set on the context before (the handler does)."""
+    Each request's content type (NDJSON or server-sent events) is set on the context before (the handler does).
+    ``message``: :data:`STEP_PIECES` for a per-step call's pieces sent before its answer."""
     from ts.handler_utils.utils import send_intermediate_predict_response
 
     request_ids = {idx: context.request_ids[idx] for idx in chunks}
-    send_intermediate_predict_response(chunks, request_ids, "Intermediate response", 200, context)
+    send_intermediate_predict_response(chunks, request_ids, message, 200, context)
+
+
+def frontend_takes_step_pieces() -> bool:
+    """Whether the installed TorchServe frontend carries the project's fix that reads :data:`STEP_PIECES` messages
+    (its jar's META-INF/serving-fixes.json lists it: ``make install`` patches it)."""
+    import json
+    import zipfile
+    from pathlib import Path
+
+    try:
+        import ts
+
+        jar = Path(ts.__file__).parent / "frontend" / "model-server.jar"
+        with zipfile.ZipFile(jar) as archive:
+            fixes = json.loads(archive.read("META-INF/serving-fixes.json")).get("fixes", [])
+    except (ImportError, OSError, KeyError, ValueError, zipfile.BadZipFile):
+        return False
+    return any(fix.endswith(STEP_PIECES_FIX) for fix in fixes)

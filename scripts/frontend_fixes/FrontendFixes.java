@@ -20,8 +20,11 @@ import org.pytorch.serve.job.Job;
 import org.pytorch.serve.util.ApiUtils;
 import org.pytorch.serve.util.ConfigManager;
 import org.pytorch.serve.util.NettyUtils;
+import org.pytorch.serve.util.messages.ModelWorkerResponse;
+import org.pytorch.serve.util.messages.Predictions;
 import org.pytorch.serve.util.messages.WorkerCommands;
 import org.pytorch.serve.wlm.BatchAggregator;
+import org.pytorch.serve.wlm.ContinuousBatching;
 import org.pytorch.serve.wlm.Model;
 import org.pytorch.serve.wlm.ModelManager;
 import org.pytorch.serve.wlm.WorkerInitializationException;
@@ -50,6 +53,9 @@ import io.netty.handler.codec.http.QueryStringDecoder;
  *       unregistering at once; after a scale to 0 once the model has stayed without workers for {@value
  *       #ZERO_WORKERS_GRACE_SECONDS} s, so a restart of its workers keeps its queue). 0.12 left them unanswered: the
  *       clients waited until their own timeout.
+ *   <li>{@link #sendResponse}: a continuousBatching worker may send stream pieces in the middle of a call (several
+ *       decoding steps in one call, each step's text sent as it comes). 0.12 took any message as the call's answer:
+ *       the worker's real answer then went to the next call, and every answer after it to the wrong one.
  *   <li>{@link #releaseJobs}: a worker thread that stops (scaled down, unregistered, its process died) while it was
  *       collecting a batch dropped the requests it had taken but not yet sent to its process; they go back to the
  *       queue for another worker now, or are answered 503 when the model has no workers left.
@@ -299,5 +305,41 @@ public final class FrontendFixes {
         } catch (ModelVersionNotFoundException | RuntimeException e) {
             return false;
         }
+    }
+
+    /**
+     * The message of a continuousBatching worker's stream pieces sent in the middle of a call (the generator's
+     * handlers/generation/streaming.py STEP_PIECES).
+     */
+    public static final String STEP_PIECES = "serving-fixes: step pieces";
+
+    /**
+     * Replaces {@code aggregator.sendResponse(reply)} in WorkerThread.run. A continuousBatching worker's message
+     * marked {@link #STEP_PIECES} carries stream pieces of a call still running: each open job gets its piece, the
+     * batch stays as it is, and the worker thread waits for the call's answer (false: not the last message of the
+     * call). Every other message is 0.12's.
+     */
+    @SuppressWarnings("unchecked")
+    public static boolean sendResponse(BatchAggregator aggregator, ModelWorkerResponse message) {
+        if (!(aggregator instanceof ContinuousBatching)
+                || message.getCode() != 200
+                || !STEP_PIECES.equals(message.getMessage())) {
+            return aggregator.sendResponse(message);
+        }
+        Map<String, Job> jobs = (Map<String, Job>) read(AGGREGATOR_JOBS, aggregator);
+        long now = System.currentTimeMillis();
+        for (Predictions prediction : message.getPredictions()) {
+            Job job = jobs.get(prediction.getRequestId());
+            if (job == null || !job.isOpen() || job.getPayload().getClientExpireTS() <= now) {
+                continue; // gone: the call's answer, or the next step's batch, drops it as 0.12 does
+            }
+            job.response(
+                    prediction.getResp(),
+                    prediction.getContentType(),
+                    prediction.getStatusCode(),
+                    prediction.getReasonPhrase(),
+                    prediction.getHeaders());
+        }
+        return false;
     }
 }

@@ -13,7 +13,10 @@ host (docs/operations.md, "Management calls that cannot hurt serving"):
 - unregistering a model, or scaling it to 0 workers, leaves the requests still queued for it (and those its stopped
   workers held) without any answer: their clients wait until their own timeout. They get a 503 now;
 - a worker thread that stops while collecting a batch drops the requests it had taken but not yet sent: they go back
-  to the queue for another worker, or get a 503 when the model has no workers left.
+  to the queue for another worker, or get a 503 when the model has no workers left;
+- a `continuousBatching` worker cannot send stream pieces in the middle of a call: the frontend took any message as
+  the call's answer, so a generator running several decoding steps in one call had to send their text together. The
+  pieces marked as such (STEP_PIECES) now go to their clients while the call goes on.
 
 This rewrites the call sites involved in the installed `ts/frontend/model-server.jar` to the replacements in
 FrontendFixes.java (compiled here with javac), keeping the original beside it as `model-server.jar.orig`. Only the
@@ -62,6 +65,7 @@ class Redirect:
     expected: int
 
 
+WORKER_RESPONSE = "Lorg/pytorch/serve/util/messages/ModelWorkerResponse;"
 REDIRECTS = (
     Redirect(
         "org/pytorch/serve/wlm/ContinuousBatching.class",
@@ -101,6 +105,14 @@ REDIRECTS = (
         ("org/pytorch/serve/wlm/ModelManager", "unregisterModel", "(Ljava/lang/String;Ljava/lang/String;)I"),
         "unregisterModel",
         "(Lorg/pytorch/serve/wlm/ModelManager;Ljava/lang/String;Ljava/lang/String;)I",
+        1,
+    ),
+    Redirect(
+        "org/pytorch/serve/wlm/WorkerThread.class",
+        "run",
+        ("org/pytorch/serve/wlm/BatchAggregator", "sendResponse", f"({WORKER_RESPONSE})Z"),
+        "sendResponse",
+        f"(Lorg/pytorch/serve/wlm/BatchAggregator;{WORKER_RESPONSE})Z",
         1,
     ),
     Redirect(

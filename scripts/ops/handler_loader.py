@@ -131,7 +131,7 @@ class ChunkRecorder:
     def __init__(self) -> None:
         self.messages: list[dict[int, str]] = []
 
-    def __call__(self, context: Any, chunks: dict[int, str]) -> None:
+    def __call__(self, context: Any, chunks: dict[int, str], message: str = "") -> None:
         self.messages.append(dict(chunks))
 
 
@@ -195,6 +195,7 @@ class FrontendJob:
     body: str | None = None  # a whole answer
     done: bool = False
     steps: int = 0  # handle() calls it was part of
+    step_pieces: int = 0  # chunks it got in the middle of a call (several decoding steps in one call)
 
     @property
     def text(self) -> str:
@@ -221,6 +222,7 @@ class ContinuousFrontend:
         self.jobs: dict[str, FrontendJob] = {}
         self.ids = itertools.count()
         self.calls = 0
+        handler.stream_sink = self.take_step_pieces  # pieces of a running call, as the patched frontend takes them
 
     def submit(
         self, body: Any, headers: Mapping[str, str] | None = None, over_grpc: bool = False, **inputs: Any
@@ -275,6 +277,19 @@ class ContinuousFrontend:
             else:
                 job.cached = True
         return finished
+
+    def take_step_pieces(self, context: Any, chunks: dict[int, str], message: str = "") -> None:
+        """A step's pieces sent in the middle of a call (handler.decode_call_ms): each open job gets its chunk and
+        the call goes on (scripts/frontend_fixes' sendResponse)."""
+        from handlers.generation.streaming import STEP_PIECES
+
+        if message != STEP_PIECES:
+            raise AssertionError(f"a per-step handler sent an intermediate response marked {message!r}")
+        for idx, text in chunks.items():
+            job = self.jobs.get(context.request_ids[idx])
+            if job is not None and job.connected:
+                job.chunks.append(text)
+                job.step_pieces += 1
 
     def disconnect(self, job: FrontendJob) -> None:
         """Its client goes away: TorchServe drops the job after its next chunk (a plain job runs to its end)."""

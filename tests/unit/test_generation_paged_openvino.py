@@ -192,7 +192,7 @@ def test_bf16_paged_step_keeps_an_fp32_output_layer_and_passes_the_gate_on_clear
         assert shown["precision"] == "fp32" and shown["refused"][0]["precision"] == "bf16"
         assert "native bf16" in shown["refused"][0]["reason"]
         return
-    assert (shown["precision"], shown["output_layer"], "refused" in shown) == ("bf16", "torch fp32", False)
+    assert (shown["precision"], shown["output_layer"], "refused" in shown) == ("bf16", "fp32, compiled apart", False)
     assert 0 < shown["gate"]["max_logprob_difference"] <= precision.MAX_LOGPROB_DIFFERENCE
     settings = [SamplingSettings(10, logprobs=0)] * len(PROMPTS)
     eager, paged = decode(model, PROMPTS, settings), decode(model, PROMPTS, settings, paged=outcome.paged)

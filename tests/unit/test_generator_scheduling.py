@@ -158,21 +158,25 @@ def several(model_dir):
     return load_handler(model_dir, "generator", ALL_STEPS, continuous_batching=True)
 
 
-def test_a_lone_stream_gets_a_piece_per_call_and_one_piece_per_step_without_a_budget(stepper, several, whole):
+def test_a_lone_stream_gets_a_piece_per_step_whether_or_not_steps_share_calls(stepper, several, whole):
     body = {**LONG, "stream": True}
     expected = reference(whole, body)
-    calls = {}
+    calls, chunks = {}, {}
     for name, (handler, context) in (("one step a call", stepper), ("steps share calls", several)):
         frontend = ContinuousFrontend(handler, context)
         job = frontend.submit(body)
         calls[name] = frontend.run()
         text, final = received(job)
         assert text == expected["text"] and final["completion_tokens"] == expected["completion_tokens"], name
+        chunks[name] = (job.chunks, job.step_pieces)
     # One call per token: the prefill gives the first, each decoding step one more.
     assert calls["one step a call"] == LONG["max_new_tokens"]
     # The first token goes out at once (its own call); every other step runs in the next call, which ends with the
-    # stream: its last chunk carries the text of 119 tokens.
+    # stream. Each of its steps' text still goes out as it comes (pieces of a running call, on the patched
+    # frontend): the client gets the same chunks as with one step a call.
     assert calls["steps share calls"] == 2
+    assert chunks["steps share calls"][0] == chunks["one step a call"][0]
+    assert chunks["one step a call"][1] == 0 and chunks["steps share calls"][1] >= len(chunks["one step a call"][0]) - 3
 
 
 def test_steps_share_a_call_until_a_request_ends_and_its_answer_leaves_with_its_last_token(several, whole):
@@ -188,8 +192,9 @@ def test_steps_share_a_call_until_a_request_ends_and_its_answer_leaves_with_its_
         frontend.step()  # steps 2..4: the short one ends, and the call with it
         assert short.done and short.status == 200
         assert sum(metrics.values("DecodeSteps")) == SHORT["max_new_tokens"] - 1
-        # Each stream got the text of those three steps in one piece (the demo's byte-level tokens may add none).
-        assert all(len(job.chunks) <= 2 for job in streams)
+        # Each stream got the text of each of those three steps as it came (the demo's byte-level tokens may add
+        # none): two as pieces of the running call, the third with the call's answer.
+        assert all(len(job.chunks) <= 4 and job.step_pieces <= 2 for job in streams)
         first_tokens = len(metrics.values("TimeToFirstTokenSeconds"))
         frontend.submit({**SHORT, "prompt": "Joining", "stream": True})
         frontend.step()  # a request handed over while others decode joins at the next call: its first token
@@ -202,7 +207,7 @@ def test_steps_share_a_call_until_a_request_ends_and_its_answer_leaves_with_its_
     for job, body in zip(streams, bodies, strict=True):
         text, final = received(job)
         assert text == reference(whole, body)["text"] and final["completion_tokens"] == body["max_new_tokens"]
-        assert len(job.chunks) < body["max_new_tokens"] // 2  # pieces of several tokens each
+        assert job.step_pieces > 0  # sent in the middle of calls
     assert received(short)[0] == reference(whole, SHORT)["text"]
 
 
