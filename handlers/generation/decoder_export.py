@@ -12,7 +12,7 @@ and writes here:
 **No second copy of the weights.** An IR's ``.bin`` is its constants end to end. Every large one is one of the
 model's parameters or buffers, byte for byte (or transposed), so the archive stores, per constant, which tensor it
 is, and :func:`read` rebuilds the ``.bin`` at load from the model the worker has already loaded. The archive grows
-by the XML and a few kB instead of the model's size again; a worker skips the trace (3.3 s of a 124 M model's load).
+by the XML and a few kB instead of the model's size again; a worker skips the trace (docs/results.md: the load).
 A tensor that is missing or has another size at load (other weights, another transformers version's names) makes
 :func:`read` refuse, and the worker traces the model itself as before.
 """

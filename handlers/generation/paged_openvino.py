@@ -208,8 +208,8 @@ def first_line(error: BaseException) -> str:
 # ------------------------------------------------------------------------------------------------ the step
 class Fp32OutputLayer:
     """A torch Linear (the output layer) compiled by OpenVINO on its own at fp32: [rows, hidden] -> [rows, vocab].
-    Measured on the 124 M model's 768 x 50,257 layer, 2 threads: 5.2 ms a row and 7.2 ms for 16 rows, where torch's
-    fp32 Linear took 11.7 and 23.1 (it reads the 154 MB of weights less well)."""
+    With torch's fp32 Linear instead, the 124 M model's bf16 paged step was slower than its fp32 one (25.1 against
+    21.6 ms a row, package-time ranking, docs/results.md); compiled apart it is faster (17.6 against 21.4)."""
 
     def __init__(self, layer: torch.nn.Module, threads: int) -> None:
         import openvino as ov
