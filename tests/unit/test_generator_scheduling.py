@@ -613,3 +613,35 @@ def test_the_running_cache_grows_in_place_and_a_failed_step_leaves_it_as_it_was(
 def test_scheduling_options_are_checked_at_load(model_dir, overrides, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
         load_handler(model_dir, "generator", overrides, continuous_batching=True)
+
+
+def test_on_a_frontend_without_the_fix_a_calls_steps_reach_a_stream_in_one_piece(model_dir, whole, monkeypatch):
+    """TorchServe's jar as released takes any message for the call's answer: the worker then sends no pieces in the
+    middle of a call, and a call's steps go out together with its answer."""
+    import handlers.generator
+
+    monkeypatch.setattr(handlers.generator, "frontend_takes_step_pieces", lambda: False)
+    handler, context = load_handler(model_dir, "generator", ALL_STEPS, continuous_batching=True)
+    assert handler.describe()["scheduling"]["step_pieces"] is False
+    frontend = ContinuousFrontend(handler, context)
+    job = frontend.submit({**LONG, "stream": True})
+    assert frontend.run() == 2 and job.step_pieces == 0 and len(job.chunks) <= 2
+    assert received(job)[0] == reference(whole, {**LONG, "stream": True})["text"]
+
+
+def test_the_worker_sends_step_pieces_only_where_the_installed_jar_lists_the_fix(tmp_path, monkeypatch):
+    import json as json_module
+    import zipfile
+
+    import ts
+
+    from handlers.generation import streaming
+
+    monkeypatch.setattr(ts, "__file__", str(tmp_path / "__init__.py"))
+    assert streaming.frontend_takes_step_pieces() is False  # no jar at all
+    (tmp_path / "frontend").mkdir()
+    jar = tmp_path / "frontend" / "model-server.jar"
+    for fixes, expected in (([], False), ([f"WorkerThread.class:run {streaming.STEP_PIECES_FIX}"], True)):
+        with zipfile.ZipFile(jar, "w") as archive:
+            archive.writestr("META-INF/serving-fixes.json", json_module.dumps({"fixes": fixes}))
+        assert streaming.frontend_takes_step_pieces() is expected
