@@ -685,36 +685,19 @@ def select(
     minus what the package-time build (``folder``'s decode/manifest.json) refused: a precision whose gate or
     conversion failed there, or that ran slower than eager on a CPU like this one. ``pool``: (tokens, rows) the
     block pool must hold (:class:`PagedModel`)."""
-    from handlers.generation import decoder_export
-
-    manifest = decoder_export.read_manifest(folder) if folder is not None else None
-    outcome = choose(model, setting, threads, pool, precisions, gate, folder, manifest)
-    outcome.built = decoder_export.summary(manifest)
-    return outcome
-
-
-def choose(
-    model: Any,
-    setting: str,
-    threads: int,
-    pool: tuple[int, int],
-    precisions: list[str],
-    gate: Gate,
-    folder: Any,
-    manifest: dict[str, Any] | None,
-) -> BackendOutcome:
-    """:func:`select` without the package-time figures."""
-    if setting == "eager":
-        return BackendOutcome(setting, "eager", "handler.decode_step is eager")
     from handlers.core import runtime
     from handlers.generation import decoder_export
 
+    manifest = decoder_export.read_manifest(folder) if folder is not None else None
+    built = decoder_export.summary(manifest)
+    if setting == "eager":
+        return BackendOutcome(setting, "eager", "handler.decode_step is eager", built=built)
     started = time.perf_counter()
     refused: list[dict[str, str]] = []
 
     def eager(reason: str) -> BackendOutcome:
         logger.warning("decode_step %s: decoding stays eager: %s", setting, reason)
-        return BackendOutcome(setting, "eager", reason, time.perf_counter() - started, refused=refused)
+        return BackendOutcome(setting, "eager", reason, time.perf_counter() - started, refused=refused, built=built)
 
     if setting == "auto" and manifest is not None:
         precisions, refused = decoder_export.planned(manifest, precisions, runtime.cpu_kind())
@@ -729,7 +712,7 @@ def choose(
         paged, kind, reason = compile_gated(model, converted, shape, threads, pool, precision, gate)
         if paged is not None and not kind:
             outcome = BackendOutcome(setting, "openvino", reason, time.perf_counter() - started, paged,
-                                     paged.gate, refused, source)  # fmt: skip
+                                     paged.gate, refused, source, built)  # fmt: skip
             logger.info("decode_step openvino: the %s paged-attention step serves (%s; decoder %s; %.0f s, %d blocks "
                         "of %d tokens)", precision, reason, source, outcome.seconds, paged.blocks,
                         paged.block_size)  # fmt: skip
