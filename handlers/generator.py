@@ -148,9 +148,9 @@ class GeneratorHandler(ServingHandler):
             "exported at package time, else traced at load) at handler.precision (auto: bf16 where the CPU has it "
             "natively, its output layer compiled apart at fp32), then at fp32, each kept only if its greedy decoding "
             "of a few prompts passes the decoding gate against eager fp32's (the same tokens, log probabilities "
-            "within 0.1), "
-            "else eager (describe says why); auto (the default) = openvino without what the package-time build "
-            "refused (decode/manifest.json: a failed gate, or slower than eager on a CPU of this kind)",
+            "within 0.1), else eager (describe says why); auto (the default) = openvino without what the "
+            "package-time build refused (decode/manifest.json: a failed gate, or slower than eager on a CPU of this "
+            "kind)",
         ),
         "max_n": Option(
             int,
