@@ -1,13 +1,16 @@
-"""``handler.decode_step: openvino``: the decoding passes run by OpenVINO on the model converted to paged attention.
+"""``handler.decode_step`` (``openvino``, or ``auto``): the decoding passes run by OpenVINO on the model converted to
+paged attention.
 
-**The conversion** (:func:`convert`, at load; seconds for the 124 M model). The model's decoder is traced by
-``openvino.convert_model`` with its keys and values as explicit inputs and outputs; those pairs become the model's
-state (``apply_make_stateful_transformation``), and OpenVINO's ``paged_attention_transformation`` then replaces every
-attention by its paged-attention operation. The result takes one flattened token sequence per pass (any rows, each
-with any number of new tokens) and keeps every row's keys and values in blocks of a pool this module owns; a row's
-block table says which blocks hold its tokens. Two things are added to the traced decoder: a ``logits_rows`` input,
-so the output layer runs only at the tokens whose next token is chosen (the last of each row in the pass, not every
-prompt token), and an initial value for each state (the transformation matches only states that have one).
+**The conversion** (:func:`export` then :func:`to_paged`; :func:`convert` does both, reading the package-time export
+of :mod:`handlers.generation.decoder_export` instead of tracing where the archive has one). The model's decoder is
+traced by ``openvino.convert_model`` with its keys and values as explicit inputs and outputs; those pairs become the
+model's state (``apply_make_stateful_transformation``), and OpenVINO's ``paged_attention_transformation`` then
+replaces every attention by its paged-attention operation. The result takes one flattened token sequence per pass
+(any rows, each with any number of new tokens) and keeps every row's keys and values in blocks of a pool this module
+owns; a row's block table says which blocks hold its tokens. Two things are added to the traced decoder: a
+``logits_rows`` input, so the output layer runs only at the tokens whose next token is chosen (the last of each row
+in the pass, not every prompt token), and an initial value for each state (the transformation matches only states
+that have one).
 
 **The step** (:class:`PagedModel`): the compiled model, its block pool (per layer a keys and a values tensor of
 ``[blocks, kv heads, block size, head dim]``, allocated once at load) and :meth:`PagedModel.run`, one pass over
@@ -20,8 +23,12 @@ operations, so the scheduler, sampling, logprobs, structured outputs, n choices,
 work unchanged on it. Rows join and leave as block bookkeeping (no tensor copies, no padding), and chunked prefill
 always rides in the running rows' pass: a pass is just more tokens.
 
-At load the backend is gated (:func:`select`): greedy fp32 decoding of the gate prompts, batched and alone, must
-give exactly the eager model's tokens, or the handler decodes eagerly, with the reason logged and shown by describe.
+At load the step is chosen and gated (:func:`select`), at ``handler.precision`` then fp32 (bf16: OpenVINO's bf16
+decoder and keys and values, the output layer compiled apart at fp32, :class:`Fp32OutputLayer`): greedy decoding of
+the gate prompts, batched and alone, must give eager fp32's tokens with log probabilities within the precision
+gate's threshold, or the next precision is tried, and with none left the handler decodes eagerly, with the reasons
+logged and shown by describe. ``auto`` first leaves out what the package-time build refused
+(``scripts/build_decode_steps.py``, decode/manifest.json).
 """
 
 from __future__ import annotations
