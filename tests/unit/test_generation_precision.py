@@ -207,7 +207,8 @@ def test_the_flat_model_is_refused_bf16_and_serves_fp32_with_the_gates_figures(f
     if not native_bf16():
         assert refused["reason"] == NO_NATIVE_BF16 and described["precision_gate"] is None
         step = described["decode_step"]
-        assert step["precision"] == "fp32" and step["refused"] == [{"precision": "bf16", "reason": NO_NATIVE_BF16}]
+        refusal = {"precision": "bf16", "kind": "machine", "reason": NO_NATIVE_BF16}
+        assert step["precision"] == "fp32" and step["refused"] == [refusal]
         return
     # The cosine of its next-token logits to fp32's passes; its greedy tokens do not.
     assert refused["reason"].startswith("accuracy gate: greedy bf16 tokens differ from fp32's in ")
