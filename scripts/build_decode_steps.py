@@ -119,7 +119,8 @@ def build(model_dir: Path, config_path: Path, rank_seconds: float = 10.0, force:
     }
     with torch.inference_mode(False):
         manifest["decoder"], converted = export(loaded.model, model_dir)
-    candidates, refused = walk(loaded, converted, precisions, threads, rows)
+    unconvertible = manifest["decoder"].get("reason", "")
+    candidates, refused = walk(loaded, converted, unconvertible, precisions, threads, rows)
     ranking = rank(candidates, loaded, rows, rank_seconds)
     manifest.update(gate=gate_record(), ranking=ranking)
     kept, measured = order(candidates)
@@ -145,8 +146,9 @@ def load(model_dir: Path, handler: dict[str, Any]) -> Any:
 
 
 def export(model: Any, model_dir: Path) -> tuple[dict[str, Any], Any]:
-    """The decoder traced and saved (decode/openvino/); (what the manifest says of it, the stateful model or None
-    when the model does not convert)."""
+    """The decoder traced and saved (decode/openvino/), then read back as a worker reads it and made paged once
+    (every candidate compiles that one model, as a worker's walk does); (what the manifest says of it, the paged
+    model, or None when the model does not convert: the manifest's ``reason`` says why)."""
     from handlers.generation import decoder_export, paged_openvino
 
     started = time.perf_counter()
@@ -160,14 +162,19 @@ def export(model: Any, model_dir: Path) -> tuple[dict[str, Any], Any]:
     seconds = round(time.perf_counter() - started, 1)
     log(f"exported the decoder in {seconds} s: {from_model} of {recipe['bin_size']} constant bytes are the model's own")
     described = {"exported": True, "files": files, "seconds": seconds, "bin_size": recipe["bin_size"]}
-    return described | {"bytes_from_model": from_model}, decoder_export.read(model, model_dir)
+    described["bytes_from_model"] = from_model
+    try:
+        return described, paged_openvino.to_paged(decoder_export.read(model, model_dir))
+    except (paged_openvino.Unconvertible, decoder_export.ExportError) as error:
+        return described | {"reason": f"not paged: {error}"}, None
 
 
 def walk(
-    loaded: Any, converted: Any, precisions: list[str], threads: int, rows: int
+    loaded: Any, converted: Any, unconvertible: str, precisions: list[str], threads: int, rows: int
 ) -> tuple[list[Candidate], list[dict[str, Any]]]:
     """Every candidate built and gated against eager fp32: (those built, eager fp32 first, each with its gate's
-    refusal if any; those that could not be built, with why)."""
+    refusal if any; those that could not be built, with why). ``converted``: the paged model (None: it does not
+    convert, for ``unconvertible``)."""
     from handlers.generation import paged_openvino, precision
     from handlers.generation.gate import greedy_sequences
 
@@ -186,13 +193,11 @@ def walk(
             denied = None if figures.passed else refusal("eager", wanted, "gate", f"decoding gate: {figures.summary()}")
             candidates.append(Candidate("eager", wanted, model=eager, gate=figures.describe(), refusal=denied))
         if converted is None:
-            refused.append(refusal("openvino", wanted, "convert", "the model does not convert (see decoder)"))
+            refused.append(refusal("openvino", wanted, "convert", f"the model does not convert: {unconvertible}"))
             continue
         pool = (rows * (loaded.limits.max_prompt_tokens + loaded.limits.max_new_tokens), rows)
-        paged, kind, reason = paged_openvino.compile_gated(
-            model, paged_openvino.to_paged(converted.clone()), paged_openvino.cache_shape(model.config), threads,
-            pool, wanted, gate,
-        )  # fmt: skip
+        shape = paged_openvino.cache_shape(model.config)
+        paged, kind, reason = paged_openvino.compile_gated(model, converted, shape, threads, pool, wanted, gate)
         if paged is None:
             refused.append(refusal("openvino", wanted, kind, reason))
         else:

@@ -231,10 +231,10 @@ def main(argv=None):
         print(f"error: {error}", file=sys.stderr)
         return 1
     (args.out / "model_info.json").write_text(json.dumps(info, indent=2) + "\n")
-    return build_decode_steps(args)
+    return stage_decode_steps(args)
 
 
-def build_decode_steps(args):
+def stage_decode_steps(args):
     """OUT/decode/: the decoder exported, the decoding steps gated and ranked (scripts/build_decode_steps.py); removed
     with --decode-steps none."""
     from handlers.generation.decoder_export import FOLDER

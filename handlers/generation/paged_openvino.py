@@ -283,7 +283,7 @@ class PagedModel:
 
         self.vocab = vocab
         self.precision = precision
-        self.gate: dict[str, Any] | None = None  # its decoding gate's figures, once it passed (compile_gated)
+        self.gate: dict[str, Any] | None = None  # its decoding gate's figures, once gated (compile_gated)
         self.output_layer = None if output_layer is None else Fp32OutputLayer(output_layer, threads)
         self.output = OUTPUTS[0] if output_layer is None else OUTPUTS[1]
         ending = ov.Model([converted.output(self.output).get_node()], converted.get_parameters(), "paged_decoder")
@@ -646,7 +646,6 @@ class BackendOutcome:
     reason: str
     seconds: float = 0.0
     paged: PagedModel | None = None
-    gate: dict[str, Any] | None = None  # the serving paged step's decoding-gate figures
     refused: list[dict[str, str]] = field(default_factory=list)  # paged precisions tried and refused, with why
     decoder: str = ""  # where the serving paged step's decoder came from: the archive's export, or traced at load
     built: dict[str, Any] | None = None  # the package-time build's figures (decoder_export.summary), if any
@@ -655,7 +654,7 @@ class BackendOutcome:
         shown = {"setting": self.setting, "serving": self.serving, "reason": self.reason,
                  "seconds": round(self.seconds, 1)}  # fmt: skip
         if self.paged is not None:
-            shown.update(self.paged.describe(), passes=self.paged.passes, gate=self.gate, decoder=self.decoder)
+            shown.update(self.paged.describe(), passes=self.paged.passes, gate=self.paged.gate, decoder=self.decoder)
         if self.refused:
             shown["refused"] = self.refused
         shown["package_time"] = self.built
@@ -718,8 +717,8 @@ def select(
     for precision in precisions:
         paged, kind, reason = compile_gated(model, converted, shape, threads, pool, precision, gate)
         if paged is not None and not kind:
-            outcome = BackendOutcome(setting, "openvino", reason, time.perf_counter() - started, paged,
-                                     paged.gate, refused, source, built)  # fmt: skip
+            outcome = BackendOutcome(setting, "openvino", reason, time.perf_counter() - started, paged, refused,
+                                     source, built)  # fmt: skip
             logger.info("decode_step openvino: the %s paged-attention step serves (%s; decoder %s; %.0f s, %d blocks "
                         "of %d tokens)", precision, reason, source, outcome.seconds, paged.blocks,
                         paged.block_size)  # fmt: skip

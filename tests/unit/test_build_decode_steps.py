@@ -142,3 +142,22 @@ def test_make_package_sends_a_causal_lm_folder_to_the_generator_and_an_embedding
     shutil.copytree(staged / "lm", embedding)
     (embedding / "modules.json").write_text("[]")  # a sentence-transformers model (a decoder used for embeddings)
     assert package.template_for(embedding) == "text-model"
+
+
+def test_a_model_the_paged_transformation_refuses_is_recorded_and_the_eager_steps_still_rank(
+    staged, tmp_path, monkeypatch
+):
+    from handlers.generation import paged_openvino
+
+    def refuse(stateful):
+        raise paged_openvino.Unconvertible("the attention was not recognised (made up here)")
+
+    monkeypatch.setattr(paged_openvino, "to_paged", refuse)
+    folder = tmp_path / "model"
+    shutil.copytree(staged, folder)
+    manifest = build_decode_steps.build(folder, CONFIG, rank_seconds=1.0, force=True)
+    assert manifest["decoder"]["reason"] == "not paged: the attention was not recognised (made up here)"
+    paged = [entry for entry in manifest["refused"] if entry["step"] == "openvino"]
+    assert paged and all(entry["kind"] == "convert" for entry in paged)
+    assert all(entry["reason"].endswith("(made up here)") for entry in paged)
+    assert {entry["step"] for entry in manifest["candidates"]} == {"eager"}
