@@ -152,6 +152,15 @@ class GeneratorHandler(ServingHandler):
             "package-time build refused (decode/manifest.json: a failed gate, or slower than eager on a CPU of this "
             "kind)",
         ),
+        "decode_weights": Option(
+            str,
+            "auto",
+            paged_openvino.WEIGHT_SETTINGS,
+            help="the paged step's weights (handler.decode_step openvino or auto): int8 = the decoder's matrices in "
+            "int8 (one scale per output channel; the output layer stays fp32, computing in fp32) tried first, behind "
+            "the same decoding gate; full = the model's own weights only; auto (the default) = int8 only where the "
+            "package-time build gated it and ranked it (decode/manifest.json), fastest first",
+        ),
         "max_n": Option(
             int,
             8,
@@ -238,12 +247,15 @@ class GeneratorHandler(ServingHandler):
 
     def choose_decode_step(self, fp32_model: Any, loaded: LoadedGenerator, gate: Any) -> paged_openvino.BackendOutcome:
         """``handler.decode_step`` applied to the fp32 model (:func:`handlers.generation.paged_openvino.select`): the
-        paged step at ``handler.precision`` (auto: bf16 where native), then at fp32, each behind ``gate``."""
+        paged step with int8 weights (handler.decode_weights), at ``handler.precision`` (auto: bf16 where native),
+        then at fp32, each behind ``gate``."""
         wanted = runtime.resolve_precision(self.config["precision"], self.device)
-        precisions = [wanted] + (["fp32"] if wanted != "fp32" else [])
+        precisions, ranked_only = paged_openvino.walk_order(wanted, self.config["decode_weights"])
         pool = self.paged_pool(self.batch_token_budget(loaded.limits), loaded.limits.max_n)
         setting = self.config["decode_step"]
-        return paged_openvino.select(fp32_model, setting, self.threads, pool, precisions, gate, self.model_dir)
+        return paged_openvino.select(
+            fp32_model, setting, self.threads, pool, precisions, gate, self.model_dir, ranked_only
+        )
 
     def batch_token_budget(self, limits: Any) -> int:
         """handler.max_batch_tokens resolved: at least one request at its longest must fit."""

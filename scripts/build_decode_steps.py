@@ -8,19 +8,21 @@ for a causal LM's decoding step, run by scripts/prepare_generator.py on the stag
           a worker reads it instead of tracing the model at load
   gate    every candidate step decodes the gate prompts greedily (3 together and 1 alone, 12 tokens each), against
           eager fp32: the same tokens, and each chosen token's log probability within 0.1 of fp32's (the worker's
-          gate, handlers/generation/precision.py). Candidates: the paged OpenVINO step at fp32, and at bf16 where
-          this CPU computes bf16 natively; eager torch at bf16 there too; eager fp32 is the reference
+          gate, handlers/generation/precision.py). Candidates: the paged OpenVINO step at fp32, with int8 weights
+          (unless handler.decode_weights is full), and at bf16 where this CPU computes bf16 natively; eager torch
+          at bf16 there too; eager fp32 is the reference
   rank    the gated candidates' decoding steps, timed round-robin with eager fp32 (--rank-seconds, at least 3
           rounds, at the config's handler.threads): 1 row, and batchSize rows with one long prompt among short
           ones; a candidate's figure is its ms per generated token, the mean of the two sizes. A paged step over
-          10 % slower than eager at its own precision is refused; one its gate refused is timed too (what it
-          would give is on record)
+          10 % slower than eager at its own precision (int8 weights: fp32) is refused; one its gate refused is
+          timed too (what it would give is on record)
 
 MODEL_DIR/decode/manifest.json records every candidate's gate figures and step times, best first, and every
 refusal with its reason. `handler.decode_step: auto` (the default) serves the paged step without what was refused
-here (a failed gate or conversion on any machine; "slower" only on a CPU of the same kind) and gates it again at
-load; describe shows the manifest. A rebuild with the same inputs (weights, code, versions, CPU flags, options)
-keeps what is there.
+here (a failed gate or conversion on any machine; "slower" only on a CPU of the same kind), on a CPU of the same
+kind fastest first as ranked here, and gates it again at load; int8 weights serve (handler.decode_weights auto)
+only where they were ranked here. describe shows the manifest. A rebuild with the same inputs (weights, code,
+versions, CPU flags, options) keeps what is there.
 
     python -m scripts.build_decode_steps --model-dir build/generator --config models/generator/model-config.yaml
 Exit codes: 0 built or up to date (refused candidates are recorded, not errors), 1 the folder is unusable, 2 bad
@@ -50,6 +52,7 @@ CODE_INPUTS = (
     "handlers/generation/running.py",
 )
 SLOWER_MARGIN = 0.1  # a paged step is refused as slower only when over 10 % slower than eager (noise: a tiny model)
+EAGER_PRECISIONS = ("fp32", "bf16")  # int8 is the paged step's alone (its weights)
 RANK_LONG_PROMPT = 200  # tokens of the long prompt among short ones in the batchSize-row step (capped by the limits)
 
 
@@ -101,6 +104,8 @@ def build(model_dir: Path, config_path: Path, rank_seconds: float = 10.0, force:
     threads = int(config["handler"]["threads"]) or 1
     rows = int(config["yaml"].get("batchSize") or 1)
     precisions = ["fp32", "bf16"] if runtime.cpu_has_native_bf16() else ["fp32"]
+    if config["handler"]["decode_weights"] != "full":
+        precisions.append("int8")  # the paged step's int8 weights (eager has none)
     options = {"threads": threads, "rows": rows, "rank_seconds": rank_seconds, "precisions": precisions}
     staged = model_dir / "lm"
     key = build_key(staged, ["paged-openvino", "eager"], precisions, "cpu", options, CODE_INPUTS)
@@ -187,7 +192,7 @@ def walk(
         return precision.decoding_gate(model, model, pad, wanted, reference, paged)
 
     for wanted in precisions:
-        if wanted != "fp32":
+        if wanted in EAGER_PRECISIONS and wanted != "fp32":
             eager = precision.at_precision(model, wanted)
             figures = precision.decoding_gate(model, eager, pad, wanted, reference)
             denied = None if figures.passed else refusal("eager", wanted, "gate", f"decoding gate: {figures.summary()}")
@@ -262,16 +267,18 @@ def order(candidates: list[Candidate]) -> tuple[list[dict[str, Any]], list[dict[
         entry: dict[str, Any] = {"step": candidate.step, "precision": candidate.precision, "gate": candidate.gate}
         entry |= {"ms_per_step": {str(n): ms for n, ms in steps.items()}, "ms_per_token": per_token}
         entries.append(entry | (candidate.refusal or {}))
+    from handlers.generation.paged_openvino import STEP_PRECISIONS
+
     eager = {e["precision"]: e["ms_per_token"] for e in entries if e["step"] == "eager" and "kind" not in e}
     kept: list[dict[str, Any]] = []
     refused: list[dict[str, Any]] = []
     for entry in sorted(entries, key=lambda entry: entry["ms_per_token"]):
-        yardstick = eager.get(entry["precision"])
+        compute = STEP_PRECISIONS[entry["precision"]].compute if entry["step"] == "openvino" else entry["precision"]
+        yardstick = eager.get(compute)  # int8 weights compute in fp32: eager fp32 is theirs
         if "kind" in entry:
             refused.append(entry)
         elif entry["step"] == "openvino" and yardstick and entry["ms_per_token"] > yardstick * (1 + SLOWER_MARGIN):
-            reason = f"{entry['ms_per_token']} ms per token, over 10 % slower than eager/{entry['precision']} " \
-                     f"({yardstick})"  # fmt: skip
+            reason = f"{entry['ms_per_token']} ms per token, over 10 % slower than eager/{compute} ({yardstick})"
             refused.append(entry | {"kind": "slower", "reason": reason})
         else:
             kept.append(entry | {"rank": len(kept) + 1})

@@ -156,7 +156,8 @@ SPEED_REFUSAL = "slower"
 def planned(manifest: dict[str, Any], precisions: list[str], cpu_kind: str) -> tuple[list[str], list[dict[str, str]]]:
     """Of ``precisions`` (the paged step's, in the order the worker tries them), those the package-time build did
     not refuse for good, and the others as refusals: its gate and conversion refusals always carry over, a "slower
-    than eager" one only to a CPU of the kind it was measured on; a precision it did not try is tried."""
+    than eager" one only to a CPU of the kind it was measured on; a precision it did not try is tried. On a CPU of
+    the kind it was measured on, the kept ones are ordered by its ranking, fastest first."""
     same_kind = manifest.get("built_on", {}).get("cpu_kind") == cpu_kind
     refusals = {
         entry["precision"]: entry
@@ -171,7 +172,26 @@ def planned(manifest: dict[str, Any], precisions: list[str], cpu_kind: str) -> t
             kept.append(precision)
         else:
             refused.append({"precision": precision, "kind": "package", "reason": f"at package time: {entry['reason']}"})
+    if same_kind:  # measured on a CPU like this one: fastest first (a precision it did not rank keeps its place after)
+        ranks = {p: ranked(manifest, "openvino", p) or len(precisions) + 1 for p in kept}
+        kept.sort(key=lambda precision: ranks[precision])
     return kept, refused
+
+
+def refusal(manifest: dict[str, Any] | None, step: str, precision: str) -> dict[str, Any] | None:
+    """The package-time build's refusal of ``step`` at ``precision``, if it refused it."""
+    for entry in (manifest or {}).get("refused", []):
+        if entry.get("step") == step and entry.get("precision") == precision:
+            return entry
+    return None
+
+
+def ranked(manifest: dict[str, Any] | None, step: str, precision: str) -> int | None:
+    """The package-time rank of ``step`` at ``precision`` (1 = fastest), or None where it was not ranked."""
+    for entry in (manifest or {}).get("candidates", []):
+        if entry.get("step") == step and entry.get("precision") == precision:
+            return int(entry["rank"])
+    return None
 
 
 def summary(manifest: dict[str, Any] | None) -> dict[str, Any] | None:

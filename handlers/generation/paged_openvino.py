@@ -50,8 +50,28 @@ from handlers.generation.prefix_cache import NO_HIT, PrefixCache
 logger = logging.getLogger(__name__)
 
 SETTINGS = ("auto", "eager", "openvino")
-KV_PRECISIONS = {"fp32": "f32", "bf16": "bf16"}  # the paged attention's keys and values, by inference precision
-PAGED_PRECISIONS = " or ".join(KV_PRECISIONS)
+WEIGHT_SETTINGS = ("auto", "full", "int8")  # handler.decode_weights (:func:`walk_order`)
+
+
+@dataclass(frozen=True)
+class StepPrecision:
+    """What a paged step's precision means: OpenVINO's inference precision, its keys' and values' element type, and
+    whether the decoder's weights are int8 (:func:`int8_weights`)."""
+
+    compute: str
+    kv: str
+    int8_weights: bool = False
+
+
+STEP_PRECISIONS = {
+    "fp32": StepPrecision("fp32", "f32"),
+    "bf16": StepPrecision("bf16", "bf16"),
+    # int8 weights, fp32 everything else: OpenVINO's CPU plugin multiplies by the int8 matrices as they are (it
+    # widens them inside the matmul), so a step reads a quarter of the weight bytes fp32 reads
+    "int8": StepPrecision("fp32", "f32", int8_weights=True),
+}
+PAGED_PRECISIONS = ", ".join(STEP_PRECISIONS)
+INT8_SMALLEST = 8  # a matrix with a side under this is left as it is (nothing to gain; a scale per handful)
 OUTPUTS = ("logits", "hidden")  # the converted decoder's: the output layer's rows, and the hidden rows it reads
 RowKV = list[tuple[torch.Tensor, torch.Tensor]]
 
@@ -184,6 +204,65 @@ def convert(model: Any, folder: Any = None) -> tuple[Any, CacheShape, str]:
     return to_paged(stateful), cache_shape(model.config), source
 
 
+@dataclass(frozen=True)
+class Int8Weights:
+    """What :func:`int8_weights` made int8: how many matrices, their fp32 bytes and their int8 bytes (scales too)."""
+
+    matrices: int
+    fp32_bytes: int
+    int8_bytes: int
+
+    def describe(self) -> str:
+        return (f"int8, one scale per output channel: {self.matrices} decoder matrices, "
+                f"{self.fp32_bytes / 2**20:.1f} MiB as fp32 -> {self.int8_bytes / 2**20:.1f} MiB; the output layer "
+                "fp32")  # fmt: skip
+
+
+def int8_weights(converted: Any) -> tuple[Any, Int8Weights]:
+    """A copy of the converted decoder whose matmul weights are int8 with one fp32 scale per output channel
+    (symmetric: the channel's largest magnitude maps to 127), dequantised in the graph (Convert, Multiply), a
+    pattern OpenVINO's CPU plugin runs on the int8 matrix itself. The output layer (the matmul that makes the
+    logits) keeps its fp32 weights: log probabilities, sampling and structured outputs' masks read its numbers, as
+    bf16 keeps it. ``converted`` is left as it is (the fp32 and bf16 steps compile it); raises Unconvertible when
+    the decoder has no matmul weight to make int8."""
+    import openvino as ov
+    import openvino.opset13 as ops
+
+    model = converted.clone()
+    output_layer = logits_matmul(model)
+    matrices = fp32_bytes = int8_bytes = 0
+    for op in model.get_ordered_ops():
+        if op.get_type_name() != "MatMul" or op is output_layer:
+            continue
+        weight = op.input(1).get_source_output().get_node()
+        if weight.get_type_name() != "Constant" or weight.get_output_element_type(0) != ov.Type.f32:
+            continue
+        values = weight.get_data()
+        if values.ndim != 2 or min(values.shape) < INT8_SMALLEST:
+            continue
+        across = 1 if op.get_attributes()["transpose_b"] else 0  # the input side: one scale per output channel
+        scale = np.abs(values).max(axis=across, keepdims=True) / 127.0
+        scale[scale == 0] = 1.0  # an all-zero channel stays zero
+        quantised = np.clip(np.rint(values / scale), -127, 127).astype(np.int8)
+        scale = scale.astype(np.float32)
+        widened = ops.multiply(ops.convert(ops.constant(quantised), ov.Type.f32), ops.constant(scale))
+        op.input(1).replace_source_output(widened.output(0))
+        matrices += 1
+        fp32_bytes += values.nbytes
+        int8_bytes += quantised.nbytes + scale.nbytes
+    if not matrices:
+        raise Unconvertible("int8 weights: the decoder has no matmul weight to make int8")
+    return model, Int8Weights(matrices, fp32_bytes, int8_bytes)
+
+
+def logits_matmul(model: Any) -> Any:
+    """The matmul that makes the converted decoder's logits (its output layer), or None."""
+    node = model.output(OUTPUTS[0]).get_node()
+    while node.get_type_name() != "MatMul" and node.get_input_size() > 0:
+        node = node.input_value(0).get_node()
+    return node if node.get_type_name() == "MatMul" else None
+
+
 def give_states_initial_values(converted: Any, shape: CacheShape, ops: Any) -> None:
     """Every state read gets an initial value (empty keys/values for the pass's rows), and nothing but the gathers
     uses beam_idx: what the paged transformation needs to find and then remove them."""
@@ -268,26 +347,31 @@ class PagedModel:
         vocab: int,
         precision: str = "fp32",
         output_layer: torch.nn.Module | None = None,
+        weights: Int8Weights | None = None,
     ) -> None:
         """``tokens``: the keys and values the rows may hold together (the scheduler's budget); ``rows``: how many
         rows there may be at once, each of which may leave one block partly empty; ``vocab``: the model's input
         embeddings (a token id past them would read zeros here, where torch raises); ``precision``: what the
         passes compute in, fp32 or bf16 (OpenVINO's inference precision; its paged attention then keeps keys and
-        values in bf16 too); ``output_layer``: when given (a torch Linear), the compiled model ends at the hidden
-        rows and this layer, compiled on its own at fp32 (:class:`Fp32OutputLayer`), computes the logits from them:
-        an fp32 output layer under a bf16 decoder, as eager bf16 has (OpenVINO's precision hint would round its
-        inputs too, and the CPU plugin takes no per-layer exception to it)."""
+        values in bf16 too), or int8 (``converted`` is then :func:`int8_weights`'s copy, whose ``weights`` are
+        described; the passes compute in fp32); ``output_layer``: when given (a torch Linear), the compiled model
+        ends at the hidden rows and this layer, compiled on its own at fp32 (:class:`Fp32OutputLayer`), computes
+        the logits from them: an fp32 output layer under a bf16 decoder, as eager bf16 has (OpenVINO's precision
+        hint would round its inputs too, and the CPU plugin takes no per-layer exception to it)."""
         import openvino as ov
 
         from handlers.core.openvino_settings import openvino_config
 
         self.vocab = vocab
         self.precision = precision
+        self.weights = weights
+        kind = STEP_PRECISIONS[precision]
+        self.bf16_pool = kind.kv == "bf16"
         self.gate: dict[str, Any] | None = None  # its decoding gate's figures, once gated (compile_gated)
         self.output_layer = None if output_layer is None else Fp32OutputLayer(output_layer, threads)
         self.output = OUTPUTS[0] if output_layer is None else OUTPUTS[1]
         ending = ov.Model([converted.output(self.output).get_node()], converted.get_parameters(), "paged_decoder")
-        config = {**openvino_config(precision, threads), "KV_CACHE_PRECISION": KV_PRECISIONS[precision]}
+        config = {**openvino_config(kind.compute, threads), "KV_CACHE_PRECISION": kind.kv}
         try:
             self.compiled = ov.Core().compile_model(ending, "CPU", config)
         except Exception as error:
@@ -298,14 +382,14 @@ class PagedModel:
         self.blocks = self.blocks_for(tokens) + rows
         self.request = self.compiled.create_infer_request()
         self.pool: list[tuple[np.ndarray, np.ndarray]] = []
-        kind_of_value = getattr(ov.Type, KV_PRECISIONS[precision])
+        kind_of_value = getattr(ov.Type, kind.kv)
         for layer in range(shape.layers):
             tensors = []
-            for kind in ("key_cache", "value_cache"):
+            for cache in ("key_cache", "value_cache"):
                 tensor = ov.Tensor(kind_of_value, [self.blocks, shape.kv_heads, self.block_size, shape.head_dim])
-                self.request.set_tensor(f"{kind}.{layer}", tensor)
+                self.request.set_tensor(f"{cache}.{layer}", tensor)
                 # bf16 shows in numpy as float16 (same width): kept as raw 16-bit words, converted by torch
-                tensors.append(tensor.data.view(np.uint16) if precision == "bf16" else tensor.data)
+                tensors.append(tensor.data.view(np.uint16) if self.bf16_pool else tensor.data)
             self.pool.append((tensors[0], tensors[1]))
         self.free = list(range(self.blocks - 1, -1, -1))
         self.passes = 0
@@ -318,6 +402,7 @@ class PagedModel:
         return {
             "precision": self.precision,
             "output_layer": "compiled" if self.output_layer is None else "fp32, compiled apart",
+            "weights": "as the model's" if self.weights is None else self.weights.describe(),
             "block_size": self.block_size,
             "blocks": self.blocks,
             "free_blocks": self.free_blocks,
@@ -387,11 +472,11 @@ class PagedModel:
     def from_pool(self, words: np.ndarray) -> torch.Tensor:
         """``[tokens, kv heads, head dim]`` of the pool as ``[kv heads, tokens, head dim]`` fp32."""
         tensor = torch.from_numpy(words.transpose(1, 0, 2).copy())
-        return tensor.view(torch.bfloat16).float() if self.precision == "bf16" else tensor
+        return tensor.view(torch.bfloat16).float() if self.bf16_pool else tensor
 
     def to_pool(self, tensor: torch.Tensor) -> np.ndarray:
         """``[kv heads, tokens, head dim]`` as the pool holds it, ``[tokens, kv heads, head dim]``."""
-        if self.precision == "bf16":
+        if self.bf16_pool:
             tensor = tensor.to(torch.bfloat16).view(torch.uint16)
         return tensor.numpy().transpose(1, 0, 2)
 
@@ -649,6 +734,7 @@ class BackendOutcome:
     refused: list[dict[str, str]] = field(default_factory=list)  # paged precisions tried and refused, with why
     decoder: str = ""  # where the serving paged step's decoder came from: the archive's export, or traced at load
     built: dict[str, Any] | None = None  # the package-time build's figures (decoder_export.summary), if any
+    untried: dict[str, str] = field(default_factory=dict)  # precisions left out unmeasured (walk_order), with why
 
     def describe(self) -> dict[str, Any]:
         shown = {"setting": self.setting, "serving": self.serving, "reason": self.reason,
@@ -657,6 +743,8 @@ class BackendOutcome:
             shown.update(self.paged.describe(), passes=self.paged.passes, gate=self.paged.gate, decoder=self.decoder)
         if self.refused:
             shown["refused"] = self.refused
+        if self.untried:
+            shown["untried"] = self.untried
         shown["package_time"] = self.built
         return shown
 
@@ -675,6 +763,17 @@ class Figures(Protocol):
 Gate = Callable[["PagedModel", str], Figures]  # (a paged step, its precision) -> its decoding against eager fp32's
 
 
+def walk_order(precision: str, weights: str) -> tuple[list[str], set[str]]:
+    """The paged step's precisions in the order tried, for ``handler.precision`` resolved to ``precision`` and
+    ``handler.decode_weights`` ``weights``: (the order, those tried only where the package-time build ranked them).
+    ``precision`` first, then fp32; int8 weights ahead of both unless ``weights`` is ``full``, and with ``auto`` only
+    where the package-time build gated and timed them (a load-time gate alone would not say whether they pay)."""
+    order = [precision] + (["fp32"] if precision != "fp32" else [])
+    if weights == "full":
+        return order, set()
+    return ["int8", *order], ({"int8"} if weights == "auto" else set())
+
+
 def select(
     model: Any,
     setting: str,
@@ -683,6 +782,7 @@ def select(
     precisions: list[str],
     gate: Gate,
     folder: Any = None,
+    ranked_only: Iterable[str] = (),
 ) -> BackendOutcome:
     """Apply ``handler.decode_step``: ``eager``, or ``openvino`` when ``model`` (fp32) converts and the paged step
     passes ``gate`` (greedy decoding of the gate prompts against eager fp32's: the same tokens, log probabilities
@@ -690,7 +790,9 @@ def select(
     natively, with the output layer compiled apart at fp32); otherwise eager, with the reasons. ``auto`` is ``openvino``
     minus what the package-time build (``folder``'s decode/manifest.json) refused: a precision whose gate or
     conversion failed there, or that ran slower than eager on a CPU like this one. ``pool``: (tokens, rows) the
-    block pool must hold (:class:`PagedModel`)."""
+    block pool must hold (:class:`PagedModel`); ``ranked_only``: precisions tried only where that build ranked them
+    (:func:`walk_order`). With a build made on a CPU of this kind, the precisions are tried fastest first, as it
+    ranked them."""
     from handlers.core import runtime
     from handlers.generation import decoder_export
 
@@ -703,10 +805,13 @@ def select(
 
     def eager(reason: str) -> BackendOutcome:
         logger.warning("decode_step %s: decoding stays eager: %s", setting, reason)
-        return BackendOutcome(setting, "eager", reason, time.perf_counter() - started, refused=refused, built=built)
+        return BackendOutcome(setting, "eager", reason, time.perf_counter() - started, refused=refused, built=built,
+                              untried=untried)  # fmt: skip
 
+    precisions, untried = leave_out_unranked(manifest, precisions, ranked_only, refused)
     if setting == "auto" and manifest is not None:
-        precisions, refused = decoder_export.planned(manifest, precisions, runtime.cpu_kind())
+        precisions, denied = decoder_export.planned(manifest, precisions, runtime.cpu_kind())
+        refused += denied
         if not precisions:
             return eager("; ".join(f"{entry['precision']}: {entry['reason']}" for entry in refused))
     try:
@@ -718,7 +823,7 @@ def select(
         paged, kind, reason = compile_gated(model, converted, shape, threads, pool, precision, gate)
         if paged is not None and not kind:
             outcome = BackendOutcome(setting, "openvino", reason, time.perf_counter() - started, paged, refused,
-                                     source, built)  # fmt: skip
+                                     source, built, untried)  # fmt: skip
             logger.info("decode_step openvino: the %s paged-attention step serves (%s; decoder %s; %.0f s, %d blocks "
                         "of %d tokens)", precision, reason, source, outcome.seconds, paged.blocks,
                         paged.block_size)  # fmt: skip
@@ -726,6 +831,26 @@ def select(
         refused.append({"precision": precision, "kind": kind, "reason": reason})
         logger.warning("decode_step openvino %s refused: %s", precision, reason)
     return eager("; ".join(f"{entry['precision']}: {entry['reason']}" for entry in refused))
+
+
+def leave_out_unranked(
+    manifest: dict[str, Any] | None, precisions: list[str], ranked_only: Iterable[str], refused: list[dict[str, str]]
+) -> tuple[list[str], dict[str, str]]:
+    """``precisions`` without those of ``ranked_only`` the package-time build did not rank: one it refused is added
+    to ``refused`` with its reason; one it did not measure is returned as untried (no verdict on the model)."""
+    from handlers.generation import decoder_export
+
+    untried: dict[str, str] = {}
+    for precision in [wanted for wanted in precisions if wanted in set(ranked_only)]:
+        if decoder_export.ranked(manifest, "openvino", precision):
+            continue
+        precisions = [kept for kept in precisions if kept != precision]
+        if entry := decoder_export.refusal(manifest, "openvino", precision):
+            refused.append({"precision": precision, "kind": "package", "reason": f"at package time: {entry['reason']}"})
+        else:
+            why = "the archive has no package-time build" if manifest is None else "its build did not rank it"
+            untried[precision] = f"tried only where the package-time build ranked it, and {why}"
+    return precisions, untried
 
 
 def compile_gated(
@@ -736,14 +861,21 @@ def compile_gated(
     too (the package-time build times it all the same)."""
     from handlers.core import runtime
 
-    if precision not in KV_PRECISIONS:
+    kind = STEP_PRECISIONS.get(precision)
+    if kind is None:
         return None, "step", f"the paged step computes {PAGED_PRECISIONS}"
-    if precision != "fp32" and (why := runtime.machine_can_run(precision, torch.device("cpu"))):
+    if kind.compute != "fp32" and (why := runtime.machine_can_run(kind.compute, torch.device("cpu"))):
         return None, "machine", why
-    head = model.get_output_embeddings() if precision != "fp32" else None
+    weights = None
+    if kind.int8_weights:
+        try:
+            converted, weights = int8_weights(converted)
+        except Unconvertible as error:
+            return None, "convert", str(error)
+    head = model.get_output_embeddings() if kind.compute != "fp32" else None
     vocab = int(model.get_input_embeddings().num_embeddings)
     try:
-        paged = PagedModel(converted, shape, threads, *pool, vocab, precision, head)
+        paged = PagedModel(converted, shape, threads, *pool, vocab, precision, head, weights)
     except Unconvertible as error:
         return None, "compile", str(error)
     figures = gate(paged, precision)

@@ -54,7 +54,8 @@ def test_every_candidate_is_gated_and_timed_and_every_refusal_says_why(staged):
             assert entry["gate"]["logprob_threshold"] == 0.1
     tried = {(e["step"], e["precision"]) for e in ranked + manifest["refused"]}
     native = ["fp32", "bf16"] if runtime.cpu_has_native_bf16() else ["fp32"]
-    assert tried == {(step, precision) for step in ("eager", "openvino") for precision in native}
+    paged = {("openvino", "int8")}  # int8 weights: the paged step's alone, on any CPU
+    assert tried == {(step, precision) for step in ("eager", "openvino") for precision in native} | paged
     for entry in manifest["refused"]:
         assert entry["kind"] in ("gate", "slower", "compile", "convert") and entry["reason"]
         if entry["kind"] == "gate":
@@ -103,6 +104,36 @@ def test_only_refusals_about_the_model_carry_over_to_another_kind_of_cpu():
     assert kept == [] and [entry["precision"] for entry in refused] == ["bf16", "fp32"]
     manifest["refused"] = [{"step": "openvino", "precision": "bf16", "kind": "machine", "reason": "no bf16"}]
     assert decoder_export.planned(manifest, ["bf16"], "amx") == (["bf16"], [])  # a machine refusal never carries
+
+
+def test_on_the_cpu_kind_it_was_measured_on_the_walk_follows_the_ranking():
+    manifest = {
+        "built_on": {"cpu_kind": "amx"},
+        "candidates": [
+            {"rank": 1, "step": "openvino", "precision": "int8"},
+            {"rank": 2, "step": "eager", "precision": "fp32"},
+            {"rank": 3, "step": "openvino", "precision": "fp32"},
+            {"rank": 4, "step": "openvino", "precision": "bf16"},
+        ],
+        "refused": [],
+    }
+    assert decoder_export.planned(manifest, ["bf16", "fp32", "int8"], "amx")[0] == ["int8", "fp32", "bf16"]
+    assert decoder_export.planned(manifest, ["bf16", "fp32", "int8"], "avx2")[0] == ["bf16", "fp32", "int8"]
+    manifest["candidates"] = manifest["candidates"][1:3]  # bf16 and int8 not ranked: they keep their place, after
+    assert decoder_export.planned(manifest, ["bf16", "fp32", "int8"], "amx")[0] == ["fp32", "bf16", "int8"]
+
+
+def test_int8_weights_are_held_to_eager_fp32_and_refused_as_slower_than_it():
+    def timed(step, precision, ms):
+        candidate = build_decode_steps.Candidate(step, precision)
+        candidate.samples = {1: [ms / 1000], 16: [16 * ms / 1000]}
+        return candidate
+
+    kept, refused = build_decode_steps.order([timed("eager", "fp32", 10), timed("openvino", "int8", 12),
+                                              timed("openvino", "fp32", 9)])  # fmt: skip
+    assert [(e["step"], e["precision"]) for e in kept] == [("openvino", "fp32"), ("eager", "fp32")]
+    assert refused[0]["precision"] == "int8" and refused[0]["kind"] == "slower"
+    assert refused[0]["reason"] == "12.0 ms per token, over 10 % slower than eager/fp32 (10.0)"
 
 
 def test_an_export_that_does_not_fit_the_model_is_refused_by_name_and_the_worker_traces_instead(staged, tmp_path):

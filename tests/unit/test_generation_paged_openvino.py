@@ -212,6 +212,79 @@ def test_bf16_paged_step_keeps_an_fp32_output_layer_and_passes_the_gate_on_clear
     assert pool.free_blocks == pool.blocks
 
 
+def weight_constants(converted):
+    """The element types of the converted decoder's matmul weights: {matmul name: type}."""
+    found = {}
+    for op in converted.get_ordered_ops():
+        if op.get_type_name() == "MatMul":
+            source = op.input(1).get_source_output().get_node()
+            if source.get_type_name() == "Multiply":  # int8_weights' dequantisation: Convert(int8) x scale
+                source = source.input_value(0).get_node().input_value(0).get_node()
+            if source.get_type_name() == "Constant":
+                found[op.get_friendly_name()] = source.get_output_element_type(0).get_type_name()
+    return found
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_int8_weights_make_every_decoder_matrix_int8_keep_the_output_layer_and_pass_the_gate_on_clear_choices(kind):
+    """int8 weights (handler.decode_weights): every decoder matmul's weights int8 with a scale per output channel,
+    the output layer's fp32, the fp32 model left as it was; a model of clear choices keeps eager fp32's tokens."""
+    model = tiny(kind)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    converted, _, _ = paged_openvino.convert(model)
+    before = weight_constants(converted)
+    compressed, weights = paged_openvino.int8_weights(converted)
+    assert weight_constants(converted) == before  # the fp32 and bf16 steps compile the model as it was
+    after = weight_constants(compressed)
+    output_layer = paged_openvino.logits_matmul(compressed).get_friendly_name()
+    linears = [m for m in model.modules() if type(m).__name__ in ("Linear", "Conv1D") and m is not model.lm_head]
+    assert after.pop(output_layer) == "f32" and sorted(set(after.values())) == ["i8"]
+    assert weights.matrices == len(after) == len(linears)  # every decoder matrix, nothing else
+    assert weights.int8_bytes < weights.fp32_bytes / 3.5  # a quarter, and the scales
+
+    outcome = select(model, precisions=("int8", "fp32"))
+    shown = outcome.describe()
+    assert (outcome.serving, shown["precision"], "refused" in shown) == ("openvino", "int8", False), outcome.reason
+    assert shown["weights"].startswith(f"int8, one scale per output channel: {len(linears)} decoder matrices")
+    assert shown["gate"]["passed"] and 0 < shown["gate"]["max_logprob_difference"] <= precision.MAX_LOGPROB_DIFFERENCE
+    settings = [SamplingSettings(10, logprobs=0)] * len(PROMPTS)
+    eager, paged = decode(model, PROMPTS, settings), decode(model, PROMPTS, settings, paged=outcome.paged)
+    assert [s.token_ids for s in paged] == [s.token_ids for s in eager]
+    pairs = [pair for e, p in zip(eager, paged, strict=True) for pair in zip(e.logprobs, p.logprobs, strict=True)]
+    differences = [abs(mine.logprob - theirs.logprob) for mine, theirs in pairs]
+    assert 0 < max(differences) <= precision.MAX_LOGPROB_DIFFERENCE  # int8 numbers, not fp32's
+
+
+def test_int8_weights_the_gate_refuses_leave_the_next_precision_serving_with_the_figures():
+    """A model whose greedy choices hang on hundredths (random weights, output layer as initialised): int8's
+    rounding moves its log probabilities past the threshold, and fp32 serves."""
+    model = tiny("gpt2")
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if parameter.dim() == 2 and "wte" not in name and "wpe" not in name:
+                parameter.mul_(20.0)  # large matrices: int8's rounding error is large in nats
+    outcome = select(model, precisions=("int8", "fp32"))
+    shown = outcome.describe()
+    assert (outcome.serving, shown["precision"]) == ("openvino", "fp32"), outcome.reason
+    assert [entry["precision"] for entry in shown["refused"]] == ["int8"]
+    assert shown["refused"][0]["kind"] == "gate"
+    assert shown["refused"][0]["reason"].startswith("decoding gate: greedy int8 tokens")
+
+
+def test_the_walk_order_puts_int8_weights_first_and_auto_tries_them_only_where_ranked():
+    assert paged_openvino.walk_order("bf16", "auto") == (["int8", "bf16", "fp32"], {"int8"})
+    assert paged_openvino.walk_order("fp32", "int8") == (["int8", "fp32"], set())
+    assert paged_openvino.walk_order("bf16", "full") == (["bf16", "fp32"], set())
+    model = tiny("gpt2")
+    outcome = paged_openvino.select(model, "openvino", 1, (1024, 4), ["int8", "fp32"], gate(model),
+                                    ranked_only={"int8"})  # fmt: skip
+    shown = outcome.describe()
+    assert (shown["serving"], shown["precision"], "refused" in shown) == ("openvino", "fp32", False)
+    assert shown["untried"] == {"int8": "tried only where the package-time build ranked it, and the archive has no "
+                                "package-time build"}  # fmt: skip
+
+
 def test_each_refused_precision_is_listed_and_a_step_no_gate_passes_decodes_eagerly(monkeypatch):
     model = tiny("gpt2")
 
@@ -224,9 +297,9 @@ def test_each_refused_precision_is_listed_and_a_step_no_gate_passes_decodes_eage
         def describe(self):
             return {"passed": False}
 
-    outcome = paged_openvino.select(model, "openvino", 1, (1024, 4), ["int8", "fp32"], lambda paged, p: Refusing())
+    outcome = paged_openvino.select(model, "openvino", 1, (1024, 4), ["fp16", "fp32"], lambda paged, p: Refusing())
     assert outcome.serving == "eager" and outcome.paged is None
-    assert [entry["precision"] for entry in outcome.refused] == ["int8", "fp32"]
-    assert outcome.refused[0]["reason"] == "the paged step computes fp32 or bf16"
+    assert [entry["precision"] for entry in outcome.refused] == ["fp16", "fp32"]
+    assert outcome.refused[0]["reason"] == "the paged step computes fp32, bf16, int8"
     assert outcome.refused[1]["reason"] == "decoding gate: greedy tokens differ"
-    assert outcome.reason == "int8: the paged step computes fp32 or bf16; fp32: decoding gate: greedy tokens differ"
+    assert outcome.reason == "fp16: the paged step computes fp32, bf16, int8; fp32: decoding gate: greedy tokens differ"

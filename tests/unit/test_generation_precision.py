@@ -198,6 +198,42 @@ def test_the_paged_step_decodes_in_bf16_behind_its_own_gate_with_fp32s_greedy_to
     assert all(reason.startswith("decoding gate: greedy bf16 tokens differ") for reason in refusals.values())
 
 
+def amplify(model):
+    # Decoder matrices 20 times larger: each one's int8 rounding error grows with them, to whole nats of logits.
+    for name, parameter in model.named_parameters():
+        if parameter.dim() == 2 and not name.startswith(("transformer.wte", "transformer.wpe", "lm_head")):
+            parameter.mul_(20.0)
+
+
+def test_int8_weights_serve_where_asked_behind_the_gate_with_fp32s_greedy_tokens(
+    echo_dir, prepared_model_dir, tmp_path
+):
+    """handler.decode_weights int8: the paged step's decoder matrices in int8, gated like bf16; auto (the default)
+    leaves them untried in an archive without a package-time build, and says so. On any CPU kind: int8 weights
+    need no bf16."""
+    handler, context = load(echo_dir, "fp32", decode_weights="int8", prefill_chunk_tokens=3)
+    step = handler.describe()["decode_step"]
+    assert (step["serving"], step["precision"], "refused" in step) == ("openvino", "int8", False), step["reason"]
+    assert step["weights"].startswith("int8, one scale per output channel") and step["gate"]["passed"]
+    reference, reference_context = load(echo_dir, "fp32", prefill_chunk_tokens=3)  # decode_weights auto
+    shown = reference.describe()["decode_step"]
+    assert (shown["precision"], shown["weights"]) == ("fp32", "as the model's")
+    assert "the archive has no package-time build" in shown["untried"]["int8"]
+    got, want = decode_all(handler, context, BODIES), decode_all(reference, reference_context, BODIES)
+    for answer, expected in zip(got[:2], want[:2], strict=True):
+        assert [t["token_id"] for t in answer["logprobs"]] == [t["token_id"] for t in expected["logprobs"]]
+        for mine, theirs in zip(answer["logprobs"], expected["logprobs"], strict=True):
+            assert abs(mine["logprob"] - theirs["logprob"]) < precision.MAX_LOGPROB_DIFFERENCE
+    assert got[2]["completion_tokens"] == 10 and got[3]["finish_reason"] in ("stop", "length")
+
+    # A model whose int8 rounding moves its numbers: refused by the gate, with its figures, and fp32 serves.
+    loud = variant(prepared_model_dir("generator"), tmp_path / "model", amplify)
+    step = load(loud, "fp32", decode_weights="int8")[0].describe()["decode_step"]
+    assert (step["serving"], step["precision"]) == ("openvino", "fp32"), step["reason"]
+    assert [entry["precision"] for entry in step["refused"]] == ["int8"]
+    assert step["refused"][0]["reason"].startswith("decoding gate: greedy int8 tokens"), step["refused"]
+
+
 def test_the_flat_model_is_refused_bf16_and_serves_fp32_with_the_gates_figures(flat_dir):
     handler, _ = load(flat_dir, "bf16")
     described = handler.describe()
