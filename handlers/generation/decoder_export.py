@@ -147,23 +147,24 @@ def read_manifest(folder: Path) -> dict[str, Any] | None:
         return None
 
 
-# Refusals of the package-time build that hold on any machine (the model's numbers and graph), and one that holds
-# only on a CPU of the same kind (its speed).
+# Refusals of the package-time build that hold on any machine (the model's numbers and graph), and those that hold
+# only on a CPU of the same kind (its speed; a step the CPU's kernels failed to run).
 MODEL_REFUSALS = ("gate", "convert")
-SPEED_REFUSAL = "slower"
+MACHINE_REFUSALS = ("slower", "run")
 
 
 def planned(manifest: dict[str, Any], precisions: list[str], cpu_kind: str) -> tuple[list[str], list[dict[str, str]]]:
     """Of ``precisions`` (the paged step's, in the order the worker tries them), those the package-time build did
     not refuse for good, and the others as refusals: its gate and conversion refusals always carry over, a "slower
-    than eager" one only to a CPU of the kind it was measured on; a precision it did not try is tried. On a CPU of
-    the kind it was measured on, the kept ones are ordered by its ranking, fastest first."""
+    than eager" one or a step that failed to run only to a CPU of the kind it was measured on; a precision it did
+    not try is tried. On a CPU of the kind it was measured on, the kept ones are ordered by its ranking, fastest
+    first."""
     same_kind = manifest.get("built_on", {}).get("cpu_kind") == cpu_kind
     refusals = {
         entry["precision"]: entry
         for entry in manifest.get("refused", [])
         if entry.get("step") == "openvino"
-        and (entry.get("kind") in MODEL_REFUSALS or (entry.get("kind") == SPEED_REFUSAL and same_kind))
+        and (entry.get("kind") in MODEL_REFUSALS or (entry.get("kind") in MACHINE_REFUSALS and same_kind))
     }
     kept, refused = [], []
     for precision in precisions:

@@ -322,6 +322,10 @@ class Fp32OutputLayer:
         return np.array(self.request.get_output_tensor(0).data, dtype=np.float32)
 
 
+class StepFailed(RuntimeError):
+    """A pass gave what it cannot have given right (fewer rows of logits than asked for)."""
+
+
 class PoolExhausted(RuntimeError):
     """The block pool has no room for a pass (the scheduler's token budget should prevent it)."""
 
@@ -455,6 +459,8 @@ class PagedModel:
         computed = self.request.get_tensor(self.output).data
         wanted = sum(1 for part in parts if part[2])
         rows = np.array(computed.reshape(-1, computed.shape[-1])[:wanted], dtype=np.float32)
+        if len(rows) != wanted:  # seen: OpenVINO's int8 matmuls under an emulated AVX2 cap gave no rows at all
+            raise StepFailed(f"the paged step computed {len(rows)} rows of logits for {wanted} rows")
         return torch.from_numpy(rows if self.output_layer is None else self.output_layer(rows))
 
     def positions(self, row: PagedRow, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
@@ -857,7 +863,8 @@ def compile_gated(
     model: Any, converted: Any, shape: CacheShape, threads: int, pool: tuple[int, int], precision: str, gate: Gate
 ) -> tuple[PagedModel | None, str, str]:
     """The paged step at ``precision`` gated by ``gate`` (its figures then on ``.gate``): (the step, or None where
-    it cannot run here; "" if it passed, else what refused it; the reason). A step the gate refused is returned
+    it cannot run here; "" if it passed, else what refused it: step, machine, convert, compile, run (it failed on
+    the gate prompts) or gate; the reason). A step the gate refused is returned
     too (the package-time build times it all the same)."""
     from handlers.core import runtime
 
@@ -878,7 +885,10 @@ def compile_gated(
         paged = PagedModel(converted, shape, threads, *pool, vocab, precision, head, weights)
     except Unconvertible as error:
         return None, "compile", str(error)
-    figures = gate(paged, precision)
+    try:
+        figures = gate(paged, precision)
+    except Exception as error:  # noqa: BLE001 - a step that cannot decode the gate prompts is refused, not fatal
+        return None, "run", f"the {precision} paged step failed on the gate prompts: {first_line(error)}"
     paged.gate = figures.describe()
     if not figures.passed:
         return paged, "gate", f"decoding gate: {figures.summary()}"

@@ -57,7 +57,7 @@ def test_every_candidate_is_gated_and_timed_and_every_refusal_says_why(staged):
     paged = {("openvino", "int8")}  # int8 weights: the paged step's alone, on any CPU
     assert tried == {(step, precision) for step in ("eager", "openvino") for precision in native} | paged
     for entry in manifest["refused"]:
-        assert entry["kind"] in ("gate", "slower", "compile", "convert") and entry["reason"]
+        assert entry["kind"] in ("gate", "slower", "compile", "convert", "run") and entry["reason"]
         if entry["kind"] == "gate":
             assert entry["reason"].startswith(f"decoding gate: greedy {entry['precision']} tokens")
 
@@ -104,6 +104,9 @@ def test_only_refusals_about_the_model_carry_over_to_another_kind_of_cpu():
     assert kept == [] and [entry["precision"] for entry in refused] == ["bf16", "fp32"]
     manifest["refused"] = [{"step": "openvino", "precision": "bf16", "kind": "machine", "reason": "no bf16"}]
     assert decoder_export.planned(manifest, ["bf16"], "amx") == (["bf16"], [])  # a machine refusal never carries
+    manifest["refused"] = [{"step": "openvino", "precision": "int8", "kind": "run", "reason": "no rows"}]
+    assert decoder_export.planned(manifest, ["int8"], "avx2") == (["int8"], [])  # its kernels may run elsewhere
+    assert decoder_export.planned(manifest, ["int8"], "amx")[0] == []
 
 
 def test_on_the_cpu_kind_it_was_measured_on_the_walk_follows_the_ranking():

@@ -272,6 +272,21 @@ def test_int8_weights_the_gate_refuses_leave_the_next_precision_serving_with_the
     assert shown["refused"][0]["reason"].startswith("decoding gate: greedy int8 tokens")
 
 
+def test_a_step_that_fails_on_the_gate_prompts_is_refused_and_the_next_precision_serves():
+    model = tiny("gpt2")
+    checked = gate(model)
+
+    def failing_int8(paged, wanted):
+        if wanted == "int8":
+            raise paged_openvino.StepFailed("the paged step computed 0 rows of logits for 3 rows")
+        return checked(paged, wanted)
+
+    outcome = paged_openvino.select(model, "openvino", 1, (1024, 4), ["int8", "fp32"], failing_int8)
+    assert (outcome.serving, outcome.paged.precision) == ("openvino", "fp32")
+    assert outcome.refused == [{"precision": "int8", "kind": "run", "reason": "the int8 paged step failed on the "
+                                "gate prompts: the paged step computed 0 rows of logits for 3 rows"}]  # fmt: skip
+
+
 def test_the_walk_order_puts_int8_weights_first_and_auto_tries_them_only_where_ranked():
     assert paged_openvino.walk_order("bf16", "auto") == (["int8", "bf16", "fp32"], {"int8"})
     assert paged_openvino.walk_order("fp32", "int8") == (["int8", "fp32"], set())

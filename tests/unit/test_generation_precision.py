@@ -198,6 +198,12 @@ def test_the_paged_step_decodes_in_bf16_behind_its_own_gate_with_fp32s_greedy_to
     assert all(reason.startswith("decoding gate: greedy bf16 tokens differ") for reason in refusals.values())
 
 
+def emulated_kind():
+    """TS_CPU_AS runs this process as a smaller kind of CPU than the machine is."""
+    wanted = cpu.requested_kind()
+    return wanted is not None and wanted.name != cpu.kind_of(cpu.machine_flags())
+
+
 def amplify(model):
     # Decoder matrices 20 times larger: each one's int8 rounding error grows with them, to whole nats of logits.
     for name, parameter in model.named_parameters():
@@ -213,6 +219,11 @@ def test_int8_weights_serve_where_asked_behind_the_gate_with_fp32s_greedy_tokens
     need no bf16."""
     handler, context = load(echo_dir, "fp32", decode_weights="int8", prefill_chunk_tokens=3)
     step = handler.describe()["decode_step"]
+    if emulated_kind() and step["precision"] != "int8":
+        # OpenVINO 2026.4's int8 matmuls fail under oneDNN's ISA cap on a larger CPU (TS_CPU_AS=avx2 on AVX-512):
+        # the step fails on the gate prompts, is refused for it, and fp32 serves
+        assert step["refused"][0]["kind"] == "run" and step["precision"] == "fp32", step
+        return
     assert (step["serving"], step["precision"], "refused" in step) == ("openvino", "int8", False), step["reason"]
     assert step["weights"].startswith("int8, one scale per output channel") and step["gate"]["passed"]
     reference, reference_context = load(echo_dir, "fp32", prefill_chunk_tokens=3)  # decode_weights auto
