@@ -864,8 +864,8 @@ def compile_gated(
 ) -> tuple[PagedModel | None, str, str]:
     """The paged step at ``precision`` gated by ``gate`` (its figures then on ``.gate``): (the step, or None where
     it cannot run here; "" if it passed, else what refused it: step, machine, convert, compile, run (it failed on
-    the gate prompts) or gate; the reason). A step the gate refused is returned
-    too (the package-time build times it all the same)."""
+    the gate prompts) or gate; the reason). A step the gate refused is returned too (the package-time build times
+    it all the same)."""
     from handlers.core import runtime
 
     kind = STEP_PRECISIONS.get(precision)

@@ -171,6 +171,17 @@ def test_auto_serves_the_peaked_model_in_bf16_with_fp32s_greedy_tokens_where_the
     json.loads(got[3]["text"])  # the structured output's masks apply to its logits as to fp32's
 
 
+def assert_answers_match(served, reference):
+    """BODIES answered by ``served`` (handler, context) give ``reference``'s greedy tokens, with log probabilities
+    within the gate's threshold, and the other requests finish as asked."""
+    got, want = decode_all(*served, BODIES), decode_all(*reference, BODIES)
+    for answer, expected in zip(got[:2], want[:2], strict=True):
+        assert [t["token_id"] for t in answer["logprobs"]] == [t["token_id"] for t in expected["logprobs"]]
+        for mine, theirs in zip(answer["logprobs"], expected["logprobs"], strict=True):
+            assert abs(mine["logprob"] - theirs["logprob"]) < precision.MAX_LOGPROB_DIFFERENCE
+    assert got[2]["completion_tokens"] == 10 and got[3]["finish_reason"] in ("stop", "length")
+
+
 def test_the_paged_step_decodes_in_bf16_behind_its_own_gate_with_fp32s_greedy_tokens(peaked_dir, echo_dir):
     """The paged step (handler.decode_step openvino, the default) walks handler.precision too, gated on its own
     decoding: its bf16 keeps keys and values in bf16 as well, so it may refuse a model eager bf16 passes."""
@@ -184,12 +195,7 @@ def test_the_paged_step_decodes_in_bf16_behind_its_own_gate_with_fp32s_greedy_to
     assert step["reason"].startswith("passed the decoding gate: greedy bf16 tokens equal fp32's")
     reference, reference_context = load(echo_dir, "fp32", prefill_chunk_tokens=3)
     assert reference.describe()["decode_step"]["precision"] == "fp32"
-    got, want = decode_all(handler, context, BODIES), decode_all(reference, reference_context, BODIES)
-    for answer, expected in zip(got[:2], want[:2], strict=True):
-        assert [t["token_id"] for t in answer["logprobs"]] == [t["token_id"] for t in expected["logprobs"]]
-        for mine, theirs in zip(answer["logprobs"], expected["logprobs"], strict=True):
-            assert abs(mine["logprob"] - theirs["logprob"]) < precision.MAX_LOGPROB_DIFFERENCE
-    assert got[2]["completion_tokens"] == 10 and got[3]["finish_reason"] in ("stop", "length")
+    assert_answers_match((handler, context), (reference, reference_context))
 
     # Where the bf16 paged step's own gate refuses (it may, where eager bf16 passes), it is listed and fp32 serves.
     step = load(peaked_dir, "auto")[0].describe()["decode_step"]
@@ -230,12 +236,7 @@ def test_int8_weights_serve_where_asked_behind_the_gate_with_fp32s_greedy_tokens
     shown = reference.describe()["decode_step"]
     assert (shown["precision"], shown["weights"]) == ("fp32", "as the model's")
     assert "the archive has no package-time build" in shown["untried"]["int8"]
-    got, want = decode_all(handler, context, BODIES), decode_all(reference, reference_context, BODIES)
-    for answer, expected in zip(got[:2], want[:2], strict=True):
-        assert [t["token_id"] for t in answer["logprobs"]] == [t["token_id"] for t in expected["logprobs"]]
-        for mine, theirs in zip(answer["logprobs"], expected["logprobs"], strict=True):
-            assert abs(mine["logprob"] - theirs["logprob"]) < precision.MAX_LOGPROB_DIFFERENCE
-    assert got[2]["completion_tokens"] == 10 and got[3]["finish_reason"] in ("stop", "length")
+    assert_answers_match((handler, context), (reference, reference_context))
 
     # A model whose int8 rounding moves its numbers: refused by the gate, with its figures, and fp32 serves.
     loud = variant(prepared_model_dir("generator"), tmp_path / "model", amplify)
