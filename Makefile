@@ -79,7 +79,8 @@ $(STAMP): requirements.txt
 
 # TorchServe 0.12.0's frontend with the project's fixes (scripts/frontend_fixes: a customized describe or a bad worker
 # count must not stop a model); applied again when torchserve is reinstalled or the fixes change.
-FRONTEND_FIXES := scripts/frontend_fixes/FrontendFixes.java scripts/frontend_fixes/__main__.py scripts/frontend_fixes/classfile.py
+FRONTEND_FIXES := scripts/frontend_fixes/FrontendFixes.java scripts/frontend_fixes/__main__.py scripts/frontend_fixes/classfile.py \
+	handlers/core/frontend_jar.py
 FRONTEND_STAMP := $(VENV)/.frontend-fixes-$(shell cat $(FRONTEND_FIXES) | cksum | cut -d' ' -f1)
 $(FRONTEND_STAMP): $(STAMP) $(FRONTEND_FIXES)
 	@$(WITH_JAVA) $(PY) -m scripts.frontend_fixes

@@ -160,16 +160,11 @@ def planned(manifest: dict[str, Any], precisions: list[str], cpu_kind: str) -> t
     not try is tried. On a CPU of the kind it was measured on, the kept ones are ordered by its ranking, fastest
     first."""
     same_kind = manifest.get("built_on", {}).get("cpu_kind") == cpu_kind
-    refusals = {
-        entry["precision"]: entry
-        for entry in manifest.get("refused", [])
-        if entry.get("step") == "openvino"
-        and (entry.get("kind") in MODEL_REFUSALS or (entry.get("kind") in MACHINE_REFUSALS and same_kind))
-    }
+    holding = MODEL_REFUSALS + (MACHINE_REFUSALS if same_kind else ())
     kept, refused = [], []
     for precision in precisions:
-        entry = refusals.get(precision)
-        if entry is None:
+        entry = refusal(manifest, "openvino", precision)
+        if entry is None or entry.get("kind") not in holding:
             kept.append(precision)
         else:
             refused.append({"precision": precision, "kind": "package", "reason": f"at package time: {entry['reason']}"})

@@ -792,8 +792,9 @@ def select(
 ) -> BackendOutcome:
     """Apply ``handler.decode_step``: ``eager``, or ``openvino`` when ``model`` (fp32) converts and the paged step
     passes ``gate`` (greedy decoding of the gate prompts against eager fp32's: the same tokens, log probabilities
-    within the threshold) at the first of ``precisions`` that does (fp32 or bf16; bf16 only where the CPU computes it
-    natively, with the output layer compiled apart at fp32); otherwise eager, with the reasons. ``auto`` is ``openvino``
+    within the threshold) at the first of ``precisions`` that does (:data:`STEP_PRECISIONS`: bf16 only where the CPU
+    computes it natively, with the output layer compiled apart at fp32; int8 weights on any); otherwise eager, with
+    the reasons. ``auto`` is ``openvino``
     minus what the package-time build (``folder``'s decode/manifest.json) refused: a precision whose gate or
     conversion failed there, or that ran slower than eager on a CPU like this one. ``pool``: (tokens, rows) the
     block pool must hold (:class:`PagedModel`); ``ranked_only``: precisions tried only where that build ranked them
@@ -847,7 +848,8 @@ def leave_out_unranked(
     from handlers.generation import decoder_export
 
     untried: dict[str, str] = {}
-    for precision in [wanted for wanted in precisions if wanted in set(ranked_only)]:
+    only = set(ranked_only)
+    for precision in [wanted for wanted in precisions if wanted in only]:
         if decoder_export.ranked(manifest, "openvino", precision):
             continue
         precisions = [kept for kept in precisions if kept != precision]

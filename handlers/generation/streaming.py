@@ -169,17 +169,7 @@ def send_chunks(context: Any, chunks: dict[int, str], message: str = INTERMEDIAT
 
 def frontend_takes_step_pieces() -> bool:
     """Whether the installed TorchServe frontend carries the project's fix that reads :data:`STEP_PIECES` messages
-    (its jar's META-INF/serving-fixes.json lists it: ``make install`` patches it)."""
-    import json
-    import zipfile
-    from pathlib import Path
+    (its jar's fixes marker lists it: ``make install`` patches it)."""
+    from handlers.core.frontend_jar import installed_fixes
 
-    try:
-        import ts
-
-        jar = Path(ts.__file__).parent / "frontend" / "model-server.jar"
-        with zipfile.ZipFile(jar) as archive:
-            fixes = json.loads(archive.read("META-INF/serving-fixes.json")).get("fixes", [])
-    except (ImportError, OSError, KeyError, ValueError, zipfile.BadZipFile):
-        return False
-    return any(fix.endswith(STEP_PIECES_FIX) for fix in fixes)
+    return any(fix.endswith(STEP_PIECES_FIX) for fix in installed_fixes())

@@ -38,12 +38,12 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from handlers.core.frontend_jar import MARKER, installed_jar, marker
 from scripts.frontend_fixes.classfile import ClassFile, ClassFileError
 
 HERE = Path(__file__).resolve().parent
 JAVA_SOURCE = HERE / "FrontendFixes.java"
 FIXES_CLASS = "servingfixes/FrontendFixes"
-MARKER = "META-INF/serving-fixes.json"
 # model-server.jar as the torchserve 0.12.0 wheel ships it.
 ORIGINAL_SHA256 = "ce340411ce54beaacd3dcfa31644a9aa369a83a36ed687172ba1088a13123dfe"
 
@@ -146,12 +146,6 @@ class PatchError(RuntimeError):
     """The jar cannot be patched; the message says why and what to do."""
 
 
-def installed_jar() -> Path:
-    import ts  # the installed torchserve wheel
-
-    return Path(ts.__file__).resolve().parent / "frontend" / "model-server.jar"
-
-
 def fixes_digest() -> str:
     """Names this version of the fixes: the Java source and the table of redirected calls."""
     digest = hashlib.sha256(JAVA_SOURCE.read_bytes())
@@ -165,13 +159,6 @@ def sha256(path: Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def marker(jar: Path) -> dict | None:
-    with zipfile.ZipFile(jar) as archive:
-        if MARKER not in archive.namelist():
-            return None
-        return json.loads(archive.read(MARKER))
 
 
 def javac() -> str:
