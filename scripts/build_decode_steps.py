@@ -43,6 +43,7 @@ from typing import Any
 
 from scripts.build_backends import build_key, built_on
 
+# The code whose change rebuilds decode/ (the generators' model.yaml lists the same files as their prepare inputs).
 CODE_INPUTS = (
     "scripts/build_decode_steps.py",
     "handlers/generation/paged_openvino.py",

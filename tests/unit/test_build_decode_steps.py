@@ -195,3 +195,12 @@ def test_a_model_the_paged_transformation_refuses_is_recorded_and_the_eager_step
     assert paged and all(entry["kind"] == "convert" for entry in paged)
     assert all(entry["reason"].endswith("(made up here)") for entry in paged)
     assert {entry["step"] for entry in manifest["candidates"]} == {"eager"}
+
+
+def test_the_generators_prepare_step_reruns_when_the_code_decode_is_built_from_changes():
+    import yaml
+
+    for name in ("generator", "generator-124m"):
+        spec = yaml.safe_load((package.REPO / "models" / name / "model.yaml").read_text())
+        missing = set(build_decode_steps.CODE_INPUTS) - set(spec["prepare"]["inputs"])
+        assert not missing, f"models/{name}/model.yaml: prepare inputs lack {sorted(missing)}"
